@@ -1,0 +1,34 @@
+"""Stochastic rounding onto the E2M1 grid (NUMERICS.md s6), for gradients.
+
+Within the grid interval [lo, hi] that contains |v|, round up with probability
+(|v| - lo) / (hi - lo): E[round(v)] = v for |v| <= 6, and grid values never move. Magnitudes
+past 6 saturate to 6. The random bits come from an explicit `jax.random` key, so a training
+step that threads its key is reproducible.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fp4rl.formats import elements as el
+
+
+def stochastic_encode_e2m1(v, key):
+    """E2M1 codes (0..15) of float32 `v`, rounded stochastically; sign bit follows v."""
+    v = jnp.asarray(v, jnp.float32)
+    a = jnp.minimum(jnp.abs(v), jnp.float32(el.E2M1_MAX))
+    grid = jnp.asarray(el.E2M1_GRID)
+    # index of lo = number of grid points above 0 that are <= a  (0..7)
+    lo_index = jnp.sum(a[..., None] >= grid[1:], axis=-1).astype(jnp.uint8)
+    hi_index = jnp.minimum(lo_index + 1, 7)
+    lo, hi = grid[lo_index], grid[hi_index]
+    p_up = jnp.where(hi > lo, (a - lo) / (hi - lo), jnp.float32(0))
+    u = jax.random.uniform(key, a.shape, jnp.float32)
+    magnitude = lo_index + (u < p_up).astype(jnp.uint8)
+    return magnitude | (jnp.signbit(v).astype(jnp.uint8) << 3)
+
+
+def stochastic_round_e2m1(v, key):
+    """`v` rounded stochastically onto the E2M1 grid, as float32 values."""
+    return el.e2m1_decode(stochastic_encode_e2m1(v, key))
