@@ -1,0 +1,80 @@
+"""Quantized GEMM operands: quantize a tensor for one site and hand back what a GEMM consumes.
+
+A quantized operand is `values * scale`, where `values` holds dec(q) * block scale exactly in
+bf16 and `scale` is the global decode factor applied to the GEMM output as an epilogue
+(NUMERICS.md s2). For MXFP8 the E8M0 scales are powers of two, so the dequantized value is
+itself exact in bf16 and `scale` is 1. The implementation of the quantizer (pure-jnp
+reference or a Pallas kernel) is chosen explicitly; a kernel that cannot run raises.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from fp4rl.formats import mx, nvfp4
+from fp4rl.recipe import SiteConfig
+
+IMPLS = ("reference", "triton", "mosaic")
+
+
+def check_impl(impl: str) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl!r}; valid options: {IMPLS}")
+
+
+def nvfp4_quantize(x, config: nvfp4.NVFP4Config, impl: str, *, sr_key=None) -> nvfp4.NVFP4Tensor:
+    """NVFP4-quantize `x` [..., K] with the chosen implementation (bit-identical by contract).
+
+    The kernels implement the forward quantizer; stochastic rounding (only used on gradients
+    by the quantized backward) is computed by the jnp reference whatever `impl` says.
+    2D-block weights must come one matrix at a time (vmap over experts), so that every
+    implementation takes the amax over the same tensor.
+    """
+    check_impl(impl)
+    if impl == "reference" or sr_key is not None:
+        return nvfp4.quantize(x, config, sr_key=sr_key)
+    import pallas_kernels  # the kernels depend on fp4rl.formats only; imported on demand
+
+    if config.block_2d:
+        if x.ndim != 2:
+            raise ValueError(f"2D-block kernel quantization takes one [N, K] matrix, got {x.shape}; vmap over experts")
+        return pallas_kernels.quantize(x, config, backend=impl)
+    lead, k = x.shape[:-1], x.shape[-1]
+    t = pallas_kernels.quantize(x.reshape(-1, k), config, backend=impl)
+    amax = t.amax.reshape(*lead, 1) if config.scale == "token" else t.amax
+    return nvfp4.NVFP4Tensor(
+        codes=t.codes.reshape(*lead, k // 2),
+        scales=t.scales.reshape(*lead, k // 16),
+        amax=amax,
+        map4=t.map4.reshape(*lead, k // 16),
+        config=config,
+    )
+
+
+def quantize(x, site: SiteConfig, role: str, impl: str = "reference", *, sr_key=None, config=None):
+    """Quantize `x` [..., K] along its last axis as operand `role` ("act" | "weight") of `site`.
+
+    `config` overrides the NVFP4 config of the role (the quantized backward re-quantizes
+    with per-tensor scales). Returns an `NVFP4Tensor` or an `MXTensor`.
+    """
+    if site.format == "mxfp8":
+        return mx.quantize(x, "mxfp8")
+    if site.format != "nvfp4":
+        raise ValueError(f"site format {site.format!r} is not quantized")
+    if config is None:
+        config = site.act_config() if role == "act" else site.weight_config()
+    return nvfp4_quantize(x, config, impl, sr_key=sr_key)
+
+
+def gemm_operand(packed, dtype=jnp.bfloat16):
+    """(values, scale): `values * scale` is the dequantized tensor; values exact in bf16."""
+    if isinstance(packed, mx.MXTensor):
+        return mx.dequantize(packed, dtype), jnp.float32(1)
+    return nvfp4.scaled_operand(packed, dtype)
+
+
+def dequantized(packed, dtype):
+    """DQ(Q(.)) in float32, then one rounding to `dtype` (the backward GEMMs' input dtype)."""
+    if isinstance(packed, mx.MXTensor):
+        return mx.dequantize(packed, jnp.float32).astype(dtype)
+    return nvfp4.dequantize(packed, jnp.float32).astype(dtype)

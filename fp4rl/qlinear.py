@@ -1,0 +1,235 @@
+"""`qdot`: the model's linear layers as an emulated NVFP4 (or MXFP8) GEMM with custom backward.
+
+Forward (NUMERICS.md s2): activations quantized per token (or per tensor) in 1x16 blocks along
+K; weights in 16x16 (or 1x16) blocks along K; optional 4/6 on each; the GEMM consumes the exact
+bf16 operands dec(q) * sf with f32 accumulation, and the global decode scales multiply the
+output as an epilogue. This is what a Blackwell FP4 tensor core computes, up to the order of
+accumulation; Hopper has no FP4 tensor cores, so we emulate it.
+
+Backward modes (NUMERICS.md s7), a plain `jax.custom_vjp` over arrays:
+- "bf16":        dx = g @ w^T,              dw = x^T @ g              (raw operands)
+- "dequantized": dx = g @ DQ(Q(w))^T,       dw = DQ(Q(x))^T @ g       (intervention 1)
+  residuals are the packed codes + scales + amax only (no bf16 copies, no raw x).
+- "quantized":   dx = Q_sr(g) @ Q(w)^T,     dw = Q_rht(x)^T @ Q_rht,sr(g)
+  the NVFP4 pretraining recipe: g quantized with stochastic rounding, operands re-quantized
+  along the contraction dimension of each backward GEMM with per-tensor scales, a random
+  Hadamard transform along tokens on both wgrad operands. The key is an explicit argument.
+Backward GEMMs take their inputs in the cotangent's dtype (bf16 in training; DQ(Q(.)) is
+computed in f32 and rounded once to it) and accumulate in f32.
+
+Weight layouts: w [K, N] with x [..., K]; w [E, K, N] with x [E, ..., K] (equal-size
+groups, vmapped); w [E, K, N] with x [R, K] sorted by expert and `group_sizes` [E] (ragged,
+dropless; for the quantized backward every group must be a multiple of 32 rows, so that the
+Hadamard and scale blocks along tokens never straddle two experts).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from fp4rl import operands
+from fp4rl.formats import hadamard, mx, nvfp4
+from fp4rl.recipe import SiteConfig
+
+F32 = jnp.float32
+TOKEN_ALIGN = 32  # tokens are padded to this for the quantized wgrad (NVFP4: 16, MXFP8: 32)
+_RAGGED_WGRAD = lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(([0], [0]), ([], [])), lhs_ragged_dimensions=[0], rhs_group_dimensions=[]
+)
+
+
+# ---------------------------------------------------------------- GEMMs of the three layouts
+def _gemm(a_TxC, b_CxN, group_sizes):
+    """a @ b with f32 accumulation; ragged: rows of `a` grouped, b [E, C, N] per group."""
+    if group_sizes is None:
+        return jnp.matmul(a_TxC, b_CxN, preferred_element_type=F32)
+    return lax.ragged_dot(a_TxC, b_CxN, group_sizes, preferred_element_type=F32)
+
+
+def _wgrad_gemm(a_TxK, g_TxN, group_sizes):
+    """a^T @ g over tokens: [K, N], or per group [E, K, N] in the ragged layout."""
+    if group_sizes is None:
+        return lax.dot_general(a_TxK, g_TxN, (([0], [0]), ([], [])), preferred_element_type=F32)
+    return lax.ragged_dot_general(a_TxK, g_TxN, group_sizes, _RAGGED_WGRAD, preferred_element_type=F32)
+
+
+def _per_row(weight_scale, group_sizes, num_rows):
+    """The weight's global decode scale for each output row: scalar, or the row's expert's."""
+    if group_sizes is None or jnp.ndim(weight_scale) == 0:
+        return weight_scale
+    ends = jnp.cumsum(group_sizes)
+    row_group = jnp.searchsorted(ends, jnp.arange(num_rows), side="right")
+    return weight_scale.reshape(-1)[jnp.minimum(row_group, weight_scale.size - 1)][:, None]
+
+
+def _swap(m):
+    return jnp.swapaxes(m, -1, -2)
+
+
+def _weight_ndim(wq) -> int:
+    if isinstance(wq, nvfp4.NVFP4Tensor):
+        return wq.codes.ndim
+    if isinstance(wq, mx.MXTensor):
+        return wq.elements.ndim
+    return wq.ndim
+
+
+def _per_weight(fn, wq, *args):
+    """Apply `fn` to a quantized weight, one expert at a time for a stack (amax is per expert)."""
+    if _weight_ndim(wq) == 3:
+        return jax.vmap(lambda t: fn(t, *args))(wq)
+    return fn(wq, *args)
+
+
+# ---------------------------------------------------------------- quantizing the operands
+def quantize_weight(w, site: SiteConfig, impl: str = "reference"):
+    """Quantize a weight [K, N] (or an expert stack [E, K, N], one tensor per expert) along K.
+
+    Returns the quantized w^T ([N, K] / [E, N, K]) that `qdot` consumes; the trainer's forward
+    and the sampler's weight sync both call this, so their bytes are identical. A BF16 site
+    returns `w` unchanged.
+    """
+    if not site.quantized:
+        return w
+    quantize_one = lambda m: operands.quantize(_swap(m), site, "weight", impl)  # noqa: E731
+    return jax.vmap(quantize_one)(w) if w.ndim == 3 else quantize_one(w)
+
+
+def _weight_along_n(w, site: SiteConfig, impl: str):
+    """Q(w) along N, the contraction dimension of dgrad ([K, N] / [E, K, N])."""
+    quantize_one = lambda m: operands.quantize(m, site, "weight", impl)  # noqa: E731
+    return jax.vmap(quantize_one)(w) if w.ndim == 3 else quantize_one(w)
+
+
+def _forward_from_quantized(x_TxK, wq, site: SiteConfig, group_sizes, impl: str):
+    """y = (Xv @ Wv^T) * (S_dec,x * S_dec,w): the emulated low-precision GEMM."""
+    xq = operands.quantize(x_TxK, site, "act", impl)
+    xv, sx = operands.gemm_operand(xq)
+    wv, sw = _per_weight(operands.gemm_operand, wq)
+    acc = _gemm(xv, _swap(wv), group_sizes)
+    return (acc * (sx * _per_row(sw, group_sizes, acc.shape[0]))).astype(x_TxK.dtype), xq
+
+
+# ---------------------------------------------------------------- the custom_vjp
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _qdot(x_TxK, w, key, group_sizes, site: SiteConfig, impl: str):
+    return _forward_from_quantized(x_TxK, quantize_weight(w, site, impl), site, group_sizes, impl)[0]
+
+
+def _qdot_fwd(x_TxK, w, key, group_sizes, site: SiteConfig, impl: str):
+    wq = quantize_weight(w, site, impl)
+    y, xq = _forward_from_quantized(x_TxK, wq, site, group_sizes, impl)
+    w_dtype = jnp.zeros((), w.dtype)  # carries w's dtype for its cotangent (a scalar)
+    if site.backward == "dequantized":
+        residuals = (xq, wq, w_dtype)  # packed codes/scales/amax only: no raw x, no bf16 copies
+    else:
+        residuals = (x_TxK, w, key)
+    return y, (residuals, group_sizes)
+
+
+def _qdot_bwd(site: SiteConfig, impl: str, saved, g_TxN):
+    residuals, group_sizes = saved
+    dtype = g_TxN.dtype
+    if site.backward == "dequantized":
+        xq, wq, w_dtype = residuals
+        w_dq = _swap(_per_weight(operands.dequantized, wq, dtype))  # DQ(Q(w)) as [K, N] / [E, K, N]
+        dx = _gemm(g_TxN, _swap(w_dq), group_sizes)
+        dw = _wgrad_gemm(operands.dequantized(xq, dtype), g_TxN, group_sizes)
+        x_dtype, w_dtype = dtype, w_dtype.dtype
+    elif site.backward == "bf16":
+        x, w, _ = residuals
+        dx = _gemm(g_TxN, _swap(w.astype(dtype)), group_sizes)
+        dw = _wgrad_gemm(x.astype(dtype), g_TxN, group_sizes)
+        x_dtype, w_dtype = x.dtype, w.dtype
+    else:
+        x, w, key = residuals
+        dx, dw = _quantized_backward(x, w, key, g_TxN, group_sizes, site, impl)
+        x_dtype, w_dtype = x.dtype, w.dtype
+    return dx.astype(x_dtype), dw.astype(w_dtype), None, None
+
+
+_qdot.defvjp(_qdot_fwd, _qdot_bwd)
+
+
+def _backward_config(site: SiteConfig, role: str) -> nvfp4.NVFP4Config | None:
+    """Per-tensor NVFP4 configs of the backward re-quantization (None for MXFP8)."""
+    if site.format != "nvfp4":
+        return None
+    if role == "grad":
+        return nvfp4.NVFP4Config(scale="tensor")
+    config = site.act_config()
+    return nvfp4.NVFP4Config(scale="tensor", four_over_six=config.four_over_six,
+                             e4m3_max=config.e4m3_max, fast_error=config.fast_error)
+
+
+def _quantized_backward(x_TxK, w, key, g_TxN, group_sizes, site: SiteConfig, impl: str):
+    """The NVFP4 pretraining recipe's backward (NUMERICS.md s6/s7); MXFP8: plain re-quantization."""
+    if key is None:
+        raise ValueError("backward='quantized' needs an explicit jax.random key: qdot(..., key=key)")
+    k_dgrad, k_wgrad, k_rht = jax.random.split(key, 3)
+    is_nvfp4 = site.format == "nvfp4"
+    sr = lambda k: k if is_nvfp4 else None  # noqa: E731  (stochastic rounding is NVFP4's)
+    grad_cfg, act_cfg = _backward_config(site, "grad"), _backward_config(site, "act")
+
+    # dgrad = Q_sr(g) @ Q(w)^T, both quantized along N
+    gv, sg = operands.gemm_operand(operands.quantize(g_TxN, site, "grad", impl, sr_key=sr(k_dgrad), config=grad_cfg))
+    wv, sw = _per_weight(operands.gemm_operand, _weight_along_n(w, site, impl))
+    dx = _gemm(gv, _swap(wv), group_sizes)
+    dx = dx * (sg * _per_row(sw, group_sizes, dx.shape[0]))
+
+    # wgrad = Q_rht(x)^T @ Q_rht,sr(g), both quantized along tokens after the same RHT
+    num_tokens = x_TxK.shape[0]
+    pad = -num_tokens % TOKEN_ALIGN
+    if pad and group_sizes is not None:
+        raise ValueError(f"ragged quantized backward needs rows a multiple of {TOKEN_ALIGN}, got {num_tokens}")
+    xt = jnp.pad(x_TxK.astype(F32), ((0, pad), (0, 0))).T  # [K, T]; zero rows change no product
+    gt = jnp.pad(g_TxN.astype(F32), ((0, pad), (0, 0))).T  # [N, T]
+    if is_nvfp4:
+        xt, gt = hadamard.random_hadamard(xt, k_rht, axis=-1), hadamard.random_hadamard(gt, k_rht, axis=-1)
+    xv_t, sx = operands.gemm_operand(operands.quantize(xt, site, "act", impl, config=act_cfg))
+    gv_t, sg_t = operands.gemm_operand(operands.quantize(gt, site, "grad", impl, sr_key=sr(k_wgrad), config=grad_cfg))
+    dw = _wgrad_gemm(xv_t.T, gv_t.T, group_sizes) * (sx * sg_t)
+    return dx, dw
+
+
+# ---------------------------------------------------------------- public entry point
+def _is_quantized_weight(w) -> bool:
+    return isinstance(w, (nvfp4.NVFP4Tensor, mx.MXTensor))
+
+
+def qdot(x, w, site: SiteConfig, *, key=None, group_sizes=None, impl: str = "reference"):
+    """`x @ w` through the site's precision (see the module docstring for layouts and modes).
+
+    `w` may be a pre-quantized weight from `quantize_weight` (weight sync: forward only).
+    `key` is needed by backward="quantized" only. Output dtype: x.dtype.
+    """
+    operands.check_impl(impl)
+    prequantized = _is_quantized_weight(w)
+    w_ndim = _weight_ndim(w)
+    if w_ndim not in (2, 3):
+        raise ValueError(f"w must be [K, N] or [E, K, N], got {w_ndim} dims")
+    if group_sizes is not None and (w_ndim != 3 or x.ndim != 2):
+        raise ValueError(f"group_sizes needs x [R, K] and w [E, K, N]; got x {x.shape}, w with {w_ndim} dims")
+
+    if not site.quantized:
+        if prequantized:
+            raise ValueError("a BF16 site takes the raw weight, not a quantized one")
+        w = w.astype(x.dtype)
+        if group_sizes is not None:
+            return lax.ragged_dot(x, w, group_sizes, preferred_element_type=F32).astype(x.dtype)
+        return jnp.matmul(x, w, preferred_element_type=F32).astype(x.dtype)
+
+    if w_ndim == 3 and group_sizes is None:  # equal-size groups: one dense GEMM per expert
+        keys = None if key is None else jax.random.split(key, x.shape[0])
+        return jax.vmap(lambda xe, we, ke: qdot(xe, we, site, key=ke, impl=impl))(x, w, keys)
+
+    x_TxK = x.reshape(-1, x.shape[-1])
+    if prequantized:
+        y = _forward_from_quantized(x_TxK, w, site, group_sizes, impl)[0]
+    else:
+        y = _qdot(x_TxK, w, key, group_sizes, site, impl)
+    return y.reshape(*x.shape[:-1], y.shape[-1])

@@ -1,0 +1,188 @@
+"""The precision recipe: which linear sites are quantized, how, and which stay BF16.
+
+One `PrecisionRecipe` per ablation arm of RL.md. It is frozen and JSON-serialisable so that
+checkpoints, the trainer, the sampler and weight sync all resolve the same `SiteConfig` for
+every (layer, site kind): selective high precision (intervention 3) is a property of the
+recipe, not of any one code path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Literal
+
+from fp4rl.formats.nvfp4 import NVFP4Config
+
+FORMATS = ("bf16", "nvfp4", "mxfp8")
+BACKWARDS = ("bf16", "dequantized", "quantized")
+ACT_SCALES = ("token", "tensor")
+WEIGHT_BLOCKS = ("2d", "1d")
+METRICS = (None, "mae", "mse")
+SITE_KINDS = ("routed_experts", "shared_expert", "dense_mlp", "attention", "router", "embed", "lm_head")
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteConfig:
+    """How one linear site computes `x @ w` (hashable: a static jit argument).
+
+    format: "bf16" | "nvfp4" | "mxfp8" (MX: 32-blocks along K, for the validation runs).
+    weight_46 / act_46: Four-Over-Six metric on the weight / activation operand, or None.
+    e4m3_max: E of NUMERICS.md s3 (None: 448 without 4/6, 256 with it).
+    fast_error: the fast 4/6 error path.
+    act_scale: per-token ("token", required for RL, NUMERICS.md s4) or per-tensor amax.
+    weight_block: "2d" (16x16 tiles, forward and backward see the same weight) or "1d".
+    backward: "bf16" | "dequantized" | "quantized" (NUMERICS.md s7).
+    """
+
+    format: Literal["bf16", "nvfp4", "mxfp8"] = "bf16"
+    weight_46: Literal["mae", "mse"] | None = None
+    act_46: Literal["mae", "mse"] | None = None
+    e4m3_max: int | None = None
+    fast_error: bool = False
+    act_scale: Literal["token", "tensor"] = "token"
+    weight_block: Literal["2d", "1d"] = "2d"
+    backward: Literal["bf16", "dequantized", "quantized"] = "bf16"
+
+    def __post_init__(self):
+        for name, value, valid in (
+            ("format", self.format, FORMATS),
+            ("backward", self.backward, BACKWARDS),
+            ("act_scale", self.act_scale, ACT_SCALES),
+            ("weight_block", self.weight_block, WEIGHT_BLOCKS),
+            ("weight_46", self.weight_46, METRICS),
+            ("act_46", self.act_46, METRICS),
+        ):
+            if value not in valid:
+                raise ValueError(f"{name}={value!r}; valid options: {valid}")
+        if self.format != "nvfp4" and (self.weight_46 or self.act_46):
+            raise ValueError(f"Four-Over-Six applies to format='nvfp4' only, not {self.format!r}")
+        # Build the operand configs once so an invalid combination fails here, not in a trace.
+        if self.format == "nvfp4":
+            self.weight_config(), self.act_config()
+
+    @property
+    def quantized(self) -> bool:
+        return self.format != "bf16"
+
+    def weight_config(self) -> NVFP4Config:
+        """NVFP4 config of the weight operand (per-tensor amax; 16x16 or 1x16 blocks)."""
+        return NVFP4Config(
+            block_2d=self.weight_block == "2d",
+            scale="tensor",
+            four_over_six=self.weight_46,
+            e4m3_max=self.e4m3_max,
+            fast_error=self.fast_error and self.weight_46 is not None,
+        )
+
+    def act_config(self) -> NVFP4Config:
+        """NVFP4 config of the activation operand (1x16 blocks along K)."""
+        return NVFP4Config(
+            block_2d=False,
+            scale=self.act_scale,
+            four_over_six=self.act_46,
+            e4m3_max=self.e4m3_max,
+            fast_error=self.fast_error and self.act_46 is not None,
+        )
+
+
+BF16 = SiteConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionRecipe:
+    """Per site kind the SiteConfig, plus the selective-high-precision rule.
+
+    keep_last_fraction: the last ceil(fraction * L) layers (at least one when > 0) run every
+      site in BF16; 0 disables the rule.
+    Router, embeddings and LM head are BF16 in every preset; norms are never quantized.
+    """
+
+    name: str
+    routed_experts: SiteConfig = BF16
+    shared_expert: SiteConfig = BF16
+    dense_mlp: SiteConfig = BF16
+    attention: SiteConfig = BF16
+    router: SiteConfig = BF16
+    embed: SiteConfig = BF16
+    lm_head: SiteConfig = BF16
+    keep_last_fraction: float = 0.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.keep_last_fraction < 1.0:
+            raise ValueError(f"keep_last_fraction={self.keep_last_fraction} must be in [0, 1)")
+
+    def num_high_precision_layers(self, num_layers: int) -> int:
+        """ceil(fraction * L) rounded up to at least one layer when the rule is on."""
+        if self.keep_last_fraction == 0.0:
+            return 0
+        return max(1, math.ceil(self.keep_last_fraction * num_layers - 1e-9))
+
+    def site(self, kind: str, layer: int | None, num_layers: int) -> SiteConfig:
+        """The SiteConfig of site `kind` in layer `layer` of `num_layers` (layer None: embed/head)."""
+        if kind not in SITE_KINDS:
+            raise ValueError(f"site kind {kind!r}; valid options: {SITE_KINDS}")
+        if layer is not None:
+            if not 0 <= layer < num_layers:
+                raise ValueError(f"layer={layer} out of range for num_layers={num_layers}")
+            if layer >= num_layers - self.num_high_precision_layers(num_layers):
+                return BF16
+        return getattr(self, kind)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "PrecisionRecipe":
+        data = json.loads(text)
+        sites = {k: SiteConfig(**data.pop(k)) for k in SITE_KINDS}
+        return cls(**data, **sites)
+
+    @classmethod
+    def from_name(cls, name: str) -> "PrecisionRecipe":
+        if name not in PRESETS:
+            raise ValueError(f"unknown recipe {name!r}; valid names: {tuple(PRESETS)}")
+        return PRESETS[name]
+
+    @staticmethod
+    def names() -> tuple[str, ...]:
+        return tuple(PRESETS)
+
+
+def _arm(name: str, *, dq: bool, four_over_six: bool, high_precision: bool, fmt: str = "nvfp4") -> PrecisionRecipe:
+    """One ablation arm of RL.md: NVFP4 everywhere except router, embeddings and head.
+
+    Without the dequantized backward, the baseline is the NVFP4 pretraining recipe's
+    quantized backward (SR gradients, RHT on wgrad, 16x16 weight blocks); for the MXFP8
+    validation arms "quantized" re-quantizes the backward operands to MXFP8 (no SR/RHT). Per-token FP32
+    activation scales are part of every NVFP4 arm.
+    """
+    metric = "mae" if four_over_six else None
+    backward = "dequantized" if dq else "quantized"
+    quantized = SiteConfig(format=fmt, weight_46=metric, act_46=metric, backward=backward)
+    return PrecisionRecipe(
+        name=name,
+        routed_experts=quantized,
+        shared_expert=BF16 if high_precision else quantized,
+        dense_mlp=quantized,
+        attention=quantized,
+        keep_last_fraction=0.15 if high_precision else 0.0,
+    )
+
+
+PRESETS: dict[str, PrecisionRecipe] = {
+    "bf16": PrecisionRecipe(name="bf16"),
+    "nvfp4": _arm("nvfp4", dq=False, four_over_six=False, high_precision=False),
+    "+dq": _arm("+dq", dq=True, four_over_six=False, high_precision=False),
+    "+46": _arm("+46", dq=False, four_over_six=True, high_precision=False),
+    "+hp": _arm("+hp", dq=False, four_over_six=False, high_precision=True),
+    "full": _arm("full", dq=True, four_over_six=True, high_precision=True),
+    "full-dq": _arm("full-dq", dq=False, four_over_six=True, high_precision=True),
+    "full-46": _arm("full-46", dq=True, four_over_six=False, high_precision=True),
+    "full-hp": _arm("full-hp", dq=True, four_over_six=True, high_precision=False),
+    "mxfp8": _arm("mxfp8", dq=False, four_over_six=False, high_precision=False, fmt="mxfp8"),
+    "mxfp8+dq": _arm("mxfp8+dq", dq=True, four_over_six=False, high_precision=False, fmt="mxfp8"),
+}
+
+ABLATION_ARMS = ("bf16", "nvfp4", "+dq", "+46", "+hp", "full", "full-dq", "full-46", "full-hp")
