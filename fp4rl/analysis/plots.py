@@ -1,0 +1,257 @@
+"""The report's figures (RL.md "The report").
+
+- `plot_grad_norm`: the grad-norm overlay (per arm, median over seeds of the raw pre-clip
+  grad norm with a min-max band over seeds, log scale, one colour per arm) above a reward
+  panel on the same step axis;
+- `plot_seeds`: small multiples, one panel per arm, every seed drawn, spikes and severe
+  spikes marked;
+- `plot_summary`: per run (arm x seed) spike rate and reward gap, and per arm the final
+  held-out accuracy with its bootstrap CI over seeds.
+
+Figures are built on `matplotlib.figure.Figure` and rendered by the Agg canvas
+(`FigureCanvasAgg`), never through pyplot: no display is needed, and calling these from a
+notebook neither changes its backend nor leaks open figures.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import LogFormatter
+
+from fp4rl.analysis.runs import RunData, stack_seeds
+from fp4rl.analysis.stability import StabilityCriteria
+from fp4rl.analysis.summary import ArmSummary
+
+# Fixed arm -> colour map so an arm has the same colour in every figure and every report.
+# BF16 (the reference) is black; the full recipe green; its leave-one-outs cool colours;
+# NVFP4 everywhere and the single interventions warm colours.
+ARM_COLORS: Mapping[str, str] = {
+    "bf16": "#000000",
+    "nvfp4": "#d62728",
+    "+dq": "#ff7f0e",
+    "+46": "#bcbd22",
+    "+hp": "#8c564b",
+    "full": "#2ca02c",
+    "full-dq": "#1f77b4",
+    "full-46": "#9467bd",
+    "full-hp": "#17becf",
+}
+_EXTRA_COLORS = ("#7f7f7f", "#e377c2", "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5")
+# Seeds are told apart by colour inside an arm's panel (tab10 minus the marker colours).
+_SEED_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22")
+SPIKE_STYLE = dict(marker="o", s=60, facecolors="none", edgecolors="#ff7f0e", linewidths=1.8, zorder=5)
+SEVERE_STYLE = dict(marker="X", s=90, color="#d62728", edgecolors="white", linewidths=0.6, zorder=6)
+
+
+def arm_color(arm: str) -> str:
+    """The arm's fixed colour; arms outside RL.md's table get a deterministic extra colour."""
+    if arm in ARM_COLORS:
+        return ARM_COLORS[arm]
+    return _EXTRA_COLORS[sum(map(ord, arm)) % len(_EXTRA_COLORS)]
+
+
+def _finite_or_nan(x: np.ndarray) -> np.ndarray:
+    return np.where(np.isfinite(x), x, np.nan)
+
+
+def _positive_or_nan(x: np.ndarray) -> np.ndarray:
+    """For log axes: non-finite and non-positive values are gaps, not clipped points."""
+    return np.where(np.isfinite(x) & (x > 0), x, np.nan)
+
+
+def _nanstats(values_SxT: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # steps no seed logged -> NaN
+        return (np.nanmedian(values_SxT, axis=0), np.nanmin(values_SxT, axis=0), np.nanmax(values_SxT, axis=0))
+
+
+class _PlainLogFormatter(LogFormatter):
+    """LogFormatter's choice of which ticks to label (it thins minor labels when the axis
+    spans many decades), printed as plain numbers (0.45, 2, 1e+04) instead of 4.5x10^-1."""
+
+    def __call__(self, x, pos=None):
+        return f"{x:.3g}" if super().__call__(x, pos) else ""
+
+
+def _log_y(ax) -> None:
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(_PlainLogFormatter(labelOnlyBase=False))
+    ax.yaxis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+
+
+def _shade_warmup(ax, first_step: int, criteria: StabilityCriteria) -> None:
+    """Grey out the steps where spikes are not detected (RL.md: "after step 20")."""
+    if criteria.warmup_steps > first_step:
+        ax.axvspan(first_step, criteria.warmup_steps, color="0.92", zorder=0)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def plot_grad_norm(run: RunData, path: str | Path, criteria: StabilityCriteria = StabilityCriteria()) -> Path:
+    """Grad-norm overlay over a reward panel (RL.md "The report"); writes `path`."""
+    fig = Figure(figsize=(12, 7.5), layout="constrained")
+    ax_g, ax_r = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
+    any_nonfinite = False
+    for arm, seeds in run.arms.items():
+        color, width = arm_color(arm), (2.2 if arm in ("full", "bf16") else 1.4)
+        steps, g = stack_seeds(seeds.values(), "grad_norm/global")
+        med, lo, hi = _nanstats(_positive_or_nan(g))
+        label = f"{arm} (n={len(seeds)})"
+        ax_g.fill_between(steps, lo, hi, color=color, alpha=0.15, linewidth=0)
+        ax_g.plot(steps, med, color=color, linewidth=width, label=label)
+        # A non-finite grad norm cannot be drawn on a log axis: mark each seed's first one
+        # on the panel's top edge so a collapse to NaN/Inf is not an invisible gap.
+        bad = [int(sr.steps[np.argmax(~np.isfinite(sr.metrics["grad_norm/global"]))]) for sr in seeds.values()
+               if not np.isfinite(sr.metrics["grad_norm/global"]).all()]
+        any_nonfinite |= bool(bad)
+        ax_g.scatter(bad, np.full(len(bad), 0.985), marker="v", s=70, color=color, clip_on=False, zorder=6,
+                     transform=ax_g.get_xaxis_transform())
+        steps, r = stack_seeds(seeds.values(), "reward/mean")
+        med, lo, hi = _nanstats(_finite_or_nan(r))
+        ax_r.fill_between(steps, lo, hi, color=color, alpha=0.15, linewidth=0)
+        ax_r.plot(steps, med, color=color, linewidth=width, label=label)
+    _log_y(ax_g)
+    ax_g.set_ylabel("pre-clip global grad norm\n(raw, log scale)")
+    ax_g.set_title("Gradient norm per arm: median over seeds, band = min-max over seeds")
+    ax_r.set_ylabel("reward mean")
+    ax_r.set_xlabel("RL step")
+    ax_r.set_title("Reward per arm: median over seeds, band = min-max over seeds")
+    first_step = min(int(r.steps[0]) for r in run.runs())
+    for ax in (ax_g, ax_r):
+        _shade_warmup(ax, first_step, criteria)
+        ax.grid(True, which="major", alpha=0.3)
+    handles, labels = ax_g.get_legend_handles_labels()
+    if any_nonfinite:
+        handles.append(Line2D([], [], linestyle="none", marker="v", color="0.3", markersize=8,
+                              label="first non-finite grad norm\nof a seed (top edge)"))
+    handles.append(Patch(color="0.92", label=f"warm-up (< step {criteria.warmup_steps}):\nno spike detection"))
+    ax_g.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="arm (seeds)", frameon=False)
+    fig.suptitle(f"Run: {run.root.name}", fontsize=13)
+    return _save(fig, Path(path))
+
+
+def plot_seeds(
+    run: RunData, summaries: Mapping[str, ArmSummary], path: str | Path,
+    criteria: StabilityCriteria = StabilityCriteria(),
+) -> Path:
+    """Small multiples: one panel per arm, every seed's raw grad norm, spikes marked."""
+    arms = list(run.arms)
+    ncols = min(3, len(arms))
+    nrows = -(-len(arms) // ncols)
+    # At least 10 in wide so the shared legend and the title fit when there are 1-2 arms.
+    fig = Figure(figsize=(max(4.6 * ncols, 10.0), 3.2 * nrows + 1.0), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False)).ravel()
+    all_seeds: list[int] = sorted({s for seeds in run.arms.values() for s in seeds})
+    seed_color = {s: _SEED_COLORS[i % len(_SEED_COLORS)] for i, s in enumerate(all_seeds)}
+    for ax, arm in zip(axes, arms):
+        summary = {s.seed: s for s in summaries[arm].seeds}
+        for seed, sr in run.arms[arm].items():
+            g = _positive_or_nan(sr.metrics["grad_norm/global"])
+            ax.plot(sr.steps, g, color=seed_color[seed], linewidth=1.0, alpha=0.85)
+            ss = summary[seed]
+            spike_only = np.isin(sr.steps, ss.spike_steps) & ~np.isin(sr.steps, ss.severe_steps)
+            severe = np.isin(sr.steps, ss.severe_steps)
+            ax.scatter(sr.steps[spike_only], g[spike_only], **SPIKE_STYLE)
+            ax.scatter(sr.steps[severe], g[severe], **SEVERE_STYLE)
+            if ss.collapse.collapsed:
+                ax.axvline(ss.collapse.step, color=seed_color[seed], linestyle="--", linewidth=1.2)
+        n_spk = sum(len(s.spike_steps) for s in summaries[arm].seeds)
+        n_sev = sum(len(s.severe_steps) for s in summaries[arm].seeds)
+        n_col = sum(s.collapse.collapsed for s in summaries[arm].seeds)
+        ax.set_title(f"{arm}: {n_spk} spikes ({n_sev} severe), {n_col}/{len(summary)} collapsed",
+                     color=arm_color(arm), fontsize=10, fontweight="bold")
+        _log_y(ax)
+        _shade_warmup(ax, min(int(r.steps[0]) for r in run.arms[arm].values()), criteria)
+        ax.grid(True, alpha=0.3)
+    for ax in axes[len(arms):]:
+        ax.set_visible(False)
+    for i, ax in enumerate(axes[:len(arms)]):
+        if ax.get_subplotspec().is_first_col():
+            ax.set_ylabel("pre-clip grad norm (log)")
+        if i + ncols >= len(arms):  # no panel below this one: label its step axis
+            ax.set_xlabel("RL step")
+            ax.xaxis.set_tick_params(labelbottom=True)
+    handles = [Line2D([], [], color=seed_color[s], label=f"seed {s}") for s in all_seeds]
+    handles += [
+        Line2D([], [], linestyle="none", marker="o", markerfacecolor="none", markeredgecolor="#ff7f0e",
+               markeredgewidth=1.8, markersize=8, label=f"spike (> {criteria.spike_factor:g}x median of previous {criteria.window})"),
+        Line2D([], [], linestyle="none", marker="X", color="#d62728", markersize=9,
+               label=f"severe spike (> {criteria.severe_factor:g}x)"),
+        Line2D([], [], color="0.3", linestyle="--", label="collapse (seed colour)"),
+        Patch(color="0.92", label=f"warm-up (< step {criteria.warmup_steps})"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5 if ncols == 3 else 4), frameon=False, fontsize=9)
+    fig.suptitle("Per-seed pre-clip grad norm by arm (every seed drawn)", fontsize=13)
+    return _save(fig, Path(path))
+
+
+def _arm_axis(ax, arms: Sequence[str]) -> np.ndarray:
+    x = np.arange(len(arms))
+    ax.set_xticks(x, arms, rotation=35, ha="right")
+    for tick, arm in zip(ax.get_xticklabels(), arms):
+        tick.set_color(arm_color(arm))
+    ax.set_xlim(-0.6, len(arms) - 0.4)
+    ax.grid(True, axis="y", alpha=0.3)
+    return x
+
+
+def plot_summary(
+    summaries: Mapping[str, ArmSummary], path: str | Path, criteria: StabilityCriteria = StabilityCriteria()
+) -> Path:
+    """Per run (arm x seed): spike rate and reward gap; per arm: final accuracy with CI."""
+    arms = list(summaries)
+    fig = Figure(figsize=(min(18.0, max(14.0, 6.0 + 1.2 * len(arms))), 5.0), layout="constrained")
+    ax_s, ax_g, ax_a = fig.subplots(1, 3)
+    jitter = np.random.default_rng(0)  # fixed: the figure is reproducible
+    for ax in (ax_s, ax_g, ax_a):
+        x = _arm_axis(ax, arms)
+
+    for i, arm in enumerate(arms):
+        seeds = summaries[arm].seeds
+        dx = jitter.uniform(-0.18, 0.18, len(seeds))
+        rates = np.array([s.spikes_per_100 for s in seeds])
+        severe = np.array([len(s.severe_steps) > 0 for s in seeds])
+        ax_s.scatter(x[i] + dx[~severe], rates[~severe], color=arm_color(arm), s=30, zorder=3)
+        ax_s.scatter(x[i] + dx[severe], rates[severe], color=arm_color(arm), marker="X", s=70, zorder=3)
+        gaps = np.array([s.reward_gap for s in seeds])
+        ax_g.scatter(x[i] + dx, gaps, color=arm_color(arm), s=30, zorder=3)
+        if np.isfinite(summaries[arm].reward_gap_mean):
+            ax_g.hlines(summaries[arm].reward_gap_mean, x[i] - 0.3, x[i] + 0.3, color=arm_color(arm), linewidth=2.5)
+        acc = np.array([s.final_accuracy for s in seeds])
+        ax_a.scatter(x[i] + dx, acc, color=arm_color(arm), s=18, alpha=0.45, zorder=3)
+        ci = summaries[arm].final_accuracy
+        if ci is not None:
+            ax_a.errorbar(x[i], ci.mean, yerr=[[ci.mean - ci.low], [ci.high - ci.mean]], fmt="D",
+                          color=arm_color(arm), markersize=7, capsize=6, elinewidth=2, zorder=4)
+        else:
+            ax_a.text(x[i], 0.5, "no eval", ha="center", va="center", rotation=90, fontsize=8, color="0.4",
+                      transform=ax_a.get_xaxis_transform())
+
+    ax_s.axhline(criteria.max_spikes_per_100, color="0.3", linestyle="--", linewidth=1)
+    ax_s.set_ylim(bottom=-0.05 * max(1.0, ax_s.get_ylim()[1]))
+    ax_s.set_ylabel("spikes per 100 steps (one dot per seed)")
+    ax_s.set_title(f"Spike rate per seed (X: has a severe spike)\ndashed: pass threshold {criteria.max_spikes_per_100:g}/100", fontsize=10)
+    ax_g.axhline(0.0, color="0.5", linewidth=0.8)
+    ax_g.axhline(-criteria.reward_gap_tolerance, color="0.3", linestyle="--", linewidth=1)
+    ax_g.set_ylabel("mean reward gap to BF16 median")
+    ax_g.set_title(f"Reward gap to BF16 (dots: seeds, bar: mean)\ndashed: pass threshold -{criteria.reward_gap_tolerance:g}", fontsize=10)
+    ax_a.set_ylabel("final held-out accuracy (greedy)")
+    ci_level = next((s.final_accuracy.ci for s in summaries.values() if s.final_accuracy is not None), 0.95)
+    ax_a.set_title(f"Final held-out accuracy: mean and\n{ci_level:.0%} bootstrap CI over seeds (dots: seeds)", fontsize=10)
+    fig.suptitle("Per-run summary (arm x seed)", fontsize=13)
+    return _save(fig, Path(path))
+
+
+__all__ = ["ARM_COLORS", "arm_color", "plot_grad_norm", "plot_seeds", "plot_summary"]

@@ -1,0 +1,75 @@
+"""The precision recipe: presets of RL.md's ablation matrix, JSON round trip, resolution."""
+
+import pytest
+
+from fp4rl.recipe import ABLATION_ARMS, BF16, PrecisionRecipe, SiteConfig
+
+# RL.md's table: arm -> (dequantized bwd, 4/6 on W and A, BF16 shared expert + last 15%)
+TABLE = {
+    "nvfp4": (False, False, False),
+    "+dq": (True, False, False),
+    "+46": (False, True, False),
+    "+hp": (False, False, True),
+    "full": (True, True, True),
+    "full-dq": (False, True, True),
+    "full-46": (True, False, True),
+    "full-hp": (True, True, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_presets_follow_the_ablation_table(name):
+    dq, four_over_six, high_precision = TABLE[name]
+    recipe = PrecisionRecipe.from_name(name)
+    num_layers = 20  # 15% of 20 = 3 layers kept in BF16
+    site = recipe.site("routed_experts", 0, num_layers)
+    assert site.format == "nvfp4" and site.act_scale == "token"
+    assert site.backward == ("dequantized" if dq else "quantized")
+    assert (site.weight_46, site.act_46) == (("mae", "mae") if four_over_six else (None, None))
+    assert recipe.site("attention", 0, num_layers).format == "nvfp4"
+    assert (recipe.site("shared_expert", 0, num_layers) == BF16) == high_precision
+    last = [recipe.site("routed_experts", layer, num_layers) == BF16 for layer in range(num_layers)]
+    assert last == [False] * 17 + [high_precision] * 3
+    for kind in ("router", "embed", "lm_head"):
+        assert recipe.site(kind, None if kind != "router" else 0, num_layers) == BF16
+
+
+def test_bf16_arm_is_bf16_everywhere():
+    recipe = PrecisionRecipe.from_name("bf16")
+    for kind in ("routed_experts", "shared_expert", "dense_mlp", "attention", "router"):
+        assert recipe.site(kind, 0, 4) == BF16
+
+
+@pytest.mark.parametrize("num_layers, kept", [(1, 1), (4, 1), (7, 2), (8, 2), (20, 3), (48, 8)])
+def test_selective_precision_rounds_up_to_at_least_one_layer(num_layers, kept):
+    assert PrecisionRecipe.from_name("full").num_high_precision_layers(num_layers) == kept
+
+
+def test_mxfp8_validation_presets():
+    assert PrecisionRecipe.from_name("mxfp8").site("routed_experts", 0, 8).format == "mxfp8"
+    assert PrecisionRecipe.from_name("mxfp8+dq").site("routed_experts", 0, 8).backward == "dequantized"
+
+
+@pytest.mark.parametrize("name", PrecisionRecipe.names())
+def test_json_round_trip(name):
+    recipe = PrecisionRecipe.from_name(name)
+    assert PrecisionRecipe.from_json(recipe.to_json()) == recipe
+
+
+def test_every_ablation_arm_is_a_preset():
+    assert set(ABLATION_ARMS) <= set(PrecisionRecipe.names())
+
+
+def test_errors_name_the_valid_options():
+    with pytest.raises(ValueError, match="valid names.*full-hp"):
+        PrecisionRecipe.from_name("fp4")
+    with pytest.raises(ValueError, match="valid options"):
+        SiteConfig(format="fp4")
+    with pytest.raises(ValueError, match="valid options"):
+        SiteConfig(format="nvfp4", backward="straight")
+    with pytest.raises(ValueError, match="Four-Over-Six"):
+        SiteConfig(format="mxfp8", weight_46="mae")
+    with pytest.raises(ValueError, match="site kind"):
+        PrecisionRecipe.from_name("full").site("mlp", 0, 4)
+    with pytest.raises(ValueError, match="out of range"):
+        PrecisionRecipe.from_name("full").site("attention", 4, 4)
