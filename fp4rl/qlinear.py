@@ -14,6 +14,8 @@ Backward modes (NUMERICS.md s7), a plain `jax.custom_vjp` over arrays:
   the NVFP4 pretraining recipe: g quantized with stochastic rounding, operands re-quantized
   along the contraction dimension of each backward GEMM with per-tensor scales, a random
   Hadamard transform along tokens on both wgrad operands. The key is an explicit argument.
+A BF16 site (format "bf16") goes through the same custom_vjp with no quantization at all:
+y = x @ w in x's dtype and the exact gradient, so every site shares the grouped-GEMM code.
 Backward GEMMs take their inputs in the cotangent's dtype (bf16 in training; DQ(Q(.)) is
 computed in f32 and rounded once to it) and accumulate in f32.
 
@@ -31,15 +33,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp4rl import operands
+from fp4rl import grouped, operands
 from fp4rl.formats import hadamard, mx, nvfp4
 from fp4rl.recipe import SiteConfig
 
 F32 = jnp.float32
 TOKEN_ALIGN = 32  # tokens are padded to this for the quantized wgrad (NVFP4: 16, MXFP8: 32)
-_RAGGED_WGRAD = lax.RaggedDotDimensionNumbers(
-    dot_dimension_numbers=(([0], [0]), ([], [])), lhs_ragged_dimensions=[0], rhs_group_dimensions=[]
-)
 
 
 # ---------------------------------------------------------------- GEMMs of the three layouts
@@ -47,14 +46,14 @@ def _gemm(a_TxC, b_CxN, group_sizes):
     """a @ b with f32 accumulation; ragged: rows of `a` grouped, b [E, C, N] per group."""
     if group_sizes is None:
         return jnp.matmul(a_TxC, b_CxN, preferred_element_type=F32)
-    return lax.ragged_dot(a_TxC, b_CxN, group_sizes, preferred_element_type=F32)
+    return grouped.ragged_matmul(a_TxC, b_CxN, group_sizes)
 
 
 def _wgrad_gemm(a_TxK, g_TxN, group_sizes):
     """a^T @ g over tokens: [K, N], or per group [E, K, N] in the ragged layout."""
     if group_sizes is None:
         return lax.dot_general(a_TxK, g_TxN, (([0], [0]), ([], [])), preferred_element_type=F32)
-    return lax.ragged_dot_general(a_TxK, g_TxN, group_sizes, _RAGGED_WGRAD, preferred_element_type=F32)
+    return grouped.ragged_wgrad(a_TxK, g_TxN, group_sizes)
 
 
 def _per_row(weight_scale, group_sizes, num_rows):
@@ -106,7 +105,12 @@ def _weight_along_n(w, site: SiteConfig, impl: str):
 
 
 def _forward_from_quantized(x_TxK, wq, site: SiteConfig, group_sizes, impl: str):
-    """y = (Xv @ Wv^T) * (S_dec,x * S_dec,w): the emulated low-precision GEMM."""
+    """y = (Xv @ Wv^T) * (S_dec,x * S_dec,w): the emulated low-precision GEMM.
+
+    A BF16 site has no quantization: `wq` is the raw weight and y = x @ w in x's dtype.
+    """
+    if not site.quantized:
+        return _gemm(x_TxK, wq.astype(x_TxK.dtype), group_sizes).astype(x_TxK.dtype), None
     xq = operands.quantize(x_TxK, site, "act", impl)
     xv, sx = operands.gemm_operand(xq)
     wv, sw = _per_weight(operands.gemm_operand, wq)
@@ -124,7 +128,7 @@ def _qdot_fwd(x_TxK, w, key, group_sizes, site: SiteConfig, impl: str):
     wq = quantize_weight(w, site, impl)
     y, xq = _forward_from_quantized(x_TxK, wq, site, group_sizes, impl)
     w_dtype = jnp.zeros((), w.dtype)  # carries w's dtype for its cotangent (a scalar)
-    if site.backward == "dequantized":
+    if site.quantized and site.backward == "dequantized":
         residuals = (xq, wq, w_dtype)  # packed codes/scales/amax only: no raw x, no bf16 copies
     else:
         residuals = (x_TxK, w, key)
@@ -134,13 +138,14 @@ def _qdot_fwd(x_TxK, w, key, group_sizes, site: SiteConfig, impl: str):
 def _qdot_bwd(site: SiteConfig, impl: str, saved, g_TxN):
     residuals, group_sizes = saved
     dtype = g_TxN.dtype
-    if site.backward == "dequantized":
+    backward = site.backward if site.quantized else "bf16"  # an unquantized site: the exact gradient
+    if backward == "dequantized":
         xq, wq, w_dtype = residuals
         w_dq = _swap(_per_weight(operands.dequantized, wq, dtype))  # DQ(Q(w)) as [K, N] / [E, K, N]
         dx = _gemm(g_TxN, _swap(w_dq), group_sizes)
         dw = _wgrad_gemm(operands.dequantized(xq, dtype), g_TxN, group_sizes)
         x_dtype, w_dtype = dtype, w_dtype.dtype
-    elif site.backward == "bf16":
+    elif backward == "bf16":
         x, w, _ = residuals
         dx = _gemm(g_TxN, _swap(w.astype(dtype)), group_sizes)
         dw = _wgrad_gemm(x.astype(dtype), g_TxN, group_sizes)
@@ -215,13 +220,8 @@ def qdot(x, w, site: SiteConfig, *, key=None, group_sizes=None, impl: str = "ref
     if group_sizes is not None and (w_ndim != 3 or x.ndim != 2):
         raise ValueError(f"group_sizes needs x [R, K] and w [E, K, N]; got x {x.shape}, w with {w_ndim} dims")
 
-    if not site.quantized:
-        if prequantized:
-            raise ValueError("a BF16 site takes the raw weight, not a quantized one")
-        w = w.astype(x.dtype)
-        if group_sizes is not None:
-            return lax.ragged_dot(x, w, group_sizes, preferred_element_type=F32).astype(x.dtype)
-        return jnp.matmul(x, w, preferred_element_type=F32).astype(x.dtype)
+    if prequantized and not site.quantized:
+        raise ValueError("a BF16 site takes the raw weight, not a quantized one")
 
     if w_ndim == 3 and group_sizes is None:  # equal-size groups: one dense GEMM per expert
         keys = None if key is None else jax.random.split(key, x.shape[0])

@@ -59,6 +59,28 @@ def test_forward_is_the_emulated_nvfp4_gemm(site):
     np.testing.assert_allclose(np.asarray(expected), np.asarray(dq), rtol=4 * K * 2**-24, atol=1e-6)
 
 
+def test_unquantized_site_is_x_at_w_with_its_exact_gradient():
+    x, w, g = _inputs()
+    y, dx, dw = _vjp(SiteConfig(), x, w, g)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(jnp.matmul(x, w, preferred_element_type=jnp.float32)))
+    np.testing.assert_array_equal(np.asarray(dx), np.asarray(g @ w.T))
+    np.testing.assert_array_equal(np.asarray(dw), np.asarray(_tn(x, g)))
+
+
+def test_ragged_grouped_matmul_survives_vmap_with_unbatched_weights():
+    """The seeds of an arm vmap the MoE; lax.ragged_dot alone cannot batch an unbatched weight."""
+    site = _nvfp4_site("dequantized")
+    w = jax.random.normal(jax.random.key(1), (3, K, N)) * 0.1
+    xs = jax.random.normal(jax.random.key(0), (2, 96, K))
+    sizes = jnp.array([32, 0, 64], jnp.int32)
+    f = lambda x, w: jnp.sum(qlinear.qdot(x, w, site, group_sizes=sizes) ** 2)  # noqa: E731
+    batched = jax.jit(jax.vmap(jax.grad(f, argnums=(0, 1)), in_axes=(0, None)))(xs, w)
+    for i in range(2):
+        single = jax.jit(jax.grad(f, argnums=(0, 1)))(xs[i], w)
+        for a, b in zip(batched, single):
+            np.testing.assert_allclose(np.asarray(a[i]), np.asarray(b), rtol=4 * 96 * 2**-24, atol=1e-5)
+
+
 def test_bf16_backward_is_the_gradient_of_x_at_w():
     x, w, g = _inputs()
     _, dx, dw = _vjp(_nvfp4_site("bf16"), x, w, g)

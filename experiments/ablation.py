@@ -1,0 +1,43 @@
+"""The main job: `python -m experiments.ablation [--preset {smoke,cpu,h200}] [--arms a,b] [--seeds N] [--out DIR]`.
+
+Runs (or reuses) the warm-up, every arm of RL.md's ablation matrix with N seeds (the seeds of
+an arm in one program), then the stability analysis and the report (report.md + 3 PNGs).
+Resumable: rerun the same command after an interruption. Default preset: `cpu`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+
+import jax
+
+from experiments import rl as rl_experiment
+from experiments import sft as sft_experiment
+from fp4rl.config_cli import cli
+from fp4rl.rl.ablation import AblationConfig, run
+
+
+def _preset(name: str, seeds: int) -> AblationConfig:
+    return AblationConfig(sft=sft_experiment.PRESETS[name], rl=rl_experiment.PRESETS[name], seeds=seeds,
+                          out=f"runs/{name}/ablation")
+
+
+PRESETS = {"smoke": _preset("smoke", 1), "cpu": _preset("cpu", 1), "h200": _preset("h200", 2)}
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not any(a == "--preset" or a.startswith("--preset=") for a in argv):
+        argv = ["--preset", "cpu", *argv]
+    config = cli(AblationConfig, PRESETS, argv)
+    print(f"devices: {jax.devices()}")
+    print(f"arms: {', '.join(config.arms)}; seeds per arm: {config.seeds}; out: {config.out}")
+    command = "python -m experiments.ablation " + " ".join(shlex.quote(a) for a in argv)
+    result = run(config, commands=(command,))
+    print(f"status: {result['status']}")
+
+
+if __name__ == "__main__":
+    main()

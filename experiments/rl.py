@@ -1,0 +1,55 @@
+"""DAPO RL of one arm: `python -m experiments.rl --preset {smoke,cpu,h200} --arm NAME --seeds N`.
+
+Runs (or reuses) the preset's BF16 warm-up first, then the arm's seeds in one program.
+Rerunning the same command resumes an interrupted run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from experiments import sft as sft_experiment
+from fp4rl.config_cli import cli
+from fp4rl.rl import sft, trainer
+from fp4rl.rl.task import TaskConfig
+
+PRESETS = {
+    "smoke": trainer.RLConfig(steps=2, task=sft_experiment.SMOKE_TASK, group_size=4, prompts_per_step=2, max_gen_batches=2,
+                              mini_batches=2, max_new_tokens=48, overlong_buffer=8, prompt_len=32, eval_every=2, eval_prompts=8,
+                              init="runs/smoke/sft", out="runs/smoke/rl"),
+    "cpu": trainer.RLConfig(steps=20, task=sft_experiment.CPU_RL_TASK, group_size=8, prompts_per_step=4, mini_batches=2,
+                            max_new_tokens=72, overlong_buffer=8, prompt_len=44, eval_every=10, eval_prompts=32,
+                            init="runs/cpu/sft", out="runs/cpu/rl"),
+    "h200": trainer.RLConfig(steps=100, group_size=16, prompts_per_step=32, max_gen_batches=3, mini_batches=4,
+                             task=TaskConfig(min_ops=3, max_ops=4, operators="+-*"), max_new_tokens=96,
+                             overlong_buffer=16, prompt_len=64, optim=trainer.OptimConfig(lr=3e-5, warmup_steps=5),
+                             eval_every=25, eval_prompts=256, init="runs/h200/sft", out="runs/h200/rl"),
+}
+
+
+def ensure_warmup(preset: str | None, init: str) -> None:
+    """Run the matching warm-up preset into `init` unless it is already there."""
+    if sft.is_finished(init):
+        print(f"reusing warm-up checkpoint {init}")
+        return
+    base = sft_experiment.PRESETS[preset or "cpu"]
+    print(f"no warm-up at {init}: running experiments.sft --preset {preset or 'cpu'}")
+    sft.train(dataclasses.replace(base, out=init))
+
+
+def main(argv=None) -> None:
+    config = cli(trainer.RLConfig, PRESETS, argv)
+    print(f"devices: {jax.devices()}")
+    preset = next((name for name, p in PRESETS.items() if p.init == config.init), None)
+    ensure_warmup(preset, config.init)
+    history = trainer.train(config)
+    last = [h[-1] for h in history if h]
+    for seed, record in enumerate(last):
+        print(f"seed {seed}: step {record['step']} reward {record['reward/mean']:.3f} grad_norm {record['grad_norm/global']:.3g}")
+    print(f"metrics: {trainer.arm_dir(config)}/seed*/metrics.jsonl")
+
+
+if __name__ == "__main__":
+    main()

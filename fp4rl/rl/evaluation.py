@@ -1,0 +1,76 @@
+"""Accuracy of a policy on generated problems: sampled (temperature 1) and greedy.
+
+The warm-up is calibrated on the sampled accuracy of the RL difficulty band (RL.md); the
+final held-out accuracy of an RL run is greedy, on problems from a task seed the training
+data never uses.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from fp4rl.model import sampler as model_sampler
+from fp4rl.model import sync as model_sync
+from fp4rl.recipe import PrecisionRecipe
+from fp4rl.rl import data, tokenizer, verifier
+from fp4rl.rl.task import TaskConfig, make_problem
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_sampler(graphdef, recipe_name: str, max_new_tokens: int, temperature: float, impl: str):
+    recipe = PrecisionRecipe.from_name(recipe_name)
+    config = model_sampler.SamplerConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0,
+                                         eos_id=tokenizer.EOS, pad_id=tokenizer.PAD)
+    return jax.jit(lambda q, ids, mask, key: model_sampler.generate(
+        graphdef, q, ids, recipe, config, key=key, impl=impl, prompt_lengths_B=jnp.sum(mask, axis=1, dtype=jnp.int32)))
+
+
+def solve_rate(graphdef, params, recipe, problems, max_new_tokens: int, prompt_len: int, *, temperature: float,
+               seed: int = 0, impl: str = "reference", batch: int = 64) -> np.ndarray:
+    """+1/-1 correctness per problem (one sample each) under the recipe's quantized weights."""
+    recipe = PrecisionRecipe.from_name(recipe) if isinstance(recipe, str) else recipe
+    model_config = nnx.merge(graphdef, params).config
+    qparams, _ = model_sync.sync_weights_jit(params, model_config, recipe, impl)
+    run = _compiled_sampler(graphdef, recipe.name, max_new_tokens, float(temperature), impl)
+    correct = []
+    for start in range(0, len(problems), batch):
+        chunk = problems[start : start + batch]
+        records = [{"prompt": p.prompt, "answer": p.answer, "index": i} for i, p in enumerate(chunk)]
+        records += records[-1:] * (batch - len(records))  # fixed shape: one compiled program
+        cols = data.collate_prompts(records, prompt_len)
+        out = run(qparams, jnp.asarray(cols["prompt_ids_BxT"]), jnp.asarray(cols["prompt_mask_BxT"]),
+                  jax.random.fold_in(jax.random.key(seed), start))
+        texts = tokenizer.decode_batch(np.asarray(out.tokens))
+        correct += [verifier.reward(t, p.answer) for t, p in zip(texts, chunk)]
+    return np.array(correct, np.float32)
+
+
+def accuracy_by_difficulty(graphdef, params, recipe, task: TaskConfig, task_seed: int, per_level: int,
+                           max_new_tokens: int, seed: int = 0, prompt_len: int = 48) -> list[dict]:
+    """Rows {difficulty, sampled, greedy, n} for every number of operations in the task's range."""
+    rows = []
+    for ops in range(task.min_ops, task.max_ops + 1):
+        level = TaskConfig(**{**task.__dict__, "min_ops": ops, "max_ops": ops})
+        problems = [make_problem(i, task_seed, level) for i in range(per_level)]
+        sampled = solve_rate(graphdef, params, recipe, problems, max_new_tokens, prompt_len, temperature=1.0, seed=seed)
+        greedy = solve_rate(graphdef, params, recipe, problems, max_new_tokens, prompt_len, temperature=0.0, seed=seed)
+        rows.append({"difficulty": ops, "sampled": float((sampled > 0).mean()), "greedy": float((greedy > 0).mean()), "n": per_level})
+    return rows
+
+
+def accuracy_table_markdown(rows: list[dict]) -> str:
+    lines = ["| operations | sampled accuracy (T=1) | greedy accuracy | problems |", "|---|---|---|---|"]
+    lines += [f"| {r['difficulty']} | {r['sampled']:.2f} | {r['greedy']:.2f} | {r['n']} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def greedy_accuracy(graphdef, params, recipe, task: TaskConfig, task_seed: int, num: int, max_new_tokens: int,
+                    prompt_len: int, impl: str = "reference") -> float:
+    problems = [make_problem(i, task_seed, task) for i in range(num)]
+    rewards = solve_rate(graphdef, params, recipe, problems, max_new_tokens, prompt_len, temperature=0.0, impl=impl)
+    return float((rewards > 0).mean())

@@ -1,0 +1,107 @@
+"""Rollouts: group sampling, rewards, dynamic sampling, and the training batch (host side).
+
+Rewards need the verifier (string parsing), so they are computed on the host between the
+compiled sampler and the compiled update. Dynamic sampling (DAPO) drops groups whose
+correctness is all equal (no learning signal) and keeps drawing generation batches, up to a
+bound, until every seed has `prompts_per_step` kept groups. A seed that is still short after
+the last batch fills the remaining slots with dropped groups masked out of the loss, and
+the metric `dapo/filled_frac` says how full its batch was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fp4rl.rl import dapo, tokenizer, verifier
+
+
+@dataclasses.dataclass
+class Generation:
+    """One generation batch of one seed (numpy). Rows are prompt-major: row p*G + g."""
+
+    prompt_ids_NxTp: np.ndarray
+    prompt_mask_NxTp: np.ndarray
+    response_NxTr: np.ndarray
+    logp_NxTr: np.ndarray
+    lengths_N: np.ndarray
+    router_topk: np.ndarray  # [L_moe, N, Tr, k]
+    answers_P: np.ndarray
+
+
+def score(gen: Generation, group_size: int, max_new_tokens: int, overlong_buffer: int):
+    """(correct_PxG in {+1,-1}, shaped_PxG): verifier reward, plus DAPO's overlong shaping."""
+    texts = tokenizer.decode_batch(gen.response_NxTr)
+    answers = np.repeat(gen.answers_P, group_size)
+    correct = np.array([verifier.reward(t, int(a)) for t, a in zip(texts, answers)], np.float32)
+    shaping = np.asarray(verifier.overlong_penalty(gen.lengths_N, max_new_tokens, overlong_buffer), np.float32)
+    p = len(gen.answers_P)
+    return correct.reshape(p, group_size), (correct + shaping).reshape(p, group_size)
+
+
+@dataclasses.dataclass
+class GroupPool:
+    """Kept groups of one seed, accumulated over generation batches."""
+
+    capacity: int
+    groups: list = dataclasses.field(default_factory=list)  # (Generation, p, shaped_G, keep)
+    generated: int = 0
+    dropped: int = 0
+
+    def add(self, gen: Generation, correct_PxG, shaped_PxG) -> None:
+        keep = np.asarray(dapo.dynamic_sampling_keep(correct_PxG))
+        self.generated += len(keep)
+        self.dropped += int((~keep).sum())
+        for p in np.flatnonzero(keep):
+            if len(self.groups) < self.capacity:
+                self.groups.append((gen, p, shaped_PxG[p], True))
+        self._last = (gen, shaped_PxG, keep)
+
+    @property
+    def full(self) -> bool:
+        return len(self.groups) >= self.capacity
+
+    def filled(self) -> list:
+        """The kept groups, padded with masked-out dropped groups up to capacity."""
+        groups = list(self.groups)
+        gen, shaped, keep = self._last
+        for p in np.flatnonzero(~keep):
+            if len(groups) >= self.capacity:
+                break
+            groups.append((gen, p, shaped[p], False))
+        p = 0
+        while len(groups) < self.capacity:  # only when a batch has fewer prompts than capacity
+            groups.append((gen, p % len(keep), shaped[p % len(keep)], False))
+            p += 1
+        return groups
+
+
+def training_arrays(groups: list, group_size: int) -> dict[str, np.ndarray]:
+    """Stack the selected groups into the rollout arrays of one seed (N = groups * G rows)."""
+    rows = {k: [] for k in ("tokens", "valid", "response_mask", "logp_sampler", "advantages", "router_topk", "shaped", "used")}
+    for gen, p, shaped_G, used in groups:
+        sl = slice(p * group_size, (p + 1) * group_size)
+        prompt, pmask, resp = gen.prompt_ids_NxTp[sl], gen.prompt_mask_NxTp[sl], gen.response_NxTr[sl]
+        tr = resp.shape[1]
+        rmask = (np.arange(tr)[None, :] < gen.lengths_N[sl][:, None]) & used
+        rows["tokens"].append(np.concatenate([prompt, resp], axis=1))
+        rows["valid"].append(np.concatenate([pmask, np.arange(tr)[None, :] < gen.lengths_N[sl][:, None]], axis=1))
+        rows["response_mask"].append(rmask)
+        rows["logp_sampler"].append(gen.logp_NxTr[sl])
+        adv = np.asarray(dapo.group_advantages(shaped_G[None, :]))[0] if used else np.zeros(group_size, np.float32)
+        rows["advantages"].append(adv.astype(np.float32))
+        rows["router_topk"].append(gen.router_topk[:, sl])
+        rows["shaped"].append(shaped_G)
+        rows["used"].append(np.full(group_size, used))
+    out = {k: np.concatenate(v, axis=1 if k == "router_topk" else 0) for k, v in rows.items()}
+    return out
+
+
+def routing_flip_rate(sampler_topk, trainer_topk, response_mask_NxTr) -> float:
+    """Fraction of (MoE layer, response token) pairs whose top-k expert SET differs."""
+    a = np.sort(np.asarray(sampler_topk), axis=-1)
+    b = np.sort(np.asarray(trainer_topk), axis=-1)
+    differs = np.any(a != b, axis=-1)  # [L_moe, N, Tr]
+    mask = np.broadcast_to(np.asarray(response_mask_NxTr)[None], differs.shape)
+    return float(differs[mask].mean()) if mask.any() else 0.0

@@ -1,0 +1,305 @@
+"""The DAPO trainer: N seeds of one arm in one compiled program, resumable, logged every step.
+
+Per step: weight sync (the master weights quantized once under the recipe; the sampler uses
+those bytes), group sampling with dynamic sampling, rewards on the host, trainer log-probs
+(the recomputed old policy, the mismatch against the sampler, the routing flips), then
+`mini_batches` AdamW updates with the pre-clip gradient norm logged. Every function that
+touches the model is vmapped over a leading seed axis; only the recipe differs across arms.
+
+Reproducibility: each step's randomness is `fold_in(key(seed), step)`, the data order is a
+grain iterator whose state is checkpointed, and the checkpoint holds params, optimizer
+state and the iterator states, so a killed run restarted with the same command recomputes
+the same steps bit for bit (on CPU) and re-logs nothing twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from fp4rl.model import sampler as model_sampler
+from fp4rl.model import sync as model_sync
+from fp4rl.model.config import ModelConfig
+from fp4rl.recipe import PrecisionRecipe
+from fp4rl.rl import data, dapo, evaluation, policy, rollout, sft
+from fp4rl.rl.checkpoint import Checkpointer
+from fp4rl.rl.metrics_log import MetricsWriter, truncate_after
+from fp4rl.rl.task import TaskConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-4
+    warmup_steps: int = 2
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.99
+    clip_norm: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    """Every algorithm setting of the RL runs; arms differ only in `arm` (the recipe).
+
+    init: the warm-up run directory (its checkpoint is the start and the KL reference).
+    prompts_per_step x group_size responses are trained on per step, in `mini_batches`
+    updates; `max_gen_batches` bounds dynamic sampling. prompt_len: max prompt tokens.
+    """
+
+    arm: str = "bf16"
+    seeds: int = 1
+    seed_offset: int = 0
+    steps: int = 10
+    task: TaskConfig = TaskConfig(min_ops=2, max_ops=3)
+    task_seed: int = 0
+    prompt_len: int = 48
+    group_size: int = 8
+    prompts_per_step: int = 4
+    max_gen_batches: int = 3
+    mini_batches: int = 2
+    max_new_tokens: int = 48
+    overlong_buffer: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    loss: policy.LossConfig = policy.LossConfig()
+    optim: OptimConfig = OptimConfig()
+    eval_every: int = 0
+    eval_prompts: int = 32
+    eval_task_seed: int = 1_000_003
+    checkpoint_every: int = 1
+    on_nonfinite: Literal["skip", "stop"] = "skip"
+    impl: str = "reference"
+    init: str = "runs/sft"
+    out: str = "runs/rl"
+
+    def __post_init__(self):
+        PrecisionRecipe.from_name(self.arm)  # names the valid arms on a typo
+        if self.loss.kind not in ("dapo", "grpo"):
+            raise ValueError(f"loss.kind={self.loss.kind!r}; valid options: ('dapo', 'grpo')")
+        if (self.prompts_per_step * self.group_size) % self.mini_batches:
+            raise ValueError(f"prompts_per_step*group_size={self.prompts_per_step * self.group_size} must be a multiple of {self.mini_batches=}")
+        if self.group_size < 2:
+            raise ValueError(f"{self.group_size=} must be >= 2 (group-normalised advantages)")
+        if self.seeds < 1 or self.steps < 1:
+            raise ValueError(f"need {self.seeds=} >= 1 and {self.steps=} >= 1")
+
+
+def arm_dir(config: RLConfig) -> Path:
+    return Path(config.out) / config.arm
+
+
+def is_finished(config: RLConfig) -> bool:
+    return (arm_dir(config) / "done.json").exists()
+
+
+def _stack(trees):
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _seed_slice(tree, k):
+    return jax.tree.map(lambda x: x[k], tree)
+
+
+class Trainer:
+    def __init__(self, config: RLConfig, progress: bool = True):
+        self.config, self.progress = config, progress
+        self.recipe = PrecisionRecipe.from_name(config.arm)
+        self.graphdef, self.ref_params, self.sft_meta = sft.load(config.init)
+        self.model_config = ModelConfig(**self.sft_meta["model_config"])
+        self.seeds = [config.seed_offset + k for k in range(config.seeds)]
+        self.dir = arm_dir(config)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        o = config.optim
+        self.optimizer = policy.make_optimizer(o.lr, o.warmup_steps, o.weight_decay, o.b1, o.b2, o.clip_norm)
+        masks = policy.grad_group_masks(self.ref_params, self.model_config.num_layers)
+        fns = policy.make_functions(self.graphdef, self.recipe, self.optimizer, config.loss, self.model_config.aux_loss_coef,
+                                    config.prompt_len, masks, config.impl)
+        skip = config.on_nonfinite == "skip"
+        self._logprobs = jax.jit(jax.vmap(fns["response_logprobs"], in_axes=(0, 0, 0)))
+        self._ref_logprobs = jax.jit(jax.vmap(fns["response_logprobs"], in_axes=(None, 0, 0)))
+        self._update = jax.jit(jax.vmap(lambda p, s, b, k: fns["update"](p, s, b, k, skip)))
+        self._sync = jax.jit(jax.vmap(lambda p: model_sync.sync_weights(p, self.model_config, self.recipe, config.impl)))
+        scfg = model_sampler.SamplerConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                                           top_p=config.top_p, eos_id=data.tokenizer.EOS, pad_id=data.tokenizer.PAD)
+        self._sample = jax.jit(jax.vmap(
+            lambda q, ids, mask, key: model_sampler.generate(self.graphdef, q, ids, self.recipe, scfg, key=key, impl=config.impl,
+                                                             prompt_lengths_B=jnp.sum(mask, axis=1, dtype=jnp.int32))
+        ))
+        dcfg = lambda seed: data.DataConfig(batch_size=config.prompts_per_step, max_len=config.prompt_len,  # noqa: E731
+                                            shuffle_seed=seed, task_seed=config.task_seed)
+        records = data.problem_records(config.task, config.task_seed, data.DataConfig().num_problems)
+        self.iterators = [data.iterate(data.prompt_batches(records, dcfg(s)), dcfg(s)) for s in self.seeds]
+        self.ckpt = Checkpointer(self.dir / "checkpoint")
+
+    # ------------------------------------------------------------------ state
+    def _initial_state(self):
+        params = _stack([self.ref_params] * len(self.seeds))
+        return {"params": params, "opt_state": jax.vmap(self.optimizer.init)(params)}
+
+    def _restore_or_init(self):
+        state = self._initial_state()
+        step = self.ckpt.latest_step()
+        if step is None:
+            return state, 0
+        state, meta = self.ckpt.restore(step, state)
+        for it, s in zip(self.iterators, meta["data_states"]):
+            it.set_state(s)
+        return state, step + 1
+
+    def _seed_dirs(self):
+        return [self.dir / f"seed{s}" for s in self.seeds]
+
+    # ------------------------------------------------------------------ one step
+    def _rollouts(self, qparams, step: int):
+        c = self.config
+        pools = [rollout.GroupPool(c.prompts_per_step) for _ in self.seeds]
+        gen_time = gen_tokens = 0.0
+        for b in range(c.max_gen_batches):
+            batches = [next(it) for it in self.iterators]
+            ids = np.stack([np.repeat(x["prompt_ids_BxT"], c.group_size, 0) for x in batches])
+            mask = np.stack([np.repeat(x["prompt_mask_BxT"], c.group_size, 0) for x in batches])
+            keys = jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), b) for s in self.seeds])
+            t0 = time.time()
+            out = jax.device_get(self._sample(qparams, jnp.asarray(ids), jnp.asarray(mask), keys))
+            gen_time += time.time() - t0
+            gen_tokens += float(np.sum(out.lengths))
+            for k, pool in enumerate(pools):
+                gen = rollout.Generation(ids[k], mask[k], out.tokens[k], out.logprobs[k], out.lengths[k],
+                                         out.router_topk[k], batches[k]["answer_B"])
+                correct, shaped = rollout.score(gen, c.group_size, c.max_new_tokens, c.overlong_buffer)
+                pool.add(gen, correct, shaped)
+                pool.last_correct = correct
+            if all(p.full for p in pools):
+                break
+        return pools, b + 1, gen_time, gen_tokens
+
+    def step(self, state, step: int):
+        c = self.config
+        t_start = time.time()
+        qparams, sync_stats = self._sync(state["params"])
+        pools, gen_batches, gen_time, gen_tokens = self._rollouts(qparams, step)
+        arrays = [rollout.training_arrays(p.filled(), c.group_size) for p in pools]
+        stacked = {k: jnp.asarray(np.stack([a[k] for a in arrays])) for k in arrays[0]}
+        logp_old, trainer_topk = self._logprobs(state["params"], stacked["tokens"], stacked["valid"])
+        logp_ref, _ = self._ref_logprobs(self.ref_params, stacked["tokens"], stacked["valid"])
+        batch = policy.Batch(stacked["tokens"], stacked["valid"], stacked["response_mask"], logp_old,
+                             stacked["logp_sampler"], logp_ref, stacked["advantages"])
+        mismatch_mask = stacked["valid"][:, :, c.prompt_len:]
+        mismatch = jax.vmap(dapo.mismatch_stats)(logp_old, stacked["logp_sampler"], mismatch_mask)
+        kl_ref = jax.vmap(lambda a, b, m: dapo.masked_mean(dapo.kl_k3(a, b), m))(logp_old, logp_ref, stacked["response_mask"])
+
+        t_train = time.time()
+        n = batch.tokens_NxL.shape[1]
+        per = n // c.mini_batches
+        update_metrics = []
+        params, opt_state = state["params"], state["opt_state"]
+        for m in range(c.mini_batches):
+            mb = jax.tree.map(lambda x: x[:, m * per : (m + 1) * per], batch)
+            keys = jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), 1000 + m) for s in self.seeds])
+            params, opt_state, metrics = self._update(params, opt_state, mb, keys)
+            update_metrics.append(jax.device_get(metrics))
+        train_time = time.time() - t_train
+
+        records = []
+        for k, seed in enumerate(self.seeds):
+            shaped = arrays[k]["shaped"]
+            per_update = [jax.tree.map(lambda x: np.asarray(x)[k], um) for um in update_metrics]
+            mean = lambda key: float(np.mean([u[key] for u in per_update]))  # noqa: E731
+            lengths_all = np.asarray(stacked["valid"][k][:, c.prompt_len:]).sum(1)
+            record = {
+                "step": step,
+                "reward/mean": float(shaped.mean()),
+                "reward/std": float(shaped.std()),
+                "accuracy": float((pools[k].last_correct > 0).mean()),
+                "dapo/dropped_group_frac": pools[k].dropped / max(pools[k].generated, 1),
+                "dapo/gen_batches": gen_batches,
+                "dapo/filled_frac": float(np.mean([g[3] for g in pools[k].filled()])),
+                "response_length/mean": float(lengths_all.mean()),
+                "response_length/max": float(lengths_all.max()),
+                "response_length/trunc_rate": float((lengths_all >= c.max_new_tokens).mean()),
+                "entropy": mean("entropy"),
+                "clip_frac/upper": mean("clip_frac_upper"),
+                "clip_frac/lower": mean("clip_frac_lower"),
+                "approx_kl": mean("approx_kl"),
+                "ratio/first_minibatch_mean": float(per_update[0]["ratio_mean"]),
+                "ratio/first_minibatch_max": float(per_update[0]["ratio_max"]),
+                "kl_ref_k3": float(kl_ref[k]),
+                "loss/policy": mean("loss/policy"),
+                "loss/aux": mean("loss/aux"),
+                "grad_norm/global": mean("grad_norm/global"),
+                "grad_norm/global_max": float(np.max([u["grad_norm/global"] for u in per_update])),
+                **{f"grad_norm/{g}": mean(f"grad_norm/{g}") for g in policy.GRAD_GROUPS},
+                "nonfinite": bool(any(u["nonfinite"] for u in per_update)),
+                "skipped_update": bool(c.on_nonfinite == "skip" and any(u["nonfinite"] for u in per_update)),
+                "mismatch/kl_k1": float(mismatch["mismatch_k1"][k]),
+                "mismatch/kl_k3": float(mismatch["mismatch_k3"][k]),
+                "mismatch/max_abs_logp_diff": float(mismatch["mismatch_abs_max"][k]),
+                "mismatch/mean_abs_logp_diff": float(mismatch["mismatch_abs_mean"][k]),
+                "mismatch/mean_exp_abs_diff": float(mismatch["mismatch_exp_abs_mean"][k]),
+                "mismatch/routing_flip": rollout.routing_flip_rate(arrays[k]["router_topk"], np.asarray(trainer_topk[k]),
+                                                                   np.asarray(mismatch_mask[k])),
+                "quant/map4_frac": float(np.asarray(sync_stats["quant/map4_frac"])[k]),
+                "time/step_s": time.time() - t_start,
+                "time/rollout_s": gen_time,
+                "throughput/rollout_tok_s": gen_tokens / max(gen_time, 1e-9) / len(self.seeds),
+                "throughput/train_tok_s": float(np.asarray(stacked["valid"][k]).sum()) / max(train_time, 1e-9),
+            }
+            records.append(record)
+        return {"params": params, "opt_state": opt_state}, records
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> list[list[dict]]:
+        c = self.config
+        state, start = self._restore_or_init()
+        writers = []
+        for seed_dir in self._seed_dirs():
+            truncate_after(seed_dir / "metrics.jsonl", start - 1)
+            writers.append(MetricsWriter(seed_dir))
+        if start == 0:
+            (self.dir / "config.json").write_text(json.dumps({"rl_config": json.loads(json.dumps(dataclasses.asdict(c), default=str)),
+                                                              "recipe": json.loads(self.recipe.to_json()),
+                                                              "model_config": self.sft_meta["model_config"]}, indent=2))
+        history = [[] for _ in self.seeds]
+        bar = tqdm(range(start, c.steps), desc=f"rl {c.arm} x{len(self.seeds)} seeds", disable=not self.progress,
+                   initial=start, total=c.steps)
+        for step in bar:
+            state, records = self.step(state, step)
+            if c.eval_every and ((step + 1) % c.eval_every == 0 or step == c.steps - 1):
+                accs = self.evaluate(state["params"])
+                for r, a in zip(records, accs):
+                    r["eval/accuracy"] = a
+            for w, r, h in zip(writers, records, history):
+                w.write(r)
+                h.append(r)
+            bar.set_postfix(reward=f"{np.mean([r['reward/mean'] for r in records]):.3f}",
+                            grad_norm=f"{np.mean([r['grad_norm/global'] for r in records]):.3g}")
+            if any(r["nonfinite"] for r in records) and c.on_nonfinite == "stop":
+                raise FloatingPointError(f"non-finite loss or gradient at step {step} of arm {c.arm} "
+                                         "(set --on_nonfinite=skip to skip such updates instead)")
+            if (step + 1) % c.checkpoint_every == 0 or step == c.steps - 1:
+                meta = {"step": step, "data_states": [it.get_state() for it in self.iterators], "recipe": self.recipe.to_json()}
+                self.ckpt.save(step, state, meta)
+        for w in writers:
+            w.close()
+        self.ckpt.close()
+        (self.dir / "done.json").write_text(json.dumps({"steps": c.steps, "seeds": self.seeds}))
+        return history
+
+    def evaluate(self, params_S) -> list[float]:
+        """Greedy held-out accuracy per seed (RL.md's final accuracy)."""
+        c = self.config
+        return [evaluation.greedy_accuracy(self.graphdef, _seed_slice(params_S, k), self.recipe, c.task, c.eval_task_seed,
+                                           c.eval_prompts, c.max_new_tokens, c.prompt_len, impl=c.impl)
+                for k in range(len(self.seeds))]
+
+
+def train(config: RLConfig, progress: bool = True):
+    return Trainer(config, progress).run()
