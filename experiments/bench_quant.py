@@ -1,0 +1,177 @@
+"""Benchmark of the NVFP4 (+4/6) quantizers on the GPU: Triton, Mosaic GPU, XLA reference.
+
+    python -m experiments.bench_quant [--backends=triton,mosaic,xla] [--iters=20] [--out=benchmarks]
+
+Shapes (issue 4): activations tokens x hidden 8192x2048, 16384x4096, 32768x7168 (bf16, per-token
+amax, 1x16 blocks); weights 128 experts x [2048 x 768] (the Qwen3-30B-A3B expert shape, per-
+expert amax, 16x16 blocks, quantized along K = 2048). Variants: plain NVFP4, 4/6 exact (MAE),
+4/6 fast (MAE). Every implementation's bytes are compared with the reference's on the
+benchmark input BEFORE it is timed (a mismatch is reported and the row is not timed).
+
+Achieved bandwidth = (bytes read + bytes written) / time, where bytes written are the codes
+(K/2 per row), scale bytes and map4 (K/16 each) and the amax; it is reported against the
+same run's measured device copy bandwidth (a jitted elementwise pass that reads and writes
+the input once, the roofline of a one-pass quantizer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp4rl.config_cli import cli
+from fp4rl.formats import nvfp4
+
+VARIANTS = {
+    "nvfp4": {},
+    "4/6 exact": {"four_over_six": "mae"},
+    "4/6 fast": {"four_over_six": "mae", "fast_error": True},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    backends: tuple[str, ...] = ("triton", "mosaic", "xla")
+    activation_shapes: tuple[str, ...] = ("8192x2048", "16384x4096", "32768x7168")
+    experts: int = 128
+    expert_shape: str = "2048x768"
+    iters: int = 20
+    out: str = "benchmarks"
+
+
+def _time(fn, *args, iters: int) -> float:
+    """Median seconds per call over `iters` calls, after a warm-up (compile) call."""
+    jax.block_until_ready(fn(*args))
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        samples.append(time.perf_counter() - t0)
+    return float(np.median(samples))
+
+
+def _bytes_of(t: nvfp4.NVFP4Tensor) -> int:
+    return sum(int(a.size) * a.dtype.itemsize for a in (t.codes, t.scales, t.amax, t.map4))
+
+
+def _same_bytes(a: nvfp4.NVFP4Tensor, b: nvfp4.NVFP4Tensor) -> bool:
+    pairs = [(a.codes, b.codes), (a.scales, b.scales), (a.amax, b.amax), (a.map4, b.map4)]
+    return all(np.array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8)) for x, y in pairs)
+
+
+def _quantizer(backend: str, config: nvfp4.NVFP4Config, experts: bool):
+    if backend == "xla":
+        fn = (lambda w: jax.vmap(lambda m: nvfp4.quantize(m, config))(jnp.swapaxes(w, 1, 2))) if experts else (
+            lambda x: nvfp4.quantize(x, config))
+        return jax.jit(fn)
+    import pallas_kernels
+
+    if experts:
+        return jax.jit(lambda w: pallas_kernels.quantize_experts(w, config, backend=backend, contraction_axis=1))
+    return jax.jit(lambda x: pallas_kernels.quantize(x, config, backend=backend))
+
+
+def copy_bandwidth(x, iters: int) -> float:
+    """Bytes/s of one read + one write of `x` (XLA elementwise; the memory roofline here)."""
+    fn = jax.jit(lambda v: v * jnp.asarray(1.0001, v.dtype))
+    seconds = _time(fn, x, iters=iters)
+    return 2 * x.size * x.dtype.itemsize / seconds
+
+
+def run(config: BenchConfig) -> dict:
+    key = jax.random.key(0)
+    cases = []
+    for shape in config.activation_shapes:
+        m, k = map(int, shape.split("x"))
+        cases.append((f"act {shape}", jax.random.normal(key, (m, k), jnp.bfloat16), False, "token"))
+    k, n = map(int, config.expert_shape.split("x"))
+    w = (jax.random.normal(key, (config.experts, k, n), jnp.float32) * 0.02).astype(jnp.bfloat16)
+    cases.append((f"weights {config.experts}x{config.expert_shape}", w, True, "tensor"))
+
+    peak_copy = max(copy_bandwidth(x, config.iters) for _, x, _, _ in cases)
+    rows = []
+    for name, x, experts, scale in cases:
+        copy_bw = copy_bandwidth(x, config.iters)
+        for variant, options in VARIANTS.items():
+            qconfig = nvfp4.NVFP4Config(block_2d=experts, scale=scale, **options)
+            reference = _quantizer("xla", qconfig, experts)(x)
+            moved = x.size * x.dtype.itemsize + _bytes_of(reference)
+            for backend in config.backends:
+                row = {"case": name, "variant": variant, "backend": backend}
+                try:
+                    fn = _quantizer(backend, qconfig, experts)
+                    out = fn(x)
+                    row["bit_exact"] = _same_bytes(out, reference)
+                    if row["bit_exact"]:
+                        seconds = _time(fn, x, iters=config.iters)
+                        row.update(ms=seconds * 1e3, gbps=moved / seconds / 1e9, copy_frac=moved / seconds / copy_bw)
+                except Exception as e:  # noqa: BLE001  (recorded in the table: what failed and why)
+                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                rows.append(row)
+                print(row, flush=True)
+    return {"device": str(jax.devices()[0].device_kind), "copy_gbps_peak": peak_copy / 1e9, "rows": rows}
+
+
+def to_markdown(result: dict) -> str:
+    lines = [
+        "# NVFP4 quantizer benchmark",
+        "",
+        f"Device: {result['device']}. Command: `python -m experiments.bench_quant`. Measured copy bandwidth "
+        f"(read+write, best case over the shapes): {result['copy_gbps_peak']:.0f} GB/s.",
+        "Bytes moved = input + codes + scales + map4 + amax. `copy %` = achieved / copy bandwidth of the same tensor.",
+        "",
+        "| case | variant | backend | bit-exact | ms | GB/s | copy % |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['case']} | {r['variant']} | {r['backend']} | error | {r['error']} | | |")
+        elif not r["bit_exact"]:
+            lines.append(f"| {r['case']} | {r['variant']} | {r['backend']} | **NO** (not timed) | | | |")
+        else:
+            lines.append(f"| {r['case']} | {r['variant']} | {r['backend']} | yes | {r['ms']:.3f} | {r['gbps']:.0f} | {100 * r['copy_frac']:.0f}% |")
+    lines += ["", "## Targets", ""]
+    lines += targets(result)
+    return "\n".join(lines) + "\n"
+
+
+def targets(result: dict) -> list[str]:
+    """The issue's three targets, checked on this run's numbers."""
+    ms = {(r["case"], r["variant"], r["backend"]): r.get("ms") for r in result["rows"]}
+    out = []
+    for (case, variant, backend), t in sorted(ms.items(), key=str):
+        if backend == "xla" or t is None or variant == "nvfp4":
+            continue
+        plain = ms.get((case, "nvfp4", backend))
+        if plain:
+            out.append(f"- {backend} {case}: {variant} / plain = {t / plain:.2f} (target <= 1.15)")
+        ref = ms.get((case, variant, "xla"))
+        if variant == "4/6 fast" and ref:
+            out.append(f"- {backend} {case}: XLA reference 4/6 fast / kernel = {ref / t:.2f}x (target >= 3x)")
+    for r in result["rows"]:
+        if r.get("copy_frac") and r["case"].startswith("act") and r["variant"] != "nvfp4" and r["backend"] != "xla":
+            out.append(f"- {r['backend']} {r['case']} {r['variant']}: {100 * r['copy_frac']:.0f}% of copy bandwidth (target >= 80% at large shapes)")
+    return out
+
+
+def main(argv=None) -> None:
+    config = cli(BenchConfig, argv=argv)
+    print(f"devices: {jax.devices()}")
+    if jax.default_backend() != "gpu":
+        raise SystemExit("bench_quant measures GPU kernels; no GPU here (CPU numbers are not performance numbers)")
+    result = run(config)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_quant.json").write_text(json.dumps(result, indent=2))
+    (out / "bench_quant.md").write_text(to_markdown(result))
+    print(to_markdown(result))
+
+
+if __name__ == "__main__":
+    main()
