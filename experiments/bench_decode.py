@@ -1,0 +1,91 @@
+"""Decode throughput of the KV-cache sampler on the GPU, per recipe.
+
+    python -m experiments.bench_decode [--model=h200 --batch=256 --prompt_len=64 --new_tokens=128]
+
+Random weights: throughput does not depend on what the model says. A row stops at EOS like in
+RL, so tokens/s counts the tokens actually generated (`lengths`), not batch x new_tokens.
+Weights are synced once per recipe, as in RL; the timed call is one compiled prefill + decode
+loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp4rl.config_cli import cli
+from fp4rl.model import sampler, sync, transformer
+from fp4rl.model.config import ModelConfig
+from fp4rl.recipe import PrecisionRecipe
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeBenchConfig:
+    model: str = "h200"
+    recipes: tuple[str, ...] = ("bf16", "full", "nvfp4")
+    batch: int = 256
+    prompt_len: int = 64
+    new_tokens: int = 128
+    iters: int = 3
+    out: str = "benchmarks"
+
+
+def run(config: DecodeBenchConfig) -> dict:
+    mc = ModelConfig.from_name(config.model)
+    graphdef, params = transformer.init(mc, 0)
+    prompts = jax.random.randint(jax.random.key(1), (config.batch, config.prompt_len), 3, mc.vocab_size)
+    scfg = sampler.SamplerConfig(max_new_tokens=config.new_tokens, temperature=1.0, top_p=1.0, eos_id=1, pad_id=0)
+    rows = []
+    for name in config.recipes:
+        recipe = PrecisionRecipe.from_name(name)
+        qparams, _ = sync.sync_weights_jit(params, mc, recipe, "reference")
+        gen = jax.jit(lambda q, p, k: sampler.generate(graphdef, q, p, recipe, scfg, key=k))
+        out = jax.block_until_ready(gen(qparams, prompts, jax.random.key(0)))
+        times, tokens = [], []
+        for i in range(config.iters):
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(gen(qparams, prompts, jax.random.key(i + 1)))
+            times.append(time.perf_counter() - t0)
+            tokens.append(int(np.sum(np.asarray(out.lengths))))
+        t = float(np.median(times))
+        row = {"recipe": name, "seconds": t, "generated_tokens": int(np.median(tokens)),
+               "tok_s": float(np.median(tokens)) / t, "batch": config.batch}
+        rows.append(row)
+        print(row, flush=True)
+    return {"device": str(jax.devices()[0].device_kind), "model": config.model, "params": mc.param_count()._asdict(),
+            "config": dataclasses.asdict(config), "rows": rows}
+
+
+def to_markdown(result) -> str:
+    c = result["config"]
+    lines = [f"# Decode throughput, model `{result['model']}` ({result['params']['total'] / 1e6:.1f}M params, "
+             f"{result['params']['active'] / 1e6:.1f}M active)", "",
+             f"Device: {result['device']}. Command: `python -m experiments.bench_decode`. Batch {c['batch']}, "
+             f"prompt {c['prompt_len']}, up to {c['new_tokens']} new tokens, KV cache, one compiled program per recipe. "
+             "NVFP4 recipes are emulated on Hopper (bf16 GEMMs on exact dequantized operands + the quantizers).", "",
+             "| recipe | generated tokens | seconds | tokens/s |", "|---|---|---|---|"]
+    lines += [f"| {r['recipe']} | {r['generated_tokens']} | {r['seconds']:.3f} | {r['tok_s']:.0f} |" for r in result["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    config = cli(DecodeBenchConfig, argv=argv)
+    print(f"devices: {jax.devices()}")
+    if jax.default_backend() != "gpu":
+        raise SystemExit("bench_decode measures GPU throughput; no GPU here")
+    result = run(config)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_decode.json").write_text(json.dumps(result, indent=2))
+    (out / "bench_decode.md").write_text(to_markdown(result))
+    print(to_markdown(result))
+
+
+if __name__ == "__main__":
+    main()
