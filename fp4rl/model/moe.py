@@ -1,0 +1,126 @@
+"""The MoE block: router, dropless routed experts, optional (gated) shared expert, Switch aux loss.
+
+Router (Qwen2/3-MoE): logits in f32, softmax over all E experts, top-k, optionally renormalised.
+Routed experts are weight stacks (gate|up fused [E, D, 2F], down [E, F, D]) applied **dropless**: the
+T*k (token, expert) pairs are sorted by expert, every expert's group is padded with zero rows
+up to a multiple of `group_align`, and one ragged `qdot` per projection runs all experts. No
+capacity factor: no token is ever dropped, whatever the routing, so a token's output depends
+on that token alone (with per-token activation scales), which batch invariance and causality
+need (NUMERICS.md s4).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from fp4rl.model.config import ModelConfig
+from fp4rl.model.layers import SwiGLU, dtype_of, normal_init, swiglu_act
+from fp4rl.model.sites import Ctx, site_dot
+
+F32 = jnp.float32
+
+
+def padded_rows(num_tokens: int, top_k: int, num_experts: int, align: int) -> int:
+    """R: the static row bound of the sorted buffer. Each group wastes at most align - 1 rows."""
+    rows = num_tokens * top_k + num_experts * (align - 1)
+    return -(-rows // align) * align
+
+
+def dispatch(expert_TxK, num_experts: int, align: int):
+    """Where each (token, choice) pair goes in the padded, expert-sorted buffer.
+
+    Returns (row_of_pair [T*k] int32, token_of_row [R] int32 (T for padding rows),
+    group_sizes [E] int32: each expert's count rounded up to `align`; their sum <= R, and
+    qdot's ragged GEMM leaves rows past the sum at zero).
+    """
+    T, k = expert_TxK.shape
+    R = padded_rows(T, k, num_experts, align)
+    expert_P = expert_TxK.reshape(-1).astype(jnp.int32)  # pair p = t * k + j
+    # Stable: pairs of one expert keep token order, so a token's row never depends on later tokens
+    # of its own group (it can still shift by whole `align` blocks when earlier groups grow).
+    order_P = jnp.argsort(expert_P, stable=True)
+    counts_E = jnp.bincount(expert_P, length=num_experts).astype(jnp.int32)
+    sizes_E = (counts_E + align - 1) // align * align
+    start_E = jnp.cumsum(counts_E) - counts_E  # exclusive prefix sums
+    padded_start_E = jnp.cumsum(sizes_E) - sizes_E
+    sorted_expert_P = expert_P[order_P]
+    rank_P = jnp.arange(T * k, dtype=jnp.int32) - start_E[sorted_expert_P]  # rank inside its group
+    row_of_sorted_P = padded_start_E[sorted_expert_P] + rank_P
+    row_of_pair_P = jnp.zeros(T * k, jnp.int32).at[order_P].set(row_of_sorted_P)
+    token_of_row_R = jnp.full(R, T, jnp.int32).at[row_of_pair_P].set(jnp.arange(T * k, dtype=jnp.int32) // k)
+    return row_of_pair_P, token_of_row_R, sizes_E
+
+
+class MoE(nnx.Module):
+    def __init__(self, config: ModelConfig, layer: int, rngs: nnx.Rngs):
+        D, F, E, pd = config.d_model, config.moe_d_ff, config.num_experts, dtype_of(config.param_dtype)
+        down_scale = (2 * config.num_layers) ** -0.5
+        self.router = nnx.Param(normal_init(rngs, (D, E), D, pd))
+        self.gate_up = nnx.Param(normal_init(rngs, (E, D, 2 * F), D, pd))  # gate | up per expert
+        self.down = nnx.Param(normal_init(rngs, (E, F, D), F, pd, down_scale))
+        if config.shared_expert_d_ff:
+            self.shared = SwiGLU(config, layer, config.shared_expert_d_ff, "shared_expert", rngs)
+        if config.shared_expert_gate:
+            self.shared_gate = nnx.Param(normal_init(rngs, (D, 1), D, pd))
+        self.layer, self.num_experts, self.top_k = layer, E, config.top_k
+        self.norm_topk_prob, self.group_align = config.norm_topk_prob, config.group_align
+        self.has_shared, self.has_shared_gate = bool(config.shared_expert_d_ff), config.shared_expert_gate
+
+    def site_kinds(self) -> dict[str, str]:
+        """Weight attribute -> recipe site kind. The shared expert's scalar gate is a router-like
+        site ([D, 1]: too narrow for 16x16 weight tiles; BF16 with the router in every preset)."""
+        kinds = {"router": "router", "gate_up": "routed_experts", "down": "routed_experts"}
+        if self.has_shared_gate:
+            kinds["shared_gate"] = "router"
+        return kinds
+
+    def route(self, x_TxD, ctx: Ctx):
+        """(probs_TxE f32, weight_TxK f32, expert_TxK int32), top-k in descending probability."""
+        # f32 logits: near-ties between experts decide routing, and bf16 logits would flip them.
+        logits_TxE = site_dot(x_TxD.astype(F32), self.router.get_value(), ctx, self.site_kinds()["router"],
+                              self.layer, "router")
+        probs_TxE = jax.nn.softmax(logits_TxE.astype(F32), axis=-1)
+        weight_TxK, expert_TxK = jax.lax.top_k(probs_TxE, self.top_k)
+        if self.norm_topk_prob:
+            weight_TxK = weight_TxK / jnp.sum(weight_TxK, axis=-1, keepdims=True)
+        return probs_TxE, weight_TxK, expert_TxK.astype(jnp.int32)
+
+    def experts(self, x_TxD, weight_TxK, expert_TxK, ctx: Ctx):
+        """sum_j weight[t, j] * expert_{expert[t, j]}(x[t]) for every token, dropless."""
+        T, D = x_TxD.shape
+        row_of_pair_P, token_of_row_R, sizes_E = dispatch(expert_TxK, self.num_experts, self.group_align)
+        # Padding rows gather the appended zero row: they quantize to zeros and cost no accuracy.
+        x_R1xD = jnp.concatenate([x_TxD, jnp.zeros((1, D), x_TxD.dtype)], axis=0)
+        x_RxD = x_R1xD[token_of_row_R]
+        dot = lambda h, name: site_dot(h, getattr(self, name).get_value(), ctx, self.site_kinds()[name],  # noqa: E731
+                                       self.layer, f"experts.{name}", group_sizes=sizes_E)
+        h_RxF = swiglu_act(dot(x_RxD, "gate_up"))
+        y_RxD = dot(h_RxF, "down")
+        y_TxKxD = y_RxD[row_of_pair_P].reshape(T, self.top_k, D)
+        y_TxD = jnp.einsum("tk,tkd->td", weight_TxK, y_TxKxD.astype(F32))  # combine in f32
+        return y_TxD.astype(x_TxD.dtype)
+
+    def __call__(self, x_BxLxD, valid_BxL, ctx: Ctx):
+        """Returns (y_BxLxD, expert_BxLxK, aux_loss (), load_E): load_E is each expert's share of
+        the valid tokens' k assignments; aux_loss = E * sum_e load_e * mean_prob_e (Switch)."""
+        B, L, D = x_BxLxD.shape
+        x_TxD = x_BxLxD.reshape(B * L, D)
+        probs_TxE, weight_TxK, expert_TxK = self.route(x_TxD, ctx)
+        y_TxD = self.experts(x_TxD, weight_TxK, expert_TxK, ctx)
+        if self.has_shared:
+            shared_TxD = self.shared(x_TxD, ctx)
+            if self.has_shared_gate:  # Qwen2-MoE: a per-token scalar gate; a router-like site
+                g_Tx1 = site_dot(x_TxD, self.shared_gate.get_value(), ctx, self.site_kinds()["shared_gate"], self.layer,
+                                 "shared_gate")
+                shared_TxD = (jax.nn.sigmoid(g_Tx1.astype(F32)) * shared_TxD.astype(F32)).astype(x_TxD.dtype)
+            y_TxD = y_TxD + shared_TxD
+
+        valid_T = valid_BxL.reshape(-1).astype(F32)
+        n_valid = jnp.maximum(jnp.sum(valid_T), 1.0)
+        onehot_TxE = jnp.sum(jax.nn.one_hot(expert_TxK, self.num_experts, dtype=F32), axis=1)
+        load_E = jnp.sum(onehot_TxE * valid_T[:, None], axis=0) / (n_valid * self.top_k)
+        mean_prob_E = jnp.sum(probs_TxE * valid_T[:, None], axis=0) / n_valid
+        aux_loss = self.num_experts * jnp.sum(load_E * mean_prob_E)
+        return y_TxD.reshape(B, L, D), expert_TxK.reshape(B, L, self.top_k), aux_loss, load_E

@@ -1,0 +1,165 @@
+"""Batched generation with a KV cache, at the arm's precision, from the synced qparams.
+
+Layout: prompts are **left-padded** to a common width P (pads only on the left, marked by
+`prompt_lengths_B` or, by default, by `pad_id`), so every row writes the same cache slot at
+every step (slot P + t for new token t); RoPE positions count real tokens only, so a prompt's
+positions do not depend on its padding. The prefill runs the prompts in one forward, then
+`lax.while_loop` decodes one token per step for all rows and exits as soon as every row has
+stopped. `generate` compiles itself (once per model,
+recipe, max_new_tokens and shapes); it may also be called inside a caller's jit.
+
+Outputs, for new-token index t < T_new = max_new_tokens:
+- tokens [B, T_new]: sampled ids, `pad_id` after a row's stop (its EOS is kept);
+- logprobs [B, T_new]: log softmax of the **raw** logits (temperature 1, no top-p) at the
+  sampled token, i.e. the policy's log-prob that the trainer recomputes; 0 after the stop.
+  Temperature and top-p shape only the sampling distribution.
+- lengths [B]: generated tokens per row, EOS included;
+- router_topk [L_moe, B, T_new, k]: the experts of the position whose logits produced token t
+  (the last prompt token for t = 0, new token t - 1 after), i.e. the same positions at which the
+  trainer's forward over prompt + response scores token t; -1 after the stop.
+The trainer's forward reproduces these log-probs on `concat(prompt, tokens)` with
+`valid = concat(prompt_valid, arange(T_new) < lengths)`, scoring token t at column P - 1 + t.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from fp4rl.model.transformer import resolve_recipe, forward, init_cache
+
+F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+    """max_new_tokens: T_new. temperature: 0 means greedy (argmax); > 0 scales the logits.
+    top_p: nucleus sampling mass in (0, 1] (1 disables it). eos_id stops a row; pad_id fills
+    the tokens after the stop (and marks left padding in prompts by default)."""
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    eos_id: int
+    pad_id: int
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0 (0: greedy)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+        if self.eos_id == self.pad_id:
+            raise ValueError(f"eos_id and pad_id must differ, both are {self.eos_id}")
+
+
+class SampleOutput(NamedTuple):
+    tokens: jax.Array  # int32 [B, T_new]
+    logprobs: jax.Array  # f32 [B, T_new]
+    lengths: jax.Array  # int32 [B]
+    router_topk: jax.Array  # int32 [L_moe, B, T_new, k]
+
+
+def sample_token(logits_BxV, key, temperature, top_p):
+    """One token per row from softmax(logits / temperature) restricted to the top-p nucleus.
+
+    temperature == 0 is greedy (argmax); top_p >= 1 disables the nucleus. Both may be traced
+    values, so one compiled sampler serves every temperature and top-p.
+    """
+    logits_BxV = logits_BxV.astype(F32)
+    temperature, top_p = jnp.asarray(temperature, F32), jnp.asarray(top_p, F32)
+    scaled = logits_BxV / jnp.where(temperature > 0, temperature, F32(1))
+    # Nucleus: keep the smallest prefix of the sorted distribution whose mass reaches top_p (the
+    # top token always stays): a token is dropped when the mass before it already reaches top_p.
+    sorted_desc = jnp.sort(scaled, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(sorted_desc, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    kept = (mass_before < top_p) | (top_p >= 1)
+    threshold = jnp.min(jnp.where(kept, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    scaled = jnp.where(scaled >= threshold, scaled, -jnp.inf)
+    sampled = jax.random.categorical(key, scaled, axis=-1)
+    return jnp.where(temperature > 0, sampled, jnp.argmax(logits_BxV, axis=-1)).astype(jnp.int32)
+
+
+def _token_logprob(logits_BxV, token_B):
+    logp_BxV = jax.nn.log_softmax(logits_BxV.astype(F32), axis=-1)
+    return jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0]
+
+
+def generate(graphdef, qparams, prompt_BxP, recipe, sampler: SamplerConfig, *, key,
+             impl: str = "reference", prompt_lengths_B=None, temperature=None) -> SampleOutput:
+    """Sample up to `sampler.max_new_tokens` tokens after each left-padded prompt.
+
+    qparams: `sync_weights(params, ...)[0]` (raw params give identical results, quantizing the
+    weights inside every step instead of once). Compiled once per (graphdef, recipe, impl,
+    max_new_tokens, shapes): temperature, top_p, eos_id and pad_id are runtime values.
+    temperature: overrides `sampler.temperature`; may be a traced value (e.g. 0 for greedy
+    evaluation through the same compiled rollout program).
+    """
+    recipe = resolve_recipe(recipe)
+    prompt_BxP = jnp.asarray(prompt_BxP, jnp.int32)
+    if prompt_lengths_B is None:
+        prompt_lengths_B = jnp.sum(prompt_BxP != sampler.pad_id, axis=1, dtype=jnp.int32)
+    return _generate(graphdef, recipe, impl, sampler.max_new_tokens, qparams, prompt_BxP,
+                     jnp.asarray(prompt_lengths_B, jnp.int32), key,
+                     sampler.temperature if temperature is None else temperature, sampler.top_p,
+                     sampler.eos_id, sampler.pad_id)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _generate(graphdef, recipe, impl, T, qparams, prompt_BxP, prompt_lengths_B, key, temperature, top_p,
+              eos_id, pad_id) -> SampleOutput:
+    config = nnx.merge(graphdef, qparams).config
+    B, P = prompt_BxP.shape
+    prompt_valid_BxP = jnp.arange(P)[None, :] >= (P - prompt_lengths_B[:, None])
+    # Slots: the prompt, then new tokens 0..T-2 fed back (the last sampled token is never fed).
+    cache = init_cache(config, B, P + T - 1)
+    # The forward's key feeds only a quantized backward, which sampling never runs; it is passed
+    # so that raw (unsynced) params under such a recipe are accepted too.
+    key, fwd_key = jax.random.split(key)
+
+    def step_model(tokens_BxL, valid_BxL, cache):
+        logits, aux = forward(graphdef, qparams, tokens_BxL, recipe, key=fwd_key, impl=impl,
+                              cache=cache, valid=valid_BxL)
+        return logits[:, -1], aux["router_topk"][:, :, -1], aux["cache"]
+
+    def emit(t, logits_BxV, topk_MxBxK, done_B, key, out):
+        tokens, logprobs, lengths, topk = out
+        key, sample_key = jax.random.split(key)
+        token_B = sample_token(logits_BxV, sample_key, temperature, top_p)
+        token_B = jnp.where(done_B, pad_id, token_B)
+        logp_B = jnp.where(done_B, 0.0, _token_logprob(logits_BxV, token_B))
+        topk_MxBxK = jnp.where(done_B[None, :, None], -1, topk_MxBxK)
+        out = (tokens.at[:, t].set(token_B), logprobs.at[:, t].set(logp_B),
+               lengths + (~done_B).astype(jnp.int32), topk.at[:, :, t].set(topk_MxBxK))
+        return token_B, done_B | (token_B == eos_id), key, out
+
+    M, k = config.num_moe_layers, config.top_k
+    out = (jnp.full((B, T), pad_id, jnp.int32), jnp.zeros((B, T), F32),
+           jnp.zeros((B,), jnp.int32), jnp.full((M, B, T, k), -1, jnp.int32))
+    logits_BxV, topk_MxBxK, cache = step_model(prompt_BxP, prompt_valid_BxP, cache)
+    token_B, done_B, key, out = emit(0, logits_BxV, topk_MxBxK, jnp.zeros((B,), bool), key, out)
+
+    def cond(carry):
+        t, _, _, done_B, _, _ = carry
+        return (t < T) & ~jnp.all(done_B)
+
+    def body(carry):
+        t, cache, token_B, done_B, key, out = carry
+        # A stopped row keeps running on a padding token (never attended to); per-token scales
+        # and dropless routing keep it from touching the other rows' results.
+        logits_BxV, topk_MxBxK, cache = step_model(token_B[:, None], ~done_B[:, None], cache)
+        token_B, done_B, key, out = emit(t, logits_BxV, topk_MxBxK, done_B, key, out)
+        return t + 1, cache, token_B, done_B, key, out
+
+    carry = (jnp.ones((), jnp.int32), cache, token_B, done_B, key, out)
+    *_, out = lax.while_loop(cond, body, carry)
+    tokens, logprobs, lengths, topk = out
+    return SampleOutput(tokens=tokens, logprobs=logprobs, lengths=lengths, router_topk=topk)

@@ -1,0 +1,237 @@
+"""The decoder, used functionally: `init` -> (graphdef, params) once, then the pure `forward`.
+
+    graphdef, params = init(ModelConfig.from_name("tiny"), seed=0)
+    logits_BxLxV, aux = forward(graphdef, params, tokens_BxL, PrecisionRecipe.from_name("full"), key=key)
+
+`forward` is jittable with graphdef, recipe and impl static:
+`jax.jit(forward, static_argnums=(0, 3), static_argnames=("impl",))`. The NNX modules give
+the parameter tree its structure; `nnx.merge` inside the trace rebuilds them at no runtime cost.
+
+Padding and positions. `valid_BxL` (default all True) marks real tokens; a padding token is
+never attended to by any other token (its own output is finite garbage). Positions default to
+the count of valid tokens before each token (plus the cache's per-sequence count), so a
+left-padded prompt gets positions 0.. from its first real token, exactly like the same prompt
+without padding. The sampler (left-padded prompts) and the trainer therefore agree on RoPE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from fp4rl.model.config import ModelConfig
+from fp4rl.model.layers import Attention, RMSNorm, SwiGLU, dtype_of, normal_init
+from fp4rl.model.moe import MoE
+from fp4rl.model.sites import Ctx, record_sites, site_dot
+from fp4rl.recipe import PrecisionRecipe
+
+F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """Keys/values of every layer for a batch whose rows all write the same slot each step.
+
+    k, v: [N, B, S, K, Dh] in the compute dtype; valid_BxS: slot holds a real token;
+    lengths_B: real tokens so far (the next token's position); index: next slot to write (int32 ()).
+    """
+
+    k: jax.Array
+    v: jax.Array
+    valid_BxS: jax.Array
+    lengths_B: jax.Array
+    index: jax.Array
+
+    @property
+    def size(self) -> int:
+        return self.k.shape[2]
+
+
+jax.tree_util.register_dataclass(KVCache, data_fields=["k", "v", "valid_BxS", "lengths_B", "index"], meta_fields=[])
+
+
+def init_cache(config: ModelConfig, batch: int, size: int) -> KVCache:
+    """An empty cache of `size` slots (prompt + new tokens), at most config.max_seq_len."""
+    if not 1 <= size <= config.max_seq_len:
+        raise ValueError(f"cache size={size} must be in [1, max_seq_len={config.max_seq_len}]")
+    shape = (config.num_layers, batch, size, config.num_kv_heads, config.head_dim)
+    dtype = dtype_of(config.dtype)
+    return KVCache(
+        k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+        valid_BxS=jnp.zeros((batch, size), bool), lengths_B=jnp.zeros((batch,), jnp.int32),
+        index=jnp.zeros((), jnp.int32),
+    )
+
+
+class Block(nnx.Module):
+    def __init__(self, config: ModelConfig, layer: int, rngs: nnx.Rngs):
+        pd = dtype_of(config.param_dtype)
+        self.attn_norm = RMSNorm(config.d_model, config.rms_eps, pd)
+        self.attn = Attention(config, layer, rngs)
+        self.mlp_norm = RMSNorm(config.d_model, config.rms_eps, pd)
+        self.is_moe = config.is_moe(layer)
+        if self.is_moe:
+            self.mlp = MoE(config, layer, rngs)
+        else:
+            self.mlp = SwiGLU(config, layer, config.dense_d_ff, "dense_mlp", rngs)
+
+    def __call__(self, x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx: Ctx, kv_cache=None, index=None):
+        a, new_kv = self.attn(self.attn_norm(x_BxLxD), positions_BxL, mask_BxLxS, ctx, kv_cache, index)
+        h_BxLxD = x_BxLxD + a
+        m = self.mlp_norm(h_BxLxD)
+        if self.is_moe:
+            y, expert_BxLxK, aux_loss, load_E = self.mlp(m, valid_BxL, ctx)
+            return h_BxLxD + y, new_kv, (expert_BxLxK, aux_loss, load_E)
+        return h_BxLxD + self.mlp(m, ctx), new_kv, None
+
+
+class Transformer(nnx.Module):
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        pd = dtype_of(config.param_dtype)
+        self.config = config
+        # Untied: N(0, 1) rows (RMSNorm follows immediately). Tied: the head reuses the rows, so
+        # N(0, 1/D) keeps the initial logits O(1).
+        embed_std = config.d_model**-0.5 if config.tie_embeddings else 1.0
+        embed_VxD = jax.random.normal(rngs.params(), (config.vocab_size, config.d_model)) * embed_std
+        self.embed = nnx.Param(embed_VxD.astype(pd))
+        self.layers = nnx.List([Block(config, i, rngs) for i in range(config.num_layers)])
+        self.final_norm = RMSNorm(config.d_model, config.rms_eps, pd)
+        if not config.tie_embeddings:
+            self.head = nnx.Param(normal_init(rngs, (config.d_model, config.vocab_size), config.d_model, pd))
+
+    def site_kinds(self) -> dict[str, str]:
+        # A tied head reuses `embed`, which the gather needs raw: it is quantized inside qdot.
+        return {} if self.config.tie_embeddings else {"head": "lm_head"}
+
+    def __call__(self, tokens_BxL, ctx: Ctx, positions_BxL=None, valid_BxL=None, cache: KVCache | None = None):
+        config = self.config
+        B, L = tokens_BxL.shape
+        dtype = dtype_of(config.dtype)
+        valid_BxL = jnp.ones((B, L), bool) if valid_BxL is None else valid_BxL.astype(bool)
+        before_BxL = jnp.cumsum(valid_BxL.astype(jnp.int32), axis=1) - 1  # valid tokens before each
+        if cache is not None:
+            before_BxL = before_BxL + cache.lengths_B[:, None]
+        if positions_BxL is None:
+            positions_BxL = jnp.maximum(before_BxL, 0)
+
+        # Key visibility: causal, and never a padding key except a token's own slot (so a padding
+        # query always sees one key and its softmax stays finite).
+        if cache is None:
+            q_slot_L = k_slot_S = jnp.arange(L)
+            key_valid_BxS = valid_BxL
+        else:
+            q_slot_L = cache.index + jnp.arange(L)
+            k_slot_S = jnp.arange(cache.size)
+            key_valid_BxS = jax.lax.dynamic_update_slice_in_dim(cache.valid_BxS, valid_BxL, cache.index, axis=1)
+        causal_LxS = k_slot_S[None, :] <= q_slot_L[:, None]
+        own_LxS = k_slot_S[None, :] == q_slot_L[:, None]
+        mask_BxLxS = causal_LxS[None] & (key_valid_BxS[:, None, :] | own_LxS[None])
+
+        # The embedding is a gather, never a quantized site (site "embed" is BF16 in every preset).
+        x_BxLxD = self.embed.get_value()[tokens_BxL].astype(dtype)
+        new_k, new_v, moe_aux = [], [], []
+        for i, block in enumerate(self.layers):
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            index = None if cache is None else cache.index
+            x_BxLxD, kv, layer_aux = block(x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx, kv, index)
+            if cache is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
+            if layer_aux is not None:
+                moe_aux.append(layer_aux)
+
+        # The head reads the final norm's output in f32 so logits (and the RL log-probs) are never
+        # rounded to bf16; a quantized head quantizes that operand anyway.
+        h_BxLxD = self.final_norm(x_BxLxD).astype(F32)
+        head = self.embed.get_value().T if config.tie_embeddings else self.head.get_value()
+        logits_BxLxV = site_dot(h_BxLxD, head, ctx, "lm_head", None, "lm_head").astype(F32)  # no layer
+
+        k = config.top_k
+        if moe_aux:
+            router_topk = jnp.stack([a[0] for a in moe_aux])
+            aux_loss = jnp.mean(jnp.stack([a[1] for a in moe_aux]))
+            expert_load = jnp.stack([a[2] for a in moe_aux])
+        else:
+            router_topk = jnp.zeros((0, B, L, k), jnp.int32)
+            aux_loss = jnp.zeros((), F32)
+            expert_load = jnp.zeros((0, config.num_experts), F32)
+        new_cache = None
+        if cache is not None:
+            new_cache = KVCache(
+                k=jnp.stack(new_k), v=jnp.stack(new_v), valid_BxS=key_valid_BxS,
+                lengths_B=cache.lengths_B + jnp.sum(valid_BxL, axis=1, dtype=jnp.int32),
+                index=cache.index + L,
+            )
+        aux = {"router_topk": router_topk, "aux_loss": aux_loss, "expert_load": expert_load, "cache": new_cache}
+        return logits_BxLxV, aux
+
+
+def init(config: ModelConfig, seed: int):
+    """(graphdef, params): the static structure and the parameter tree (an nnx.State pytree)."""
+    model = Transformer(config, nnx.Rngs(params=seed))
+    graphdef, params = nnx.split(model, nnx.Param)
+    return graphdef, params
+
+
+def resolve_recipe(recipe) -> PrecisionRecipe:
+    return PrecisionRecipe.from_name(recipe) if isinstance(recipe, str) else recipe
+
+
+def forward(graphdef, params, tokens_BxL, recipe, *, key=None, impl: str = "reference",
+            positions=None, cache: KVCache | None = None, valid=None):
+    """logits_BxLxV float32 and aux, a pure function of (params, tokens, key, cache).
+
+    recipe: PrecisionRecipe (or its name); every linear resolves its SiteConfig from it.
+    key: jax.random key, required only when a site runs backward="quantized" on raw weights.
+    params: from `init`, or the `sync_weights` qparams (pre-quantized weights, forward only).
+    positions: int32 [B, L] RoPE positions; default: see the module docstring.
+    cache: a KVCache to append to (prefill or decode); L tokens are written at cache.index.
+    valid: bool [B, L], False marks padding tokens (default all True).
+    aux: router_topk int32 [L_moe, B, L, k] (MoE layers in order), aux_loss f32 () (Switch
+      loss, mean over MoE layers, unscaled), expert_load f32 [L_moe, E], cache (KVCache | None).
+    """
+    recipe = resolve_recipe(recipe)
+    tokens_BxL = jnp.asarray(tokens_BxL)
+    if tokens_BxL.ndim != 2 or not jnp.issubdtype(tokens_BxL.dtype, jnp.integer):
+        raise ValueError(f"tokens must be an integer array [B, L], got {tokens_BxL.dtype} {tokens_BxL.shape}")
+    model = nnx.merge(graphdef, params)
+    config: ModelConfig = model.config
+    if cache is not None and tokens_BxL.shape[1] > cache.size:
+        raise ValueError(f"{tokens_BxL.shape[1]} tokens do not fit a cache of {cache.size} slots")
+    if cache is None and tokens_BxL.shape[1] > config.max_seq_len:
+        raise ValueError(f"sequence length {tokens_BxL.shape[1]} exceeds max_seq_len={config.max_seq_len}")
+    ctx = Ctx(recipe=recipe, num_layers=config.num_layers, impl=impl, key=key)
+    return model(tokens_BxL, ctx, positions_BxL=positions, valid_BxL=valid, cache=cache)
+
+
+def site_map(graphdef, params, recipe, *, batch: int = 1, length: int = 32):
+    """The SiteRecord of every linear (kind, layer, name, SiteConfig), traced without running.
+
+    Shows what a recipe quantizes in this model: selective high precision at a glance.
+    """
+    recipe = resolve_recipe(recipe)
+    key = jax.random.key(0)  # only shapes are traced: the value is never used
+    with record_sites() as log:
+        jax.eval_shape(lambda p: forward(graphdef, p, jnp.zeros((batch, length), jnp.int32), recipe, key=key),
+                       params)
+    return list(log)
+
+
+def flat_params(params) -> dict[str, jax.Array]:
+    """The parameter leaves by path, e.g. 'layers/0/mlp/gate_up' (grad-norm groups, counting).
+
+    A pre-quantized weight (qparams) appears as its arrays: '.../gate_up/codes', '.../scales', ...
+    """
+    def name(entry):
+        for attr in ("key", "idx", "name"):  # DictKey, SequenceKey, GetAttrKey
+            if hasattr(entry, attr):
+                return str(getattr(entry, attr))
+        return str(entry)
+
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        out["/".join(n for n in map(name, path) if n != "value")] = leaf
+    return out

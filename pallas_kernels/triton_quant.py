@@ -1,0 +1,480 @@
+"""Fused NVFP4 (+ Four-Over-Six) quantize and dequantize kernels, Pallas Triton backend.
+
+Kernel, wrapper, reference (DESIGN.md practice 1): the reference is
+`fp4rl.formats.nvfp4.quantize` / `dequantize`; every wrapper here returns the reference's
+bytes (codes, scale bytes, amax, map4) exactly, for every `NVFP4Config`.
+
+Layout and grid
+---------------
+The kernels see the input as groups of row-major matrices `[G, M, K]` (G = 1 for a plain
+tensor, G = E for an expert stack), quantized in 16-element blocks along the last axis K.
+The grid is `(G, cdiv(M, rows))`; one program owns `rows` rows (1D blocks: the tunable
+`rows_1d`; 2D blocks: always one 16-row tile row) and walks K in chunks of `block_k`
+(`block_k_2d` for 2D) columns, a power of two since Triton tensors must have power-of-two
+sizes (see `TritonQuantTunables`).
+
+* Neither M nor K needs to be a multiple of the row block or chunk: the tails are MASKED
+  (loads fill 0, stores are masked), never padded, so no extra HBM copy is made. A masked
+  row or column only ever produces zero blocks that are not stored.
+* Per-token amax (`scale="token"`) is computed inside the quantize kernel (an integer max
+  over the row's bits, one extra pass over the row when K spans several chunks). A
+  per-tensor amax is either given (`amax=`) or computed by a small row-amax kernel followed
+  by a max over rows; it reaches the quantize kernel as one f32 per row.
+* 2D (16x16) blocks: each program loads one tile row `[16, chunk]`; `b` is the max over the
+  tile, all 16 rows share its scale, each row computes its own sequential 16-element error
+  and the tile's error is the pairwise tree sum of the 16 row errors (NUMERICS.md s3).
+  Scales and map4 are stored repeated on the 16 rows, as the reference stores them.
+* Expert stacks `[E, K, N]` (the qdot weight layout, contraction axis K in the middle):
+  `quantize_experts` reads the stack K-major (the kernel loads a `[chunk, rows]` tile and
+  transposes it in registers, so no transposed copy of the weight is written) and returns
+  exactly `jax.vmap(reference.quantize)(swapaxes(w, 1, 2))`: codes `[E, N, K/2]`, scales
+  and map4 `[E, N, K/16]`, amax `[E]` per expert (or `[E, N, 1]` per token).
+
+Bit-exactness on the GPU
+------------------------
+The contract (NUMERICS.md s2/s3) fixes every `fl()` as one IEEE f32 op, no FMA. Compiled,
+three Triton defaults would break it: `arith.divf` lowers to the approximate
+`div.full.f32`; LLVM contracts `a*b - c` into an FMA (the fast-error subtraction and the
+MSE sum of squares); and float min/max lower to `minnumf`/`maxnumf`, which drop NaN.
+So compiled kernels do every contract op through `RoundedArith` (inline PTX `div.rn.f32`,
+`mul.rn.f32`, `add.rn.f32`, `sub.rn.f32`: correctly rounded, never contracted or flushed),
+and abs/max/E4M3 rounding/E2M1 sign are integer bit operations (`pallas_kernels.common`).
+The fast 4/6 error's product `dec(q)*sf` is exact in f32 (as it is in the f16 registers
+the paper uses), so it is formed in f32; the subtraction is the contract's f32 one.
+E4M3 scales are computed on the bits and stored as bytes, not with the f32->fp8 cast.
+Compares that a flush-to-zero compare could change (A == 0, S_enc == 0, err4 < err6) are
+done on the bits too, and bf16 <-> f32 conversions are bit shifts, so f32 subnormals behave
+as IEEE says on the GPU. Interpret mode runs the same kernel body with jnp ops
+(`PlainArith`, pinned against XLA:CPU's FMA contraction and reciprocal-multiply rewrite);
+XLA:CPU flushes subnormals, so interpret mode is IEEE-exact only where no f32 subnormal
+arises (the reference on the CPU shares that limit).
+
+NaN sign: an E2M1 code carries the sign bit of `fl(x*inv)`. In a block whose value is NaN
+the scale byte is NaN (0x7F), so the block dequantizes to NaN whatever its codes are; the
+codes there follow the platform's NaN sign rules (x86 propagates an operand NaN's sign,
+NVIDIA GPUs return the canonical +NaN), which is why the GPU tests use positive NaNs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu_triton
+
+from fp4rl.formats import nvfp4 as ref
+from pallas_kernels import common as cm
+
+QUANT_NAME = "fp4rl_nvfp4_quant_triton"
+AMAX_NAME = "fp4rl_nvfp4_amax_triton"
+DEQUANT_NAME = "fp4rl_nvfp4_dequant_triton"
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonQuantTunables:
+    """Launch shape of the Triton kernels (validated before tracing).
+
+    rows_1d: rows per program for 1x16 blocks (2D blocks always use one 16-row tile row).
+    block_k: K columns per inner step for 1x16 blocks (and the amax/dequantize kernels);
+      a power of two >= 16, capped at next_pow2(K).
+    block_k_2d: the same for 16x16 blocks, whose program holds 16 rows (so a smaller chunk
+      keeps the per-thread register footprint of the two 4/6 candidates comparable).
+    num_warps, num_stages: Triton launch parameters.
+    """
+
+    rows_1d: int = 4
+    block_k: int = 512
+    block_k_2d: int = 128
+    num_warps: int = 4
+    num_stages: int = 1
+
+    def __post_init__(self):
+        rows_1d, block = self.rows_1d, cm.BLOCK
+        if not cm.is_power_of_two(rows_1d):
+            raise ValueError(f"{rows_1d=} must be a power of two (Triton tensor sizes)")
+        for name, block_k in (("block_k", self.block_k), ("block_k_2d", self.block_k_2d)):
+            if not cm.is_power_of_two(block_k) or block_k % block:
+                raise ValueError(f"{name}={block_k} must be a power of two and a multiple of {block=}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps={self.num_warps} must be one of 1, 2, 4, 8, 16")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages={self.num_stages} must be >= 1")
+
+    def chunk(self, k: int, config: ref.NVFP4Config | None = None) -> int:
+        block_k = self.block_k_2d if config is not None and config.block_2d else self.block_k
+        return min(block_k, cm.next_power_of_two(k))
+
+    def rows(self, config: ref.NVFP4Config) -> int:
+        return cm.BLOCK if config.block_2d else self.rows_1d
+
+
+DEFAULT_TUNABLES = TritonQuantTunables()
+
+
+class RoundedArith:
+    """`fl()` ops as inline PTX with explicit round-to-nearest-even and no FTZ.
+
+    `div.rn.f32` is the IEEE division (Triton's default f32 division is `div.full.f32`,
+    approximate); `mul.rn`/`add.rn`/`sub.rn` are never contracted into an FMA by ptxas.
+    """
+
+    @staticmethod
+    def _op(op: str, a, b):
+        a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+        [out] = plgpu_triton.elementwise_inline_asm(
+            f"{op}.rn.f32 $0, $1, $2;",
+            args=[a, b],
+            constraints="=f,f,f",
+            pack=1,
+            result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.float32)],
+        )
+        return out
+
+    @classmethod
+    def mul(cls, a, b):
+        return cls._op("mul", a, b)
+
+    @classmethod
+    def div(cls, a, b):
+        return cls._op("div", a, b)
+
+    @classmethod
+    def add(cls, a, b):
+        return cls._op("add", a, b)
+
+    @classmethod
+    def sub(cls, a, b):
+        return cls._op("sub", a, b)
+
+
+def _arith(interpret: bool):
+    return cm.PlainArith if interpret else RoundedArith
+
+
+# ----------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------
+
+
+def _load_rows(x_ref, g, r0, k0, *, rows, chunk, m, k, k_major):
+    """x[g, r0:r0+rows, k0:k0+chunk] as f32 [rows, chunk], zeros outside the array."""
+    row_ok = (r0 + jnp.arange(rows)) < m
+    col_ok = (k0 + jnp.arange(chunk)) < k
+    if k_major:  # x is [G, K, M]: load [chunk, rows] and transpose in registers
+        mask = col_ok[:, None] & row_ok[None, :]
+        x = plgpu_triton.load(x_ref.at[g, pl.ds(k0, chunk), pl.ds(r0, rows)], mask=mask, other=0)
+        x = x.T
+    else:
+        mask = row_ok[:, None] & col_ok[None, :]
+        x = plgpu_triton.load(x_ref.at[g, pl.ds(r0, rows), pl.ds(k0, chunk)], mask=mask, other=0)
+    if x.dtype == jnp.bfloat16:
+        return cm.bf16_to_f32(x)  # on the bits: exact, subnormals kept whatever the FTZ mode
+    return x.astype(jnp.float32)
+
+
+def _row_amax_bits(load_chunk, n_chunks, rows):
+    """max |x| over each row's K elements as int32 bits (NaN-propagating, exact)."""
+    if n_chunks == 1:
+        return jnp.max(cm.abs_bits(load_chunk(0)), axis=1)
+
+    def body(i, acc):
+        return jnp.maximum(acc, jnp.max(cm.abs_bits(load_chunk(i)), axis=1))
+
+    return lax.fori_loop(0, n_chunks, body, jnp.zeros((rows,), jnp.int32))
+
+
+def _store_cols(ref_, g, r0, c0, value, *, rows, m, ncols):
+    row_ok = (r0 + jnp.arange(rows)) < m
+    width = value.shape[1]
+    col_ok = (c0 + jnp.arange(width)) < ncols
+    plgpu_triton.store(
+        ref_.at[g, pl.ds(r0, rows), pl.ds(c0, width)], value, mask=row_ok[:, None] & col_ok[None, :]
+    )
+
+
+def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, interpret):
+    if amax_given:
+        x_ref, amax_ref, codes_ref, scales_ref, map4_ref = refs
+    else:
+        x_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = refs
+    ar = _arith(interpret)
+    g = pl.program_id(0)
+    r0 = pl.program_id(1) * rows
+    n_chunks = pl.cdiv(k, chunk)
+    nb = chunk // cm.BLOCK
+    row_ok = (r0 + jnp.arange(rows)) < m
+
+    def load_chunk(i):
+        return _load_rows(x_ref, g, r0, i * chunk, rows=rows, chunk=chunk, m=m, k=k, k_major=k_major)
+
+    first = load_chunk(0) if n_chunks == 1 else None  # one chunk: load x once for both passes
+    if amax_given:
+        amax = plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok, other=0.0)
+    else:
+        amax = cm.from_bits(_row_amax_bits(lambda i: first if first is not None else load_chunk(i), n_chunks, rows))
+        plgpu_triton.store(amax_out_ref.at[g, pl.ds(r0, rows)], amax, mask=row_ok)
+    amax = amax[:, None]  # [rows, 1]
+
+    def body(i, carry):
+        x = first if first is not None else load_chunk(i)
+        codes, scale_bytes, map4 = cm.quantize_blocks(ar, x.reshape(rows, nb, cm.BLOCK), amax, config)
+        k0 = i * chunk
+        _store_cols(codes_ref, g, r0, k0 // 2, cm.pack_codes(codes.reshape(rows, chunk)),
+                    rows=rows, m=m, ncols=k // 2)
+        _store_cols(scales_ref, g, r0, k0 // cm.BLOCK, scale_bytes.astype(jnp.uint8),
+                    rows=rows, m=m, ncols=k // cm.BLOCK)
+        _store_cols(map4_ref, g, r0, k0 // cm.BLOCK, map4, rows=rows, m=m, ncols=k // cm.BLOCK)
+        return carry
+
+    if n_chunks == 1:
+        body(0, 0)
+    else:
+        lax.fori_loop(0, n_chunks, body, 0)
+
+
+def _amax_kernel(x_ref, out_ref, *, m, k, rows, chunk, k_major):
+    g = pl.program_id(0)
+    r0 = pl.program_id(1) * rows
+    row_ok = (r0 + jnp.arange(rows)) < m
+
+    def load_chunk(i):
+        return _load_rows(x_ref, g, r0, i * chunk, rows=rows, chunk=chunk, m=m, k=k, k_major=k_major)
+
+    bits = _row_amax_bits(load_chunk, pl.cdiv(k, chunk), rows)
+    plgpu_triton.store(out_ref.at[g, pl.ds(r0, rows)], cm.from_bits(bits), mask=row_ok)
+
+
+def _dequant_kernel(codes_ref, scales_ref, amax_ref, out_ref, *, m, k, rows, chunk, e4m3_bound, interpret):
+    ar = _arith(interpret)
+    g = pl.program_id(0)
+    r0 = pl.program_id(1) * rows
+    row_ok = (r0 + jnp.arange(rows)) < m
+    nb = chunk // cm.BLOCK
+    amax = plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok, other=0.0)
+    s_dec = cm.dequant_s_dec(ar, amax, e4m3_bound)[:, None, None]
+
+    def body(i, carry):
+        k0 = i * chunk
+        half_ok = (k0 // 2 + jnp.arange(chunk // 2)) < k // 2
+        packed = plgpu_triton.load(
+            codes_ref.at[g, pl.ds(r0, rows), pl.ds(k0 // 2, chunk // 2)],
+            mask=row_ok[:, None] & half_ok[None, :], other=0,
+        )
+        blk_ok = (k0 // cm.BLOCK + jnp.arange(nb)) < k // cm.BLOCK
+        sbytes = plgpu_triton.load(
+            scales_ref.at[g, pl.ds(r0, rows), pl.ds(k0 // cm.BLOCK, nb)],
+            mask=row_ok[:, None] & blk_ok[None, :], other=0,
+        )
+        sf = cm.e4m3_decode(sbytes.astype(jnp.int32))
+        dec = cm.e2m1_decode(cm.unpack_codes(packed)).reshape(rows, nb, cm.BLOCK)
+        # fl(fl(dec * sf) * S_dec), then one rounding to the output dtype (reference order).
+        value = ar.mul(ar.mul(dec, sf[..., None]), s_dec).reshape(rows, chunk)
+        value = cm.f32_to_bf16(value) if out_ref.dtype == jnp.bfloat16 else value.astype(out_ref.dtype)
+        _store_cols(out_ref, g, r0, k0, value, rows=rows, m=m, ncols=k)
+        return carry
+
+    n_chunks = pl.cdiv(k, chunk)
+    if n_chunks == 1:
+        body(0, 0)
+    else:
+        lax.fori_loop(0, n_chunks, body, 0)
+
+
+# ----------------------------------------------------------------------------------------
+# pallas_call builders (shapes static, so they are built inside the jitted wrappers)
+# ----------------------------------------------------------------------------------------
+
+
+def _params(tunables: TritonQuantTunables):
+    return plgpu_triton.CompilerParams(num_warps=tunables.num_warps, num_stages=tunables.num_stages)
+
+
+def _row_amax_call(x_g, *, m, k, k_major, tunables, interpret):
+    rows, chunk = tunables.rows_1d, tunables.chunk(k)
+    groups = x_g.shape[0]
+    kernel = functools.partial(_amax_kernel, m=m, k=k, rows=rows, chunk=chunk, k_major=k_major)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((groups, m), jnp.float32),
+        grid=(groups, pl.cdiv(m, rows)),
+        compiler_params=_params(tunables),
+        interpret=interpret,
+        name=AMAX_NAME,
+    )(x_g)
+
+
+def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
+    rows, chunk = tunables.rows(config), tunables.chunk(k, config)
+    groups = x_g.shape[0]
+    kernel = functools.partial(
+        _quant_kernel, m=m, k=k, rows=rows, chunk=chunk, config=config, k_major=k_major,
+        amax_given=amax_rows is not None, interpret=interpret,
+    )
+    out_shape = [
+        jax.ShapeDtypeStruct((groups, m, k // 2), jnp.uint8),
+        jax.ShapeDtypeStruct((groups, m, k // cm.BLOCK), jnp.uint8),
+        jax.ShapeDtypeStruct((groups, m, k // cm.BLOCK), jnp.bool_),
+    ]
+    if amax_rows is None:
+        out_shape.append(jax.ShapeDtypeStruct((groups, m), jnp.float32))
+    args = (x_g,) if amax_rows is None else (x_g, amax_rows)
+    outs = pl.pallas_call(
+        kernel,
+        out_shape=tuple(out_shape),
+        grid=(groups, pl.cdiv(m, rows)),
+        compiler_params=_params(tunables),
+        interpret=interpret,
+        name=QUANT_NAME,
+    )(*args)
+    return outs if amax_rows is None else (*outs, None)
+
+
+def _quantize_groups(x_g, amax, config, *, m, k, k_major, tunables, interpret):
+    """x_g [G, M, K] (or [G, K, M] when k_major) -> raw outputs and the amax to report."""
+    groups = x_g.shape[0]
+    if config.scale == "token" and amax is None:
+        codes, sbytes, map4, row_amax = _quant_call(
+            x_g, None, m=m, k=k, k_major=k_major, config=config, tunables=tunables, interpret=interpret
+        )
+        return codes, sbytes, map4, row_amax
+    if amax is None:  # per tensor: row maxima in Pallas, then a max over rows per group
+        row_amax = _row_amax_call(x_g, m=m, k=k, k_major=k_major, tunables=tunables, interpret=interpret)
+        # max over rows on the bits: NaN-propagating on every platform (XLA:CPU's vectorised
+        # float max reductions have been seen to drop NaN)
+        group_amax = cm.from_bits(jnp.max(cm.abs_bits(row_amax), axis=1))
+        amax_r = jnp.broadcast_to(group_amax[:, None], (groups, m))
+    else:
+        amax_r = amax
+    codes, sbytes, map4, _ = _quant_call(
+        x_g, amax_r, m=m, k=k, k_major=k_major, config=config, tunables=tunables, interpret=interpret
+    )
+    return codes, sbytes, map4, (amax_r if config.scale == "token" else amax_r[:, 0])
+
+
+def _validate(x, config, tunables):
+    if not isinstance(config, ref.NVFP4Config):
+        raise TypeError(f"config must be an NVFP4Config, got {type(config).__name__}")
+    if not isinstance(tunables, TritonQuantTunables):
+        raise TypeError(f"tunables must be a TritonQuantTunables, got {type(tunables).__name__}")
+    cm.check_input(x, config)
+
+
+# ----------------------------------------------------------------------------------------
+# Public wrappers
+# ----------------------------------------------------------------------------------------
+
+
+def quantize_triton(x, config: ref.NVFP4Config = ref.NVFP4Config(), *, interpret: bool = False,
+                    amax=None, tunables: TritonQuantTunables = DEFAULT_TUNABLES) -> ref.NVFP4Tensor:
+    """`fp4rl.formats.nvfp4.quantize(x, config, amax=amax)`, fused in Pallas Triton kernels.
+
+    x: float32/bfloat16/float16 [..., K], K a multiple of 16 (2D: rows a multiple of 16).
+    amax: optional global amax, `()` per tensor or `[..., 1]` per token (as the reference).
+    interpret: run the kernels in Pallas interpret mode (CPU); otherwise a GPU is required.
+    """
+    _validate(x, config, tunables)
+    cm.require_gpu(interpret, QUANT_NAME)
+    return _quantize_jit(x, None if amax is None else jnp.asarray(amax, jnp.float32), config, interpret, tunables)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _quantize_jit(x, amax, config, interpret, tunables):
+    *lead, k = x.shape
+    m = math.prod(lead)
+    x_g = x.reshape(1, m, k)
+    amax_r = None if amax is None else cm.amax_rows(amax, config, tuple(lead), 1)
+    codes, sbytes, map4, amax_out = _quantize_groups(
+        x_g, amax_r, config, m=m, k=k, k_major=False, tunables=tunables, interpret=interpret
+    )
+    if amax is not None:
+        amax_out = amax
+    elif config.scale == "token":
+        amax_out = amax_out.reshape(*lead, 1)
+    else:
+        amax_out = amax_out.reshape(())
+    return cm.assemble(codes, sbytes, map4, amax_out, config, tuple(lead), k)
+
+
+def quantize_experts_triton(w, config: ref.NVFP4Config = ref.NVFP4Config(), *, contraction_axis: int = 1,
+                            interpret: bool = False, amax=None,
+                            tunables: TritonQuantTunables = DEFAULT_TUNABLES) -> ref.NVFP4Tensor:
+    """Quantize an expert stack, each expert on its own: `jax.vmap(reference.quantize)`.
+
+    w: [E, K, N] (contraction_axis=1, the qdot weight layout) or [E, N, K] (contraction_axis=2).
+    Blocks run along K; the result is laid out [E, N, K/2] / [E, N, K/16], i.e. equal to
+    `jax.vmap(lambda v: quantize(v, config))(w if K is last else swapaxes(w, 1, 2))`:
+    amax `[E]` per expert (per tensor) or `[E, N, 1]` (per token). A K-major stack is read
+    transposed inside the kernel; no transposed copy of w is made.
+    amax: optional, `[E]` per tensor or `[E, N, 1]` per token.
+    """
+    if contraction_axis not in (1, 2):
+        raise ValueError(f"{contraction_axis=} must be 1 (w is [E, K, N]) or 2 (w is [E, N, K])")
+    if jnp.ndim(w) != 3:
+        raise ValueError(f"an expert stack is [E, K, N] or [E, N, K], got shape {jnp.shape(w)}")
+    e, d1, d2 = jnp.shape(w)
+    n, k = (d2, d1) if contraction_axis == 1 else (d1, d2)
+    _validate(jax.ShapeDtypeStruct((n, k), jnp.result_type(w)), config, tunables)
+    cm.require_gpu(interpret, QUANT_NAME)
+    amax = None if amax is None else jnp.asarray(amax, jnp.float32)
+    return _quantize_experts_jit(w, amax, config, contraction_axis == 1, interpret, tunables)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def _quantize_experts_jit(w, amax, config, k_major, interpret, tunables):
+    e = w.shape[0]
+    n, k = (w.shape[2], w.shape[1]) if k_major else (w.shape[1], w.shape[2])
+    amax_r = None if amax is None else cm.amax_rows(amax, config, (e, n), e)
+    codes, sbytes, map4, amax_out = _quantize_groups(
+        w, amax_r, config, m=n, k=k, k_major=k_major, tunables=tunables, interpret=interpret
+    )
+    if amax is not None:
+        amax_out = amax
+    elif config.scale == "token":
+        amax_out = amax_out.reshape(e, n, 1)
+    return cm.assemble(codes, sbytes, map4, amax_out, config, (e, n), k)
+
+
+def dequantize_triton(t: ref.NVFP4Tensor, dtype=jnp.bfloat16, *, interpret: bool = False,
+                      tunables: TritonQuantTunables = DEFAULT_TUNABLES):
+    """`fp4rl.formats.nvfp4.dequantize(t, dtype)` as a Pallas Triton kernel: [..., K] in `dtype`.
+
+    Also takes the `[E]`-amax tensors of `quantize_experts_triton` (then it equals
+    `jax.vmap(reference.dequantize)`). Order: fl(fl(dec(q) * f32(sf)) * S_dec), then one
+    rounding to `dtype`; S_dec is NaN where the amax is not finite (NUMERICS.md s8).
+    """
+    if not isinstance(t, ref.NVFP4Tensor):
+        raise TypeError(f"dequantize takes an NVFP4Tensor, got {type(t).__name__}")
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        raise TypeError(f"dequantize writes float32, bfloat16 or float16, got {dtype}")
+    cm.check_k(t.codes.shape[-1] * 2)
+    cm.require_gpu(interpret, DEQUANT_NAME)
+    return _dequantize_jit(t, dtype, interpret, tunables)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _dequantize_jit(t, dtype, interpret, tunables):
+    *lead, half = t.codes.shape
+    k = 2 * half
+    m = math.prod(lead)
+    rows, chunk = tunables.rows_1d, tunables.chunk(k)
+    codes = t.codes.reshape(1, m, half)
+    sbytes = lax.bitcast_convert_type(t.scales, jnp.uint8).reshape(1, m, k // cm.BLOCK)
+    amax_r = cm.dequant_amax_rows(t).reshape(1, m)
+    kernel = functools.partial(
+        _dequant_kernel, m=m, k=k, rows=rows, chunk=chunk, e4m3_bound=t.config.e4m3_bound, interpret=interpret
+    )
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((1, m, k), dtype),
+        grid=(1, pl.cdiv(m, rows)),
+        compiler_params=_params(tunables),
+        interpret=interpret,
+        name=DEQUANT_NAME,
+    )(codes, sbytes, amax_r)
+    return out.reshape(*lead, k)

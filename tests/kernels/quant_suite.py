@@ -1,0 +1,743 @@
+"""The shared NVFP4 quantize/dequantize test suite (DESIGN.md practice 2).
+
+One suite, run on the pure-jnp reference (`tests/kernels/test_reference.py`) and on every
+kernel backend (`test_triton.py`, ...). Its own oracle is independent of both: NumPy float32
+plus ml_dtypes (`tests/kernels/oracle.py`) and the hand-computed vectors of NUMERICS.md s3,
+so the reference is tested too. Kernels are additionally compared with the reference byte
+for byte. Tolerance: none anywhere (quantizers are bit-exact, DESIGN.md practice 4); the
+only normalisation is of NaN payloads in float outputs (amax, dequantized values), which
+the contract does not fix (s8 asks for NaN; a GPU returns the canonical NaN 0x7FFFFFFF
+where x86 propagates the operand's payload).
+
+Two limits of the CPU reference, both written down where they apply: XLA:CPU flushes f32
+subnormals (so the "subnormal" value case is checked only on compiled kernels, against the
+IEEE oracle: `compared_cases`), and a few cases hit XLA:CPU float rewrites in the reference
+(`REFERENCE_BUGS`: strict xfails that fail once the reference is fixed).
+
+Adding a backend (registered in `pallas_kernels.BACKENDS`): write
+`tests/kernels/test_<backend>.py` with
+
+    import pytest
+    from tests.kernels.quant_suite import Impl, KernelQuantSuite
+    class TestMosaicInterpret(KernelQuantSuite):
+        impl = Impl("mosaic", interpret=True)
+    @pytest.mark.gpu
+    class TestMosaicCompiled(KernelQuantSuite):
+        impl = Impl("mosaic", interpret=False)
+
+`Impl(..., small_k_options=(("tunables", ...),))` passes backend launch options to the small
+sweeps. The expert-stack tests need `quantize_experts_<backend>`; a backend without it gets
+`BackendUnavailableError` there (say so by overriding those tests with a reasoned skip).
+
+Compile budget (2 CPU cores, < 3 minutes for tests/kernels): interpret-mode compiles cost
+about a second per kernel instance, so each group of cases below is run as ONE jitted
+program (all configs, value cases through `lax.map`) and cached for the session; the
+parametrized tests only compare the cached results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import pallas_kernels
+from fp4rl.formats import nvfp4 as ref
+from tests.kernels import oracle
+
+# ----------------------------------------------------------------------------------------
+# Configs and cases
+# ----------------------------------------------------------------------------------------
+
+
+def _all_configs():
+    out = []
+    for block_2d, scale, fos, e4m3_max, fast in itertools.product(
+        (False, True), ("tensor", "token"), (None, "mae", "mse"), (None, 256, 448), (False, True)
+    ):
+        try:
+            out.append(ref.NVFP4Config(block_2d=block_2d, scale=scale, four_over_six=fos,
+                                       e4m3_max=e4m3_max, fast_error=fast))
+        except ValueError:  # the invalid combinations (2D per token; fast_error without 4/6)
+            continue
+    return tuple(out)
+
+
+ALL_CONFIGS = _all_configs()
+assert len(ALL_CONFIGS) == 45, len(ALL_CONFIGS)  # 1D: 2 scales x 15; 2D: tensor only x 15
+
+
+def config_id(c: ref.NVFP4Config) -> str:
+    e = "Edef" if c.e4m3_max is None else f"E{c.e4m3_max}"
+    fos = "m6" if c.four_over_six is None else c.four_over_six + ("-fast" if c.fast_error else "-exact")
+    return f"{'2d' if c.block_2d else '1d'}-{c.scale}-{fos}-{e}"
+
+
+def _bf16(a):
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16)
+
+
+def value_cases(rows: int, k: int, seed: int = 0) -> np.ndarray:
+    """Five value cases [5, rows, k] (bf16) for one shape: see CASE_NAMES.
+
+    Per-tensor scaling lets one row move every other row's scale, so the extremes and the
+    non-finite values get their own cases (one compile serves all five, through lax.map).
+    """
+    rng = np.random.default_rng(seed)
+    normal = rng.standard_normal((rows, k)).astype(np.float32)
+    # mixed: rows spanning 2^-30 .. 2^30, a zero row, -0 and tiny negatives, E2M1/E4M3 ties
+    mixed = normal * np.exp2(rng.integers(-30, 31, size=(rows, 1))).astype(np.float32)
+    mixed[0] = 0.0
+    mixed[1, :16] = [6, 5, 1, 2, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -6, -0.0, -1e-30, 4, 3]
+    mixed[2] = -np.abs(mixed[2]) * 1e-3
+    mixed[2, :16] = -0.0
+    if rows > 3:
+        mixed[3, :] = np.round(normal[3] * 4) / 4  # quarter steps: many exact ties after scaling
+    # huge: near the top of bf16/f32 (saturation, S_enc far below 1)
+    huge = normal * np.float32(1e37)
+    huge[0, :16] = 3.3e38
+    huge[-1] = normal[-1] * 1e-3  # a small row beside huge ones (scales underflow to 0)
+    # small: tiny magnitudes that keep every f32 intermediate normal (A ~ 1e-30)
+    small = normal * np.float32(1e-30)
+    small[0] = normal[0] * np.float32(1e-33)
+    # non-finite: NaN, +Inf, -Inf rows (positive NaN: see the module docstring)
+    nonfinite = normal.copy()
+    nonfinite[1, 5] = np.nan
+    if rows > 4:
+        nonfinite[3, min(20, k - 1)] = np.inf
+        nonfinite[4, k - 1] = -np.inf
+    if rows > 6:
+        nonfinite[6, 0], nonfinite[6, k // 2] = np.inf, np.nan
+    # subnormal: f32/bf16 subnormal inputs and a capped S_enc (S_dec = 1/FLT_MAX is subnormal)
+    subnormal = normal * np.float32(1e-38)
+    subnormal[0] = normal[0] * np.float32(1e-40)
+    if rows > 2:
+        subnormal[2, 1:] = 0.0
+    return _bf16(np.stack([mixed, huge, small, nonfinite, subnormal]))
+
+
+CASE_NAMES = ("mixed", "huge", "small", "nonfinite", "subnormal")
+
+
+SUBNORMAL = CASE_NAMES.index("subnormal")
+
+
+def compared_cases(impl) -> list[int]:
+    """Indices of the value cases checked by the main tests: all but "subnormal".
+
+    The contract's fl() is IEEE f32, subnormals included. XLA:CPU runs with denormals
+    flushed (DAZ/FTZ: `jit(lambda x: x > 0)(1e-40)` is False there), so the reference on the
+    CPU and any interpret-mode kernel cannot produce IEEE bytes where an f32 subnormal
+    arises; the "subnormal" case is checked only for compiled kernels, against the NumPy
+    oracle (IEEE), in its own test (`test_configs_subnormal_ieee`), never against the CPU
+    reference.
+    """
+    del impl
+    return [i for i in range(len(CASE_NAMES)) if i != SUBNORMAL]
+
+
+# Shapes of the config sweep: odd M for 1D (masked row tail), 2D needs rows % 16 == 0.
+# K = 48 = 3 blocks: with the small-K backend options (e.g. Triton block_k=32) it spans two
+# chunks, the second one masked, so the chunk loop and the column masks run at tiny sizes.
+SWEEP_SHAPE_1D = (19, 48)
+SWEEP_SHAPE_2D = (32, 48)
+
+# (config, rows, K, input dtype) of the shape sweep, run with the backend's default options.
+SHAPE_CASES = tuple(
+    [(ref.NVFP4Config(scale="token", four_over_six="mse", fast_error=True), 5 if k < 8192 else 3, k,
+      np.float32 if k in (48, 1024) else ml_dtypes.bfloat16) for k in (16, 32, 48, 272, 1024, 8192)]
+    + [(ref.NVFP4Config(four_over_six="mae", e4m3_max=448), 7 if k < 8192 else 2, k, ml_dtypes.bfloat16)
+       for k in (272, 8192)]
+    + [(ref.NVFP4Config(block_2d=True, four_over_six="mse"), 16, k, np.float32) for k in (16, 272)]
+)
+
+
+def shape_case_id(case) -> str:
+    cfg, rows, k, dtype = case
+    return f"{config_id(cfg)}-{rows}x{k}-{np.dtype(dtype).name}"
+
+
+EXPERT_CASES = (  # (config, contraction_axis)
+    (ref.NVFP4Config(), 1),
+    (ref.NVFP4Config(block_2d=True, four_over_six="mae"), 1),
+    (ref.NVFP4Config(scale="token", four_over_six="mse", fast_error=True), 2),
+    (ref.NVFP4Config(four_over_six="mae", e4m3_max=448), 2),
+)
+EXPERT_SHAPE = (3, 48, 32)  # [E, K, N]
+
+
+def expert_case_id(case) -> str:
+    cfg, axis = case
+    return f"{config_id(cfg)}-{'EKN' if axis == 1 else 'ENK'}"
+
+
+def expert_stack(seed: int = 1) -> np.ndarray:
+    """w [E, K, N] bf16: experts of very different magnitudes; a NaN in expert 2 only."""
+    e, k, n = EXPERT_SHAPE
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((e, k, n)).astype(np.float32) * np.array([1e-3, 1.0, 1e3], np.float32)[:, None, None]
+    w[2, 7, 5] = np.nan
+    return _bf16(w)
+
+
+DEQUANT_CONFIGS = (
+    ref.NVFP4Config(),
+    ref.NVFP4Config(scale="token", four_over_six="mae"),
+    ref.NVFP4Config(block_2d=True, four_over_six="mse", e4m3_max=448),
+    ref.NVFP4Config(four_over_six="mse", e4m3_max=256, fast_error=True),
+)
+DEQUANT_DTYPES = (jnp.bfloat16, jnp.float32)
+
+
+# ----------------------------------------------------------------------------------------
+# Implementations under test
+# ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Impl:
+    """One implementation: "reference" (fp4rl.formats) or a `pallas_kernels` backend name.
+
+    small_k_options: backend options for the small config sweep (e.g. a small chunk so that
+    K = 48 spans several chunks); the shape sweep uses the backend's defaults.
+    """
+
+    name: str
+    interpret: bool = True
+    small_k_options: tuple = ()
+
+    @property
+    def is_reference(self) -> bool:
+        return self.name == "reference"
+
+    @property
+    def ieee_subnormals(self) -> bool:
+        """Compiled GPU kernels keep f32 subnormals (IEEE); XLA:CPU flushes them."""
+        return not (self.is_reference or self.interpret)
+
+    def quantize(self, x, config, amax=None, options=()):
+        if self.is_reference:
+            return ref.quantize(x, config, amax=amax)
+        return pallas_kernels.quantize(x, config, backend=self.name, interpret=self.interpret, amax=amax,
+                                       **dict(options))
+
+    def quantize_experts(self, w, config, contraction_axis, amax=None, options=()):
+        if self.is_reference:
+            return reference_experts(w, config, contraction_axis, amax)
+        return pallas_kernels.quantize_experts(w, config, backend=self.name, contraction_axis=contraction_axis,
+                                               interpret=self.interpret, amax=amax, **dict(options))
+
+    def dequantize(self, t, dtype, options=()):
+        if self.is_reference:
+            return reference_dequantize(t, dtype)
+        return pallas_kernels.dequantize(t, dtype, backend=self.name, interpret=self.interpret, **dict(options))
+
+
+REFERENCE = Impl("reference")
+
+
+def reference_experts(w, config, contraction_axis, amax=None):
+    w_enk = w if contraction_axis == 2 else jnp.swapaxes(w, 1, 2)
+    if amax is None:
+        return jax.vmap(lambda v: ref.quantize(v, config))(w_enk)
+    return jax.vmap(lambda v, a: ref.quantize(v, config, amax=a))(w_enk, amax)
+
+
+def reference_dequantize(t, dtype):
+    """`ref.dequantize`, vmapped over a leading expert axis when the amax is per expert."""
+    if t.config.scale == "tensor" and jnp.ndim(t.amax) == 1:
+        return jax.vmap(lambda tt: ref.dequantize(tt, dtype))(t)
+    return ref.dequantize(t, dtype)
+
+
+# ----------------------------------------------------------------------------------------
+# Grouped, cached execution (one compile per group)
+# ----------------------------------------------------------------------------------------
+
+
+def _host(tree):
+    return jax.tree_util.tree_map(np.asarray, tree)
+
+
+def _on_cpu_if_reference(impl: Impl):
+    """The reference always runs on the CPU, so a GPU test compares with the CPU's bytes."""
+    if impl.is_reference:
+        return jax.default_device(jax.devices("cpu")[0])
+    return contextlib.nullcontext()
+
+
+_CACHE: dict = {}
+
+
+def _cached(key, compute):
+    if key not in _CACHE:
+        _CACHE[key] = compute()
+    return _CACHE[key]
+
+
+def config_sweep(impl: Impl):
+    """{config: NVFP4Tensor stacked over the 4 value cases} for all 45 configs (host arrays)."""
+
+    def compute():
+        xs1, xs2 = value_cases(*SWEEP_SHAPE_1D), value_cases(*SWEEP_SHAPE_2D, seed=2)
+        opts = impl.small_k_options
+
+        @jax.jit
+        def run(xs1, xs2):
+            return [jax.lax.map(lambda x, c=c: impl.quantize(x, c, options=opts), xs2 if c.block_2d else xs1)
+                    for c in ALL_CONFIGS]
+
+        with _on_cpu_if_reference(impl):
+            outs = _host(run(xs1, xs2))
+        return dict(zip(ALL_CONFIGS, outs))
+
+    return _cached((impl, "configs"), compute)
+
+
+def sweep_inputs(config) -> np.ndarray:
+    return value_cases(*SWEEP_SHAPE_2D, seed=2) if config.block_2d else value_cases(*SWEEP_SHAPE_1D)
+
+
+def shape_inputs(case) -> np.ndarray:
+    cfg, rows, k, dtype = case
+    rng = np.random.default_rng(rows * 10007 + k)
+    x = rng.standard_normal((rows, k)).astype(np.float32) * np.exp2(rng.integers(-8, 9, size=(rows, 1)))
+    x[min(1, rows - 1)] = 0.0  # a zero row (token: A = 0 -> S_enc = 1)
+    return x.astype(dtype)
+
+
+def shape_sweep(impl: Impl):
+    def compute():
+        xs = [shape_inputs(c) for c in SHAPE_CASES]
+
+        @jax.jit
+        def run(xs):
+            return [impl.quantize(x, c[0]) for x, c in zip(xs, SHAPE_CASES)]
+
+        with _on_cpu_if_reference(impl):
+            return dict(zip(SHAPE_CASES, _host(run(xs))))
+
+    return _cached((impl, "shapes"), compute)
+
+
+def expert_sweep(impl: Impl):
+    def compute():
+        w = expert_stack()
+
+        @jax.jit
+        def run(w):
+            outs = []
+            for cfg, axis in EXPERT_CASES:
+                w_in = w if axis == 1 else jnp.swapaxes(w, 1, 2)
+                outs.append(impl.quantize_experts(w_in, cfg, axis, options=impl.small_k_options))
+            return outs
+
+        with _on_cpu_if_reference(impl):
+            return dict(zip(EXPERT_CASES, _host(run(w))))
+
+    return _cached((impl, "experts"), compute)
+
+
+def dequant_inputs():
+    """Reference-quantized tensors (stacked over the 4 value cases) for DEQUANT_CONFIGS."""
+    sweep = config_sweep(REFERENCE)
+    return {c: sweep[c] for c in DEQUANT_CONFIGS}
+
+
+def dequant_sweep(impl: Impl):
+    def compute():
+        ts = dequant_inputs()
+
+        keys = [(c, d) for c in DEQUANT_CONFIGS for d in DEQUANT_DTYPES]
+
+        @jax.jit
+        def run(ts):  # ts: list aligned with DEQUANT_CONFIGS (configs are not sortable pytree keys)
+            by_config = dict(zip(DEQUANT_CONFIGS, ts))
+            return [jax.lax.map(lambda t, d=d: impl.dequantize(t, d), by_config[c]) for c, d in keys]
+
+        with _on_cpu_if_reference(impl):
+            outs = _host(run([ts[c] for c in DEQUANT_CONFIGS]))
+        return {(c, jnp.dtype(d).name): o for (c, d), o in zip(keys, outs)}
+
+    return _cached((impl, "dequant"), compute)
+
+
+# ----------------------------------------------------------------------------------------
+# Comparisons
+# ----------------------------------------------------------------------------------------
+
+
+def _bytes(a) -> np.ndarray:
+    a = np.ascontiguousarray(np.atleast_1d(np.asarray(a)))
+    return a.view(np.uint8)
+
+
+def _float_bits_nan_normalised(a) -> np.ndarray:
+    """Raw bits of a float array with every NaN replaced by one NaN (payload not in contract)."""
+    a = np.array(np.atleast_1d(np.asarray(a)), copy=True)
+    a[np.isnan(a.astype(np.float32))] = np.nan
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+def assert_tensor_equal(actual, expected, what: str):
+    """codes, scale bytes and map4 byte for byte; amax bit for bit (NaN payload aside)."""
+    a_codes, a_scales, a_amax, a_map4 = (actual[f] if isinstance(actual, dict) else getattr(actual, f)
+                                         for f in ("codes", "scales", "amax", "map4"))
+    e_codes, e_scales, e_amax, e_map4 = (expected[f] if isinstance(expected, dict) else getattr(expected, f)
+                                         for f in ("codes", "scales", "amax", "map4"))
+    for name, a, e in (("codes", a_codes, e_codes), ("scales", a_scales, e_scales), ("map4", a_map4, e_map4)):
+        a, e = np.asarray(a), np.asarray(e)
+        assert a.shape == e.shape, f"{what}: {name} shape {a.shape} != {e.shape}"
+        np.testing.assert_array_equal(_bytes(a), _bytes(e), err_msg=f"{what}: {name} bytes differ")
+    a_amax, e_amax = np.asarray(a_amax, np.float32), np.asarray(e_amax, np.float32)
+    assert a_amax.shape == e_amax.shape, f"{what}: amax shape {a_amax.shape} != {e_amax.shape}"
+    np.testing.assert_array_equal(_float_bits_nan_normalised(a_amax), _float_bits_nan_normalised(e_amax),
+                                  err_msg=f"{what}: amax bits differ")
+
+
+def assert_float_bits_equal(actual, expected, what: str):
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (
+        f"{what}: {actual.dtype}{actual.shape} != {expected.dtype}{expected.shape}")
+    np.testing.assert_array_equal(_float_bits_nan_normalised(actual), _float_bits_nan_normalised(expected),
+                                  err_msg=f"{what}: bits differ")
+
+
+def _scale_bytes(scales) -> np.ndarray:
+    return np.asarray(scales).view(np.uint8)
+
+
+def oracle_for(x, config, amax=None):
+    return oracle.quantize(x, block_2d=config.block_2d, scale=config.scale, four_over_six=config.four_over_six,
+                           e4m3_bound=config.e4m3_bound, fast_error=config.fast_error, amax=amax)
+
+
+def _index(t, i):
+    """Value case i of a tensor stacked by lax.map (host arrays) as a dict."""
+    return dict(codes=t.codes[i], scales=_scale_bytes(t.scales[i]), amax=t.amax[i], map4=t.map4[i])
+
+
+def _as_dict(t):
+    return dict(codes=t.codes, scales=_scale_bytes(t.scales), amax=t.amax, map4=t.map4)
+
+
+# ----------------------------------------------------------------------------------------
+# Known bugs of the reference on XLA:CPU (fp4rl/formats is not owned by this suite)
+# ----------------------------------------------------------------------------------------
+
+_XLA_DIV = ("XLA:CPU turns `x / c` with a scalar divisor into `x * (1/c)`, so the reference's "
+            "fl(b / 6) is not IEEE: here base = 224.00003 instead of 224, and 1.5*base rounds to "
+            "E4M3 352 instead of the tie-to-even 320")
+_XLA_NAN = ("XLA:CPU's max reductions under jax.vmap drop NaN (jnp.max(|x|) of an expert holding a "
+            "NaN returns a finite amax), against NUMERICS.md s8")
+_XLA_FMA = "XLA:CPU contracts the fast-error `dec*sf - x*S_enc` (and MSE `sum + d*d`) into an FMA under jit"
+
+# (group, case id) -> why the CPU reference differs from the contract on this case. The
+# comparison still runs: a listed case that starts passing fails, so the entry is removed
+# when the reference is fixed (a strict xfail).
+REFERENCE_BUGS = {
+    ("configs", "1d-token-mae-fast-Edef"): _XLA_DIV,
+    ("configs", "1d-token-mae-fast-E256"): _XLA_DIV,
+    ("configs", "1d-token-mse-fast-Edef"): _XLA_DIV,
+    ("configs", "1d-token-mse-fast-E256"): _XLA_DIV,
+    ("experts", "1d-tensor-m6-Edef-EKN"): _XLA_NAN,
+    ("experts", "2d-tensor-mae-exact-Edef-EKN"): _XLA_NAN,
+    ("experts", "1d-token-mse-fast-Edef-ENK"): _XLA_NAN + "; " + _XLA_FMA,
+    ("experts", "1d-tensor-mae-exact-E448-ENK"): _XLA_NAN,
+}
+
+
+def check_against_reference(group: str, case_id: str, check):
+    """Run `check` (a comparison involving the CPU reference's bytes); known bugs must fail."""
+    reason = REFERENCE_BUGS.get((group, case_id))
+    if reason is None:
+        check()
+        return
+    try:
+        check()
+    except AssertionError:
+        pytest.xfail(f"known bug of the CPU reference: {reason}")
+    pytest.fail(f"({group!r}, {case_id!r}) is listed in REFERENCE_BUGS but now matches: remove the entry")
+
+
+# ----------------------------------------------------------------------------------------
+# The suite
+# ----------------------------------------------------------------------------------------
+
+
+class QuantSuite:
+    """Checks that hold for every implementation, against the independent oracle."""
+
+    impl: Impl = REFERENCE
+
+    def _check(self, group, case_id, check):
+        """Oracle checks: the reference's known bugs are strict xfails; kernels must pass."""
+        if self.impl.is_reference:
+            check_against_reference(group, case_id, check)
+        else:
+            check()
+
+    @pytest.mark.parametrize("config", ALL_CONFIGS, ids=config_id)
+    def test_configs_match_oracle(self, config):
+        out = config_sweep(self.impl)[config]
+        xs = sweep_inputs(config)
+
+        def check():
+            for i in compared_cases(self.impl):
+                assert_tensor_equal(_index(out, i), oracle_for(xs[i], config), f"{config_id(config)} {CASE_NAMES[i]}")
+
+        self._check("configs", config_id(config), check)
+
+    @pytest.mark.parametrize("case", SHAPE_CASES, ids=shape_case_id)
+    def test_shapes_match_oracle(self, case):
+        out = shape_sweep(self.impl)[case]
+        assert_tensor_equal(_as_dict(out), oracle_for(shape_inputs(case), case[0]), shape_case_id(case))
+
+    @pytest.mark.parametrize("case", EXPERT_CASES, ids=expert_case_id)
+    def test_experts_match_oracle(self, case):
+        cfg, _ = case
+        out = expert_sweep(self.impl)[case]
+        w_enk = np.swapaxes(expert_stack(), 1, 2)
+
+        def check():
+            for e in range(w_enk.shape[0]):
+                assert_tensor_equal(_index(out, e), oracle_for(w_enk[e], cfg), f"{expert_case_id(case)} expert {e}")
+
+        self._check("experts", expert_case_id(case), check)
+
+    @pytest.mark.parametrize("dtype", DEQUANT_DTYPES, ids=lambda d: jnp.dtype(d).name)
+    @pytest.mark.parametrize("config", DEQUANT_CONFIGS, ids=config_id)
+    def test_dequantize_matches_oracle(self, config, dtype):
+        out = dequant_sweep(self.impl)[(config, jnp.dtype(dtype).name)]
+        t = dequant_inputs()[config]
+        for i in compared_cases(self.impl):
+            case = CASE_NAMES[i]
+            expected = oracle.dequantize(t.codes[i], _scale_bytes(t.scales[i]), t.amax[i], config.e4m3_bound,
+                                         jnp.dtype(dtype))
+            assert_float_bits_equal(out[i], expected, f"dequantize {config_id(config)} {case}")
+
+    def test_nonfinite_input_never_turns_finite(self):
+        """NUMERICS.md s8: a NaN block dequantizes to NaN; a non-finite amax poisons its scope."""
+        tok = ref.NVFP4Config(scale="token", four_over_six="mae")
+        out = dequant_sweep(self.impl)[(tok, "float32")][CASE_NAMES.index("nonfinite")]
+        x = sweep_inputs(tok)[CASE_NAMES.index("nonfinite")].astype(np.float32)
+        bad_rows = ~np.all(np.isfinite(x), axis=1)
+        assert bad_rows.sum() >= 3
+        assert np.all(np.isnan(out[bad_rows])), "a row with a non-finite amax must dequantize to NaN"
+        assert np.all(np.isfinite(out[~bad_rows])), "per-token scales must keep other rows finite"
+        per_tensor = dequant_sweep(self.impl)[(DEQUANT_CONFIGS[0], "float32")][CASE_NAMES.index("nonfinite")]
+        assert np.all(np.isnan(per_tensor)), "a non-finite per-tensor amax makes the whole tensor NaN"
+
+    def test_hand_vectors(self):
+        """NUMERICS.md s3: E=256, A=1536 (S_enc = 1), MAE and MSE."""
+        x = np.zeros((2, 64), np.float32)
+        x[0, 0] = 1536.0               # block 0: [1536]
+        x[0, 16:18] = [6.0, 5.0]       # block 1: [6, 5]
+        x[0, 32:34] = [6.0, 4.0]       # block 2: [6, 4]; block 3: zeros
+        x[1, 0:4] = [6.0, 5.0, 1.0, 2.0]  # MAE ties (map-6), MSE chooses map-4
+        x[1, 16] = 1536.0
+        outs = _cached((self.impl, "vectors"), lambda: self._run_vectors(x))
+        for fos, out in outs.items():
+            scales = _scale_bytes(out.scales)
+            np.testing.assert_array_equal(scales[0], np.array([0x78, 0x3C, 0x38, 0x00], np.uint8), err_msg=fos)
+            np.testing.assert_array_equal(out.map4[0], [False, True, False, False], err_msg=fos)
+            assert out.codes[0, 8] == 0x56, f"{fos}: block [6, 5] packs to {out.codes[0, 8]:#x}, not 0x56"
+            assert bool(out.map4[1, 0]) == (fos == "mse"), f"{fos}: block [6, 5, 1, 2]"
+            assert float(out.amax) == 1536.0
+
+    def _run_vectors(self, x):
+        configs = {f: ref.NVFP4Config(four_over_six=f) for f in ("mae", "mse")}
+
+        @jax.jit
+        def run(x):
+            return {f: self.impl.quantize(x, c) for f, c in configs.items()}
+
+        with _on_cpu_if_reference(self.impl):
+            return _host(run(x))
+
+    def test_per_token_scales_are_causal(self):
+        """NUMERICS.md s4: perturbing a later token leaves earlier tokens' bytes unchanged under
+        per-token scales, and changes them under per-tensor scales."""
+        x = value_cases(*SWEEP_SHAPE_1D)[0].astype(np.float32)
+        x[0] = np.linspace(-1, 1, x.shape[1])
+        y = x.copy()
+        y[-1] *= 1e6  # a later token with a much larger amax
+        outs = _cached((self.impl, "causality"), lambda: self._run_causality(np.stack([x, y])))
+        tok, ten = outs["token"], outs["tensor"]
+        for f in ("codes", "scales", "map4"):
+            np.testing.assert_array_equal(_bytes(getattr(tok, f)[0][:-1]), _bytes(getattr(tok, f)[1][:-1]), err_msg=f)
+        assert not np.array_equal(_bytes(ten.scales[0][:-1]), _bytes(ten.scales[1][:-1]))
+
+    def _run_causality(self, xs):
+        configs = {s: ref.NVFP4Config(scale=s, four_over_six="mae") for s in ("token", "tensor")}
+
+        @jax.jit
+        def run(xs):
+            return {s: jax.lax.map(lambda x, c=c: self.impl.quantize(x, c), xs) for s, c in configs.items()}
+
+        with _on_cpu_if_reference(self.impl):
+            return _host(run(xs))
+
+    def test_rejects_bad_shapes(self):
+        with pytest.raises(ValueError):
+            self.impl.quantize(np.zeros((4, 40), np.float32), ref.NVFP4Config())  # K % 16 != 0
+        with pytest.raises(ValueError):
+            self.impl.quantize(np.zeros((24, 32), np.float32), ref.NVFP4Config(block_2d=True))  # rows % 16
+        with pytest.raises(TypeError):
+            self.impl.quantize(np.zeros((4, 32), np.int32), ref.NVFP4Config())
+
+
+class KernelQuantSuite(QuantSuite):
+    """Kernel backends: everything above, plus byte-exactness against the reference."""
+
+    @pytest.mark.parametrize("config", ALL_CONFIGS, ids=config_id)
+    def test_configs_match_reference(self, config):
+        out, expected = config_sweep(self.impl)[config], config_sweep(REFERENCE)[config]
+
+        def check():
+            for i in compared_cases(REFERENCE):
+                assert_tensor_equal(_index(out, i), _index(expected, i), f"{config_id(config)} {CASE_NAMES[i]}")
+
+        check_against_reference("configs", config_id(config), check)
+
+    @pytest.mark.parametrize("case", SHAPE_CASES, ids=shape_case_id)
+    def test_shapes_match_reference(self, case):
+        out, expected = shape_sweep(self.impl)[case], shape_sweep(REFERENCE)[case]
+        assert_tensor_equal(_as_dict(out), _as_dict(expected), shape_case_id(case))
+
+    @pytest.mark.parametrize("case", EXPERT_CASES, ids=expert_case_id)
+    def test_experts_match_vmapped_reference(self, case):
+        out, expected = expert_sweep(self.impl)[case], expert_sweep(REFERENCE)[case]
+        check_against_reference("experts", expert_case_id(case),
+                                lambda: assert_tensor_equal(_as_dict(out), _as_dict(expected), expert_case_id(case)))
+
+    @pytest.mark.parametrize("dtype", DEQUANT_DTYPES, ids=lambda d: jnp.dtype(d).name)
+    @pytest.mark.parametrize("config", DEQUANT_CONFIGS, ids=config_id)
+    def test_dequantize_matches_reference(self, config, dtype):
+        key = (config, jnp.dtype(dtype).name)
+        out, expected = dequant_sweep(self.impl)[key], dequant_sweep(REFERENCE)[key]
+        for i in compared_cases(REFERENCE):
+            assert_float_bits_equal(out[i], expected[i], f"dequantize {config_id(config)} {key[1]} {CASE_NAMES[i]}")
+
+    def test_expert_dequantize_matches_vmapped_reference(self):
+        cfg, axis = EXPERT_CASES[0]
+        t = expert_sweep(REFERENCE)[(cfg, axis)]
+        with _on_cpu_if_reference(REFERENCE):
+            expected = np.asarray(reference_dequantize(t, jnp.bfloat16))
+        out = np.asarray(self.impl.dequantize(t, jnp.bfloat16))
+        assert_float_bits_equal(out, expected, "expert-stack dequantize")
+
+    def test_expert_dequantize_nan_expert_only(self):
+        """s8 for stacks: the kernel's own quantized stack; the NaN expert alone is NaN."""
+        cfg, axis = EXPERT_CASES[0]
+        t = expert_sweep(self.impl)[(cfg, axis)]
+        out = np.asarray(self.impl.dequantize(t, jnp.float32))
+        w_enk = np.swapaxes(expert_stack(), 1, 2)
+        for e in range(w_enk.shape[0]):
+            expected = oracle.dequantize(t.codes[e], _scale_bytes(t.scales[e]), t.amax[e], cfg.e4m3_bound, np.float32)
+            assert_float_bits_equal(out[e], expected, f"expert {e} dequantize vs oracle")
+        assert np.all(np.isnan(out[2])) and np.all(np.isfinite(out[:2])), "a NaN expert poisons only itself"
+
+    @pytest.mark.parametrize("scale", ["tensor", "token"])
+    def test_given_amax_matches_reference(self, scale):
+        cfg = ref.NVFP4Config(scale=scale, four_over_six="mse")
+        x = value_cases(*SWEEP_SHAPE_1D)[0]
+        x32 = x.astype(np.float32)
+        if scale == "tensor":  # e.g. an amax shared by several shards: larger than this shard's
+            amax = np.float32(4.0) * np.max(np.abs(x32))
+        else:
+            amax = (np.max(np.abs(x32), axis=1, keepdims=True) * np.float32(2.0)).astype(np.float32)
+        out = _host(self.impl.quantize(x, cfg, amax=amax, options=self.impl.small_k_options))
+        assert_tensor_equal(_as_dict(out), oracle_for(x, cfg, amax=amax), f"given amax {scale}")
+        with _on_cpu_if_reference(REFERENCE):
+            expected = _host(ref.quantize(x, cfg, amax=amax))
+        assert_tensor_equal(_as_dict(out), _as_dict(expected), f"given amax {scale} vs reference")
+
+    def test_rerun_is_bit_exact(self):
+        cfg = ref.NVFP4Config(scale="token", four_over_six="mae")
+        x = value_cases(*SWEEP_SHAPE_1D)[0]
+        a = _host(self.impl.quantize(x, cfg, options=self.impl.small_k_options))
+        b = _host(self.impl.quantize(x, cfg, options=self.impl.small_k_options))
+        assert_tensor_equal(_as_dict(a), _as_dict(b), "rerun")
+
+    def test_configs_subnormal_ieee(self):
+        """The "subnormal" value case, IEEE (NumPy oracle), for compiled kernels only.
+
+        Kept last among the sweep checks: it probes the GPU's subnormal handling (no FTZ),
+        which nothing on XLA:CPU can reproduce (see `compared_cases`).
+        """
+        if not self.impl.ieee_subnormals:
+            pytest.skip("XLA:CPU flushes f32 subnormals (DAZ/FTZ): only a compiled kernel can be IEEE here")
+        sweep = config_sweep(self.impl)
+        failures = []
+        for config in ALL_CONFIGS:
+            x = sweep_inputs(config)[SUBNORMAL]
+            try:
+                assert_tensor_equal(_index(sweep[config], SUBNORMAL), oracle_for(x, config), config_id(config))
+            except AssertionError as e:
+                failures.append(str(e).splitlines()[1] if len(str(e).splitlines()) > 1 else str(e))
+        assert not failures, f"{len(failures)} configs differ from IEEE on subnormal input: {failures[:5]}"
+
+    @pytest.mark.gpu
+    def test_fast_exact_choice_agreement(self):
+        """NUMERICS.md s3: fast and exact 4/6 errors agree on all but rare near-ties.
+
+        Measured on the compiled kernel over 4 distributions x {mae, mse}; the floor is the
+        paper's ">99.97%" rounded down to 99.9% so that a regression (a wrong error path
+        disagrees on a large share of blocks) fails while the measured rate is printed.
+        On the normal distribution the kernel's bytes (first 256 rows) are also checked
+        against the NumPy oracle (exact); the blocks where the CPU reference differs are
+        counted and printed (see REFERENCE_BUGS), not asserted.
+        """
+        if self.impl.interpret:
+            pytest.skip("a GPU-scale measurement: run on the compiled kernel (interpret mode is too slow)")
+        rng = np.random.default_rng(0)
+        m, k = 2048, 4096
+        dists = {
+            "normal": rng.standard_normal((m, k)),
+            "laplace": rng.laplace(size=(m, k)),
+            "student_t3": rng.standard_t(3, size=(m, k)),
+            "lognormal_rows": rng.standard_normal((m, k)) * np.exp(2 * rng.standard_normal((m, 1))),
+        }
+        rates, ref_diff = {}, {}
+        for dname, x in dists.items():
+            x = x.astype(np.float32).astype(ml_dtypes.bfloat16)
+            for fos in ("mae", "mse"):
+                maps = {}
+                for fast in (False, True):
+                    cfg = ref.NVFP4Config(scale="token", four_over_six=fos, fast_error=fast)
+                    got = _host(self.impl.quantize(x, cfg))
+                    maps[fast] = got.map4
+                    if dname == "normal":  # rows are independent (per token): check a slice
+                        rows = slice(0, 256)
+                        head = {f: v[rows] for f, v in _as_dict(got).items()}
+                        assert_tensor_equal(head, oracle_for(x[rows], cfg), f"large {dname} {fos} fast={fast}")
+                        with _on_cpu_if_reference(REFERENCE):
+                            expected = _host(jax.jit(ref.quantize, static_argnums=1)(x[rows], cfg))
+                        ref_diff[(fos, fast)] = int(np.sum(head["scales"] != _scale_bytes(expected.scales)))
+                rates[(dname, fos)] = float(np.mean(maps[False] == maps[True]))
+        print("\nfast/exact 4/6 choice agreement (share of 16-element blocks, per-token scales):")
+        for (dname, fos), r in rates.items():
+            print(f"  {dname:15s} {fos}: {100 * r:.4f}%")
+        print(f"blocks whose scale byte differs from the CPU reference (of {256 * k // 16}): {ref_diff}")
+        worst = min(rates.values())
+        assert worst >= 0.999, f"fast/exact agreement {worst:.5f} below the 99.9% floor: {rates}"
+
+
+def lowered_text(fn, *args, debug_info: bool) -> str:
+    return jax.jit(fn).lower(*args).as_text(debug_info=debug_info)
+
+
+@functools.cache
+def gpu_present() -> bool:
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
