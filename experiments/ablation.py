@@ -7,7 +7,6 @@ Resumable: rerun the same command after an interruption. Default preset: `cpu`.
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 import sys
 

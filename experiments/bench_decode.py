@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fp4rl.config_cli import cli

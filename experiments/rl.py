@@ -13,7 +13,6 @@ import jax
 from experiments import sft as sft_experiment
 from fp4rl.config_cli import cli
 from fp4rl.rl import sft, trainer
-from fp4rl.rl.task import TaskConfig
 
 PRESETS = {
     "smoke": trainer.RLConfig(steps=2, task=sft_experiment.SMOKE_TASK, group_size=4, prompts_per_step=2, max_gen_batches=2,
@@ -22,10 +21,10 @@ PRESETS = {
     "cpu": trainer.RLConfig(steps=20, task=sft_experiment.CPU_RL_TASK, group_size=8, prompts_per_step=4, mini_batches=2,
                             max_new_tokens=72, overlong_buffer=8, prompt_len=44, eval_every=10, eval_prompts=32,
                             init="runs/cpu/sft", out="runs/cpu/rl"),
-    "h200": trainer.RLConfig(steps=100, group_size=16, prompts_per_step=32, max_gen_batches=3, mini_batches=4,
-                             task=TaskConfig(min_ops=3, max_ops=4, operators="+-*"), max_new_tokens=96,
-                             overlong_buffer=16, prompt_len=64, optim=trainer.OptimConfig(lr=3e-5, warmup_steps=5),
-                             eval_every=25, eval_prompts=256, init="runs/h200/sft", out="runs/h200/rl"),
+    "h200": trainer.RLConfig(steps=40, task=sft_experiment.CPU_RL_TASK, group_size=8, prompts_per_step=16,
+                             max_gen_batches=3, mini_batches=2, max_new_tokens=72, overlong_buffer=8, prompt_len=44,
+                             optim=trainer.OptimConfig(lr=3e-5, warmup_steps=3), eval_every=20, eval_prompts=128, checkpoint_every=10,
+                             init="runs/h200/sft", out="runs/h200/rl"),
 }
 
 

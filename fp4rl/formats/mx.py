@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from fp4rl.formats import elements as el
+from fp4rl.formats import ieee
 
 BLOCK = 32
 FORMATS = ("mxfp8", "mxfp4")
@@ -58,7 +59,7 @@ def quantize(x, fmt: Literal["mxfp8", "mxfp4"] = "mxfp8") -> MXTensor:
     _check(x, fmt)
     x32 = jnp.asarray(x).astype(jnp.float32)
     xb = x32.reshape(*x32.shape[:-1], x32.shape[-1] // BLOCK, BLOCK)
-    amax = jnp.max(jnp.abs(xb), axis=-1, keepdims=True)
+    amax = ieee.nan_max(jnp.abs(xb), axis=-1, keepdims=True)
     exponent = jnp.clip(_scale_exponent(amax, fmt), -127, 127)
     scales = jnp.where(jnp.isfinite(amax), el.e8m0_from_exponent(exponent), jnp.uint8(0xFF))
     # x / 2^e as two exact power-of-two multiplies (2^-e alone can leave the f32 normal range)

@@ -6,9 +6,9 @@ quantized weight is the same whichever dimension a GEMM contracts over. The glob
 per tensor (`()`) or per token (`[..., 1]`, one per row). Any leading batch dims are allowed;
 everything is vectorised (no Python loop over blocks), so it works under jit and vmap.
 
-Every `fl(.)` of the contract is one float32 operation written as its own jnp op; there is
-no a*b+c pattern that XLA could fuse into an FMA except the explicit error subtraction,
-whose operands are rounded products materialised beforehand.
+Every `fl(.)` of the contract is one float32 operation written as its own jnp op; the ones
+XLA would otherwise rewrite (divisions by constants, products feeding a subtraction or a
+sum, NaN-dropping max reductions) go through `fp4rl.formats.ieee`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp4rl.formats import elements as el
+from fp4rl.formats import ieee
 from fp4rl.formats.stochastic import stochastic_encode_e2m1
 
 BLOCK = 16
@@ -117,8 +118,8 @@ def check_input(x, config: NVFP4Config, block: int = BLOCK):
 def global_amax(x32, config: NVFP4Config):
     """A of s2: max|x| over the tensor, or over each row's K elements (keepdims) per token."""
     if config.scale == "token":
-        return jnp.max(jnp.abs(x32), axis=-1, keepdims=True)
-    return jnp.max(jnp.abs(x32))
+        return ieee.nan_max(jnp.abs(x32), axis=-1, keepdims=True)
+    return ieee.nan_max(jnp.abs(x32))
 
 
 def global_scales(amax, e4m3_max: int):
@@ -128,7 +129,7 @@ def global_scales(amax, e4m3_max: int):
     guard, which is why `dequantize` also checks the amax itself (s8).
     """
     amax = jnp.asarray(amax, jnp.float32)
-    s_enc = jnp.float32(6 * e4m3_max) / amax
+    s_enc = ieee.divide(jnp.float32(6 * e4m3_max), amax)
     s_enc = jnp.minimum(s_enc, el.FLT_MAX)
     s_enc = jnp.where((amax == 0) | (s_enc == 0), jnp.float32(1), s_enc)
     s_dec = jnp.float32(1) / s_enc
@@ -146,7 +147,7 @@ def _blocks(x32, config: NVFP4Config):
 def _block_amax(xb, config: NVFP4Config):
     """b of s2, broadcastable against the blocked view (keepdims). NaN propagates."""
     axes = (-3, -1) if config.block_2d else (-1,)
-    return jnp.max(jnp.abs(xb), axis=axes, keepdims=True)
+    return ieee.nan_max(jnp.abs(xb), axis=axes, keepdims=True)
 
 
 def _encode_with_scale(xb, sf, s_dec, sr_key=None):
@@ -180,11 +181,11 @@ def _candidate_error(xb, codes, sf, amax, s_enc, config: NVFP4Config):
     """Per-block dequantization error of one 4/6 candidate, keepdims over the block axes."""
     dec_sf = el.e2m1_decode(codes) * sf.astype(jnp.float32)  # exact (<= 6 significant bits)
     if config.fast_error:
-        d = dec_sf - xb * s_enc
+        d = dec_sf - ieee.product(xb, s_enc)
     else:
-        v = (dec_sf * amax) / jnp.float32(6 * config.e4m3_bound)
+        v = ieee.divide(dec_sf * amax, jnp.float32(6 * config.e4m3_bound))
         d = v - xb
-    e = jnp.abs(d) if config.four_over_six == "mae" else d * d
+    e = jnp.abs(d) if config.four_over_six == "mae" else ieee.product(d, d)
     row_err = _sequential_sum16(e)[..., None]  # keepdims on the element axis
     if config.block_2d:
         return _tree_sum16(row_err, axis=-3)  # the tile-row axis is kept with size 1
@@ -222,7 +223,7 @@ def quantize(x, config: NVFP4Config = NVFP4Config(), *, amax=None, sr_key=None) 
         codes = _encode_with_scale(xb, sf, s_dec_b, sr_key)
         map4 = jnp.zeros(sf.shape, bool)
     else:
-        base = (b / jnp.float32(6)) * s_enc_b
+        base = ieee.divide(b, jnp.float32(6)) * s_enc_b
         sf6 = el.e4m3_round(jnp.minimum(base, jnp.float32(el.E4M3_MAX)))
         sf4 = el.e4m3_round(jnp.minimum(base * jnp.float32(1.5), jnp.float32(el.E4M3_MAX)))
         q6 = _encode_with_scale(xb, sf6, s_dec_b)

@@ -30,5 +30,7 @@ def stochastic_encode_e2m1(v, key):
 
 
 def stochastic_round_e2m1(v, key):
-    """`v` rounded stochastically onto the E2M1 grid, as float32 values."""
-    return el.e2m1_decode(stochastic_encode_e2m1(v, key))
+    """`v` rounded stochastically onto the E2M1 grid, as float32 values; NaN stays NaN (s8:
+    codes cannot carry NaN, so the values say it)."""
+    v = jnp.asarray(v, jnp.float32)
+    return jnp.where(jnp.isnan(v), v, el.e2m1_decode(stochastic_encode_e2m1(v, key)))

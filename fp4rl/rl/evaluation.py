@@ -21,13 +21,22 @@ from fp4rl.rl import data, tokenizer, verifier
 from fp4rl.rl.task import TaskConfig, make_problem
 
 
+def sampler_config(max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0) -> model_sampler.SamplerConfig:
+    return model_sampler.SamplerConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                       eos_id=tokenizer.EOS, pad_id=tokenizer.PAD)
+
+
+def sample_fn(graphdef, recipe: PrecisionRecipe, config: model_sampler.SamplerConfig, impl: str):
+    """(qparams, prompt_ids, prompt_mask, key, temperature) -> SampleOutput; temperature is a
+    runtime value, so rollouts (T=1) and greedy evaluation (T=0) share one compiled program."""
+    return lambda q, ids, mask, key, temperature: model_sampler.generate(
+        graphdef, q, ids, recipe, config, key=key, impl=impl, prompt_lengths_B=jnp.sum(mask, axis=1, dtype=jnp.int32),
+        temperature=temperature)
+
+
 @functools.lru_cache(maxsize=16)
-def _compiled_sampler(graphdef, recipe_name: str, max_new_tokens: int, temperature: float, impl: str):
-    recipe = PrecisionRecipe.from_name(recipe_name)
-    config = model_sampler.SamplerConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0,
-                                         eos_id=tokenizer.EOS, pad_id=tokenizer.PAD)
-    return jax.jit(lambda q, ids, mask, key: model_sampler.generate(
-        graphdef, q, ids, recipe, config, key=key, impl=impl, prompt_lengths_B=jnp.sum(mask, axis=1, dtype=jnp.int32)))
+def _compiled_sampler(graphdef, recipe_name: str, max_new_tokens: int, impl: str):
+    return jax.jit(sample_fn(graphdef, PrecisionRecipe.from_name(recipe_name), sampler_config(max_new_tokens), impl))
 
 
 def solve_rate(graphdef, params, recipe, problems, max_new_tokens: int, prompt_len: int, *, temperature: float,
@@ -36,7 +45,7 @@ def solve_rate(graphdef, params, recipe, problems, max_new_tokens: int, prompt_l
     recipe = PrecisionRecipe.from_name(recipe) if isinstance(recipe, str) else recipe
     model_config = nnx.merge(graphdef, params).config
     qparams, _ = model_sync.sync_weights_jit(params, model_config, recipe, impl)
-    run = _compiled_sampler(graphdef, recipe.name, max_new_tokens, float(temperature), impl)
+    run = _compiled_sampler(graphdef, recipe.name, max_new_tokens, impl)
     correct = []
     for start in range(0, len(problems), batch):
         chunk = problems[start : start + batch]
@@ -44,7 +53,7 @@ def solve_rate(graphdef, params, recipe, problems, max_new_tokens: int, prompt_l
         records += records[-1:] * (batch - len(records))  # fixed shape: one compiled program
         cols = data.collate_prompts(records, prompt_len)
         out = run(qparams, jnp.asarray(cols["prompt_ids_BxT"]), jnp.asarray(cols["prompt_mask_BxT"]),
-                  jax.random.fold_in(jax.random.key(seed), start))
+                  jax.random.fold_in(jax.random.key(seed), start), jnp.float32(temperature))
         texts = tokenizer.decode_batch(np.asarray(out.tokens))
         correct += [verifier.reward(t, p.answer) for t, p in zip(texts, chunk)]
     return np.array(correct, np.float32)
@@ -69,8 +78,14 @@ def accuracy_table_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def greedy_accuracy(graphdef, params, recipe, task: TaskConfig, task_seed: int, num: int, max_new_tokens: int,
-                    prompt_len: int, impl: str = "reference") -> float:
+def held_out_prompts(task: TaskConfig, task_seed: int, num: int, prompt_len: int, rows: int):
+    """The held-out problems as fixed-shape prompt batches of `rows` (the rollout batch shape)."""
     problems = [make_problem(i, task_seed, task) for i in range(num)]
-    rewards = solve_rate(graphdef, params, recipe, problems, max_new_tokens, prompt_len, temperature=0.0, impl=impl)
-    return float((rewards > 0).mean())
+    batches = []
+    for start in range(0, num, rows):
+        chunk = problems[start : start + rows]
+        records = [{"prompt": p.prompt, "answer": p.answer, "index": i} for i, p in enumerate(chunk)]
+        records += records[-1:] * (rows - len(records))
+        cols = data.collate_prompts(records, prompt_len)
+        batches.append((cols["prompt_ids_BxT"], cols["prompt_mask_BxT"], [p.answer for p in chunk]))
+    return batches

@@ -119,7 +119,9 @@ def make_functions(graphdef, recipe: PrecisionRecipe, optimizer: optax.GradientT
     def response_logprobs(params, tokens_NxL, valid_NxL):
         """Log-probs of the response tokens, and the router's top-k at the positions that
         predicted them (the sampler records the choices of the token it feeds, t - 1)."""
-        logits, aux = transformer.forward(graphdef, params, tokens_NxL, recipe, impl=impl, valid=valid_NxL)
+        # forward only: the key feeds the quantized backward alone, so any key gives the same values
+        logits, aux = transformer.forward(graphdef, params, tokens_NxL, recipe, key=jax.random.key(0), impl=impl,
+                                          valid=valid_NxL)
         return next_token_logprobs(logits, tokens_NxL)[:, prompt_len - 1 :], aux["router_topk"][:, :, prompt_len - 1 : -1]
 
     def loss_fn(params, batch: Batch, key):
@@ -138,7 +140,7 @@ def make_functions(graphdef, recipe: PrecisionRecipe, optimizer: optax.GradientT
 
     def update(params, opt_state, batch: Batch, key, skip_nonfinite: bool):
         (total, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         nonfinite = ~(jnp.isfinite(total) & jnp.isfinite(grad_norm))
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from tqdm.auto import tqdm
 
@@ -109,7 +108,7 @@ def train(config: SFTConfig, progress: bool = True) -> dict:
     def step(params, opt_state, batch):
         (loss, aux), grads = jax.value_and_grad(lambda p: _lm_loss(graphdef, p, batch), has_aux=True)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
+        return optax.apply_updates(params, updates), opt_state, loss, optax.tree.norm(grads)
 
     dcfg = data.DataConfig(batch_size=config.batch_size, max_len=config.max_len, shuffle_seed=config.seed, task_seed=config.task_seed)
     batches = data.iterate(data.sft_batches(data.problem_records(config.task, config.task_seed, dcfg.num_problems), dcfg), dcfg)

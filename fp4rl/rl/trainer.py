@@ -25,11 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from fp4rl.model import sampler as model_sampler
 from fp4rl.model import sync as model_sync
 from fp4rl.model.config import ModelConfig
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import data, dapo, evaluation, policy, rollout, sft
+from fp4rl.rl import data, dapo, evaluation, policy, rollout, sft, verifier
 from fp4rl.rl.checkpoint import Checkpointer
 from fp4rl.rl.metrics_log import MetricsWriter, truncate_after
 from fp4rl.rl.task import TaskConfig
@@ -104,10 +103,6 @@ def _stack(trees):
     return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-def _seed_slice(tree, k):
-    return jax.tree.map(lambda x: x[k], tree)
-
-
 class Trainer:
     def __init__(self, config: RLConfig, progress: bool = True):
         self.config, self.progress = config, progress
@@ -123,16 +118,17 @@ class Trainer:
         fns = policy.make_functions(self.graphdef, self.recipe, self.optimizer, config.loss, self.model_config.aux_loss_coef,
                                     config.prompt_len, masks, config.impl)
         skip = config.on_nonfinite == "skip"
-        self._logprobs = jax.jit(jax.vmap(fns["response_logprobs"], in_axes=(0, 0, 0)))
-        self._ref_logprobs = jax.jit(jax.vmap(fns["response_logprobs"], in_axes=(None, 0, 0)))
+        self._logprobs = jax.jit(jax.vmap(fns["response_logprobs"]))
+        # the reference is stacked per seed so that it reuses the policy's compiled program
+        self.ref_params_S = _stack([self.ref_params] * len(self.seeds))
         self._update = jax.jit(jax.vmap(lambda p, s, b, k: fns["update"](p, s, b, k, skip)))
         self._sync = jax.jit(jax.vmap(lambda p: model_sync.sync_weights(p, self.model_config, self.recipe, config.impl)))
-        scfg = model_sampler.SamplerConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                                           top_p=config.top_p, eos_id=data.tokenizer.EOS, pad_id=data.tokenizer.PAD)
-        self._sample = jax.jit(jax.vmap(
-            lambda q, ids, mask, key: model_sampler.generate(self.graphdef, q, ids, self.recipe, scfg, key=key, impl=config.impl,
-                                                             prompt_lengths_B=jnp.sum(mask, axis=1, dtype=jnp.int32))
-        ))
+        scfg = evaluation.sampler_config(config.max_new_tokens, config.temperature, config.top_p)
+        self._sample = jax.jit(jax.vmap(evaluation.sample_fn(self.graphdef, self.recipe, scfg, config.impl),
+                                        in_axes=(0, 0, 0, 0, None)))
+        self._eval_batches = (evaluation.held_out_prompts(config.task, config.eval_task_seed, config.eval_prompts,
+                                                          config.prompt_len, config.prompts_per_step * config.group_size)
+                              if config.eval_every else [])
         dcfg = lambda seed: data.DataConfig(batch_size=config.prompts_per_step, max_len=config.prompt_len,  # noqa: E731
                                             shuffle_seed=seed, task_seed=config.task_seed)
         records = data.problem_records(config.task, config.task_seed, data.DataConfig().num_problems)
@@ -168,7 +164,7 @@ class Trainer:
             mask = np.stack([np.repeat(x["prompt_mask_BxT"], c.group_size, 0) for x in batches])
             keys = jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), b) for s in self.seeds])
             t0 = time.time()
-            out = jax.device_get(self._sample(qparams, jnp.asarray(ids), jnp.asarray(mask), keys))
+            out = jax.device_get(self._sample(qparams, jnp.asarray(ids), jnp.asarray(mask), keys, jnp.float32(c.temperature)))
             gen_time += time.time() - t0
             gen_tokens += float(np.sum(out.lengths))
             for k, pool in enumerate(pools):
@@ -189,7 +185,7 @@ class Trainer:
         arrays = [rollout.training_arrays(p.filled(), c.group_size) for p in pools]
         stacked = {k: jnp.asarray(np.stack([a[k] for a in arrays])) for k in arrays[0]}
         logp_old, trainer_topk = self._logprobs(state["params"], stacked["tokens"], stacked["valid"])
-        logp_ref, _ = self._ref_logprobs(self.ref_params, stacked["tokens"], stacked["valid"])
+        logp_ref, _ = self._logprobs(self.ref_params_S, stacked["tokens"], stacked["valid"])
         batch = policy.Batch(stacked["tokens"], stacked["valid"], stacked["response_mask"], logp_old,
                              stacked["logp_sampler"], logp_ref, stacked["advantages"])
         mismatch_mask = stacked["valid"][:, :, c.prompt_len:]
@@ -294,11 +290,19 @@ class Trainer:
         return history
 
     def evaluate(self, params_S) -> list[float]:
-        """Greedy held-out accuracy per seed (RL.md's final accuracy)."""
-        c = self.config
-        return [evaluation.greedy_accuracy(self.graphdef, _seed_slice(params_S, k), self.recipe, c.task, c.eval_task_seed,
-                                           c.eval_prompts, c.max_new_tokens, c.prompt_len, impl=c.impl)
-                for k in range(len(self.seeds))]
+        """Greedy held-out accuracy per seed (RL.md's final accuracy), through the rollout's
+        compiled sync and sampler (temperature 0 is a runtime value: nothing recompiles)."""
+        qparams, _ = self._sync(params_S)
+        correct = [[] for _ in self.seeds]
+        for ids, mask, answers in self._eval_batches:
+            n = len(self.seeds)
+            keys = jnp.stack([jax.random.key(0)] * n)  # greedy: the key is unused
+            out = self._sample(qparams, jnp.asarray(np.stack([ids] * n)), jnp.asarray(np.stack([mask] * n)), keys, jnp.float32(0))
+            tokens = np.asarray(out.tokens)
+            for k in range(n):
+                texts = data.tokenizer.decode_batch(tokens[k][: len(answers)])
+                correct[k] += [verifier.reward(t, a) > 0 for t, a in zip(texts, answers)]
+        return [float(np.mean(c)) for c in correct]
 
 
 def train(config: RLConfig, progress: bool = True):

@@ -16,7 +16,7 @@ import pytest
 
 from fp4rl.formats import nvfp4
 from tests.formats import cases, oracle
-from tests.formats.conftest import assert_same_bytes, known_failure, ref_bytes, tensor_bytes
+from tests.formats.conftest import assert_same_bytes, ref_bytes, tensor_bytes
 
 SHAPE = (2048, 2048)
 
@@ -72,15 +72,9 @@ def test_fast_vs_exact_choice_agreement_rate(impl, metric):
         assert 0.05 < m_exact.mean() < 0.95, "both candidates are in use"
 
 
-_EXACT_REASON = (
-    "same root cause as _DIV_REASON in tests/formats/test_nvfp4.py: under jit on XLA:CPU "
-    "the exact error v = fl(fl(dq*A)/(6E)); d = fl(v - x) runs as fma(fl(dq*A), fl(1/(6E)), -x); "
-    "on these LLM-like activations 25 of 262144 blocks choose differently from the contract"
-)
 
 
 def test_exact_choice_matches_oracle_on_large_llm_activations(impl, request):
-    known_failure(request, impl, {"reference"}, _EXACT_REASON)
     x = _tensor("llm_outliers")
     got = np.asarray(_both(impl, "mae")(x)[0])
     want = oracle.quantize_nvfp4(x, scale="token", four_over_six="mae").map4

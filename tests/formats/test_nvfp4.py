@@ -83,99 +83,7 @@ def test_s1_e2m1_tie_table_through_quantize(impl):
 
 # ------------------------------------------------------------------------------------------
 # Oracle vs implementation, byte for byte, every valid config x every family
-
-# Known divergences, every one explained by one root cause (below): on every family and
-# config the implementation's bytes equal those of a variant of the oracle that computes
-# base = fl(b * fl(S_enc * fl(1/6))), d = fma(fl(dq * A), fl(1/(6E)), -x) (exact error) and
-# d = fma(-x, S_enc, dq) (fast error) instead of the contract's operations. Remove an id once
-# the implementation is fixed (strict xfail: an XPASS fails the run, so the list cannot go
-# stale silently).
-_DIV_REASON = (
-    "XLA:CPU changes the contract's float32 operations under jit: (1) a division by a "
-    "broadcast scalar becomes a multiply by its reciprocal and is reassociated, so "
-    "base = fl(fl(b / 6) * S_enc) becomes b * fl(S_enc * fl(1/6)) and v = fl(fl(dq * A) / (6E)) "
-    "becomes fl(dq * A) * fl(1/(6E)); (2) the multiply and the subtraction of the error are "
-    "fused into an FMA (d = v - x and d = dq - x * S_enc), which NUMERICS.md forbids ('no fused "
-    "multiply-add anywhere in the contract'). At E4M3 ties of sf6/sf4 and at near-tie 4/6 "
-    "errors the bytes differ. Minimal repros: test_division_repro_*, test_fma_repro_*."
-)
-_NAN_REASON = (
-    "NaN is lost by the block/global max on XLA CPU: jnp.max over the last axis of a many-row "
-    "array (per-token amax, block max b, or a per-tensor amax under vmap) returns a finite "
-    "value (or -inf) for rows holding NaN, so the block gets a finite scale and dequantizes "
-    "to finite numbers; NUMERICS.md s8 requires NaN. Repro: x = normal [8, 32, 64], "
-    "x[0, 5, 17] = nan, jit(vmap(quantize)) -> amax[0] finite, scales[0, 5] finite."
-)
-
-_DIV_FAILING = frozenset(
-    [
-        "1d-tensor-mae-E256-exact-e4m3_ties_A1536",
-        "1d-tensor-mae-E256-exact-sum_order_A1536",
-        "1d-tensor-mae-E256-fast-e4m3_ties_A1536",
-        "1d-tensor-mae-E448-exact-e2m1_ties_A1536",
-        "1d-tensor-mae-E448-exact-e4m3_ties_A1536",
-        "1d-tensor-mae-E448-exact-e4m3_ties_A2688",
-        "1d-tensor-mae-E448-exact-llm_outliers",
-        "1d-tensor-mae-E448-exact-sum_order_A2688",
-        "1d-tensor-mae-E448-fast-e2m1_ties_A1536",
-        "1d-tensor-mae-E448-fast-e4m3_ties_A1536",
-        "1d-tensor-mae-E448-fast-e4m3_ties_A2688",
-        "1d-tensor-mae-Edef-exact-e4m3_ties_A1536",
-        "1d-tensor-mae-Edef-exact-sum_order_A1536",
-        "1d-tensor-mae-Edef-fast-e4m3_ties_A1536",
-        "1d-tensor-mse-E256-exact-e4m3_ties_A1536",
-        "1d-tensor-mse-E256-exact-sum_order_A1536",
-        "1d-tensor-mse-E256-fast-e4m3_ties_A1536",
-        "1d-tensor-mse-E448-exact-e2m1_ties_A1536",
-        "1d-tensor-mse-E448-exact-e4m3_ties_A1536",
-        "1d-tensor-mse-E448-exact-e4m3_ties_A2688",
-        "1d-tensor-mse-E448-exact-sum_order_A1536",
-        "1d-tensor-mse-E448-exact-sum_order_A2688",
-        "1d-tensor-mse-E448-fast-e2m1_ties_A1536",
-        "1d-tensor-mse-E448-fast-e4m3_ties_A1536",
-        "1d-tensor-mse-E448-fast-e4m3_ties_A2688",
-        "1d-tensor-mse-E448-fast-sum_order_A1536",
-        "1d-tensor-mse-Edef-exact-e4m3_ties_A1536",
-        "1d-tensor-mse-Edef-exact-sum_order_A1536",
-        "1d-tensor-mse-Edef-fast-e4m3_ties_A1536",
-        "1d-token-mae-E256-exact-e4m3_ties_A1536",
-        "1d-token-mae-E256-exact-sum_order_A1536",
-        "1d-token-mae-E256-fast-e4m3_ties_A1536",
-        "1d-token-mae-E448-exact-e2m1_ties_A1536",
-        "1d-token-mae-E448-exact-e4m3_ties_A1536",
-        "1d-token-mae-E448-exact-e4m3_ties_A2688",
-        "1d-token-mae-E448-exact-sum_order_A2688",
-        "1d-token-mae-E448-fast-e2m1_ties_A1536",
-        "1d-token-mae-E448-fast-e4m3_ties_A1536",
-        "1d-token-mae-E448-fast-e4m3_ties_A2688",
-        "1d-token-mae-Edef-exact-e4m3_ties_A1536",
-        "1d-token-mae-Edef-exact-sum_order_A1536",
-        "1d-token-mae-Edef-fast-e4m3_ties_A1536",
-        "1d-token-mse-E256-exact-e4m3_ties_A1536",
-        "1d-token-mse-E256-exact-sum_order_A1536",
-        "1d-token-mse-E256-fast-e4m3_ties_A1536",
-        "1d-token-mse-E448-exact-e2m1_ties_A1536",
-        "1d-token-mse-E448-exact-e4m3_ties_A1536",
-        "1d-token-mse-E448-exact-e4m3_ties_A2688",
-        "1d-token-mse-E448-exact-sum_order_A1536",
-        "1d-token-mse-E448-exact-sum_order_A2688",
-        "1d-token-mse-E448-fast-e2m1_ties_A1536",
-        "1d-token-mse-E448-fast-e4m3_ties_A1536",
-        "1d-token-mse-E448-fast-e4m3_ties_A2688",
-        "1d-token-mse-E448-fast-sum_order_A1536",
-        "1d-token-mse-Edef-exact-e4m3_ties_A1536",
-        "1d-token-mse-Edef-exact-sum_order_A1536",
-        "1d-token-mse-Edef-fast-e4m3_ties_A1536",
-        "2d-tensor-mae-E256-exact-sum_order_A1536",
-        "2d-tensor-mae-E448-exact-sum_order_A2688",
-        "2d-tensor-mae-Edef-exact-sum_order_A1536",
-        "2d-tensor-mse-E256-exact-sum_order_A1536",
-        "2d-tensor-mse-E448-exact-e2m1_ties_A1536",
-        "2d-tensor-mse-E448-exact-sum_order_A2688",
-        "2d-tensor-mse-E448-fast-e2m1_ties_A1536",
-        "2d-tensor-mse-Edef-exact-sum_order_A1536",
-    ]
-)
+# (the division and FMA repros below pin the XLA rewrites that fp4rl.formats.ieee defeats)
 
 
 def _compare_params():
@@ -186,8 +94,6 @@ def _compare_params():
 
 @pytest.mark.parametrize("kw,family", _compare_params())
 def test_matches_oracle(impl, kw, family, request):
-    if f"{cases.config_id(kw)}-{family}" in _DIV_FAILING:
-        known_failure(request, impl, {"reference"}, _DIV_REASON)
     f = batched(impl, nvfp4.NVFP4Config(**kw))
     for j, x in enumerate(chunks(FAMILIES[family])):
         got = tensor_bytes(f(x))
@@ -209,7 +115,6 @@ def test_division_repro_base_b_over_6(impl, request):
     0.003906254; map-4: b * fl(1/sf4) = 4.3999996 -> 4, |d| = 0.003906246 < err6: map-4, byte
     0x05. With b * fl(1/6) instead, 1.5*base is exactly 5.5 * 2^-9, a tie -> 6 * 2^-9, whose
     candidate equals map-6's: a tie -> map-6, byte 0x04."""
-    known_failure(request, impl, {"reference"}, _DIV_REASON)
     x = _one_block(1536, [np.float32(0.042968746)])
     t = single(impl, nvfp4.NVFP4Config(four_over_six="mae"))(x)
     np.testing.assert_array_equal(np.asarray(t.scales).view(np.uint8)[0], [0x78, 0x05])
@@ -224,7 +129,6 @@ def test_division_repro_base_times_s_enc(impl, request):
     map-4: 0.375 -> 4 (v = 960/2688), 0.3 -> 3 (v = 720/2688): err4 == err6 in float32 (both
     0.050000012): a tie, so map-6, byte 0x1E. With b * fl(S_enc * fl(1/6)) = 0.109375005
     instead, 1.5*base lands above the tie, sf4 = 0.171875 (0x23), and map-4 wins."""
-    known_failure(request, impl, {"reference"}, _DIV_REASON)
     x = _one_block(1536, [0.375, 0.3])
     t = single(impl, nvfp4.NVFP4Config(four_over_six="mae", e4m3_max=448))(x)
     np.testing.assert_array_equal(np.asarray(t.scales).view(np.uint8)[0], [0x7E, 0x1E])
@@ -238,7 +142,6 @@ def test_fma_repro_exact_error(impl, request):
     err6 = fl(fl(4.4e-5^2) + fl(0.5000443^2)) = 0.25004435, err4 = 0.2500441 < err6: map-4,
     byte 0x3C. With d = fma(fl(dq * 1536), fl(1/1536), -x), dq = 6 no longer gives d = 0 and
     the near-tie goes the other way (map-6, byte 0x38)."""
-    known_failure(request, impl, {"reference"}, _DIV_REASON)
     x = _one_block(1536, [np.float32(3.999956), np.float32(4.5000443), 6.0])
     t = single(impl, nvfp4.NVFP4Config(four_over_six="mse"))(x)
     np.testing.assert_array_equal(np.asarray(t.scales).view(np.uint8)[0], [0x78, 0x3C])
@@ -248,7 +151,6 @@ def test_fma_repro_exact_error(impl, request):
 def test_nan_repro_per_token(impl, request):
     """s8, per token, no vmap: x = normal [256, 64] with one NaN -> its row must dequantize
     to NaN."""
-    known_failure(request, impl, {"reference"}, _NAN_REASON)
     x = cases.normal().reshape(256, 64).copy()
     x[5, 17] = np.nan
     t = single(impl, nvfp4.NVFP4Config(scale="token"))(x)
@@ -413,8 +315,6 @@ def test_nonfinite_input_dequantizes_to_nan(impl, kw, bad, request):
     """s8: a block with a non-finite value dequantizes to NaN; a non-finite amax makes the
     output it governs NaN (the whole tensor per tensor, the row per token). Never finite
     garbage. Per token, rows without a non-finite value are those of the finite input (s4)."""
-    if np.isnan(bad):
-        known_failure(request, impl, {"reference"}, _NAN_REASON)
     x = _nonfinite_family(np.float32(bad))
     config = nvfp4.NVFP4Config(**kw)
     t = batched(impl, config)(x)

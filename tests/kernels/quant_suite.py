@@ -432,26 +432,7 @@ def _as_dict(t):
 # Known bugs of the reference on XLA:CPU (fp4rl/formats is not owned by this suite)
 # ----------------------------------------------------------------------------------------
 
-_XLA_DIV = ("XLA:CPU turns `x / c` with a scalar divisor into `x * (1/c)`, so the reference's "
-            "fl(b / 6) is not IEEE: here base = 224.00003 instead of 224, and 1.5*base rounds to "
-            "E4M3 352 instead of the tie-to-even 320")
-_XLA_NAN = ("XLA:CPU's max reductions under jax.vmap drop NaN (jnp.max(|x|) of an expert holding a "
-            "NaN returns a finite amax), against NUMERICS.md s8")
-_XLA_FMA = "XLA:CPU contracts the fast-error `dec*sf - x*S_enc` (and MSE `sum + d*d`) into an FMA under jit"
-
-# (group, case id) -> why the CPU reference differs from the contract on this case. The
-# comparison still runs: a listed case that starts passing fails, so the entry is removed
-# when the reference is fixed (a strict xfail).
-REFERENCE_BUGS = {
-    ("configs", "1d-token-mae-fast-Edef"): _XLA_DIV,
-    ("configs", "1d-token-mae-fast-E256"): _XLA_DIV,
-    ("configs", "1d-token-mse-fast-Edef"): _XLA_DIV,
-    ("configs", "1d-token-mse-fast-E256"): _XLA_DIV,
-    ("experts", "1d-tensor-m6-Edef-EKN"): _XLA_NAN,
-    ("experts", "2d-tensor-mae-exact-Edef-EKN"): _XLA_NAN,
-    ("experts", "1d-token-mse-fast-Edef-ENK"): _XLA_NAN + "; " + _XLA_FMA,
-    ("experts", "1d-tensor-mae-exact-E448-ENK"): _XLA_NAN,
-}
+REFERENCE_BUGS: dict[tuple[str, str], str] = {}  # none known since fp4rl.formats.ieee
 
 
 def check_against_reference(group: str, case_id: str, check):
