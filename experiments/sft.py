@@ -18,8 +18,9 @@ CPU_RL_TASK = TaskConfig(min_ops=2, max_ops=3, max_operands=2)
 PRESETS = {
     "smoke": sft.SFTConfig(model="tiny", task=SMOKE_TASK, eval_task=SMOKE_TASK, steps=20, warmup_steps=5, batch_size=8,
                            max_len=80, eval_problems=4, max_new_tokens=48, out="runs/smoke/sft"),
-    "cpu": sft.SFTConfig(model="small", task=TaskConfig(min_ops=1, max_ops=3, max_operands=2), eval_task=CPU_RL_TASK,
-                         steps=300, batch_size=32, max_len=112, eval_problems=32, max_new_tokens=72, out="runs/cpu/sft"),
+    "cpu": sft.SFTConfig(model="tiny", task=TaskConfig(min_ops=1, max_ops=3, max_operands=2), eval_task=CPU_RL_TASK,
+                         steps=400, warmup_steps=40, batch_size=32, max_len=112, eval_problems=32, max_new_tokens=72,
+                         out="runs/cpu/sft"),
     "h200": sft.SFTConfig(model="h200", task=TaskConfig(min_ops=1, max_ops=3, max_operands=2), eval_task=CPU_RL_TASK,
                           steps=500, batch_size=128, max_len=112, lr=1e-3, warmup_steps=50, eval_problems=128,
                           max_new_tokens=72, out="runs/h200/sft"),
