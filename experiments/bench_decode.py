@@ -11,14 +11,12 @@ loop.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
 
-from fp4rl.config_cli import cli
+from experiments.gpu_bench import bench_main
 from fp4rl.model import sampler, sync, transformer
 from fp4rl.model.config import ModelConfig
 from fp4rl.recipe import PrecisionRecipe
@@ -74,16 +72,7 @@ def to_markdown(result) -> str:
 
 
 def main(argv=None) -> None:
-    config = cli(DecodeBenchConfig, argv=argv)
-    print(f"devices: {jax.devices()}")
-    if jax.default_backend() != "gpu":
-        raise SystemExit("bench_decode measures GPU throughput; no GPU here")
-    result = run(config)
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_decode.json").write_text(json.dumps(result, indent=2))
-    (out / "bench_decode.md").write_text(to_markdown(result))
-    print(to_markdown(result))
+    bench_main("bench_decode", DecodeBenchConfig, run, to_markdown, argv)
 
 
 if __name__ == "__main__":

@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fp4rl import grouped, qlinear
-from fp4rl.config_cli import cli
+from experiments.gpu_bench import bench_main, median_seconds
 from fp4rl.recipe import PrecisionRecipe
 
 H200_BF16_PEAK_TFLOPS = 989.0
@@ -41,16 +38,6 @@ class ExpertBenchConfig:
     experts: int = 128
     iters: int = 20
     out: str = "benchmarks"
-
-
-def _time(fn, *args, iters):
-    jax.block_until_ready(fn(*args))
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        samples.append(time.perf_counter() - t0)
-    return float(np.median(samples))
 
 
 def _group_sizes(config, key):
@@ -108,7 +95,7 @@ def run(config: ExpertBenchConfig) -> dict:
             tolerance = 0.5 if "NVFP4" in name else 1e-2
             row["checked"] = err < tolerance
             if row["checked"]:
-                seconds = _time(fn, x, w, iters=config.iters)
+                seconds = median_seconds(fn, x, w, iters=config.iters)
                 row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12)
         except Exception as e:  # noqa: BLE001  (recorded: what failed and why)
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -133,16 +120,7 @@ def to_markdown(result) -> str:
 
 
 def main(argv=None) -> None:
-    config = cli(ExpertBenchConfig, argv=argv)
-    print(f"devices: {jax.devices()}")
-    if jax.default_backend() != "gpu":
-        raise SystemExit("bench_experts measures GPU kernels; no GPU here")
-    result = run(config)
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_experts.json").write_text(json.dumps(result, indent=2))
-    (out / "bench_experts.md").write_text(to_markdown(result))
-    print(to_markdown(result))
+    bench_main("bench_experts", ExpertBenchConfig, run, to_markdown, argv)
 
 
 if __name__ == "__main__":

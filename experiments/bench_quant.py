@@ -17,15 +17,12 @@ the input once, the roofline of a one-pass quantizer).
 from __future__ import annotations
 
 import dataclasses
-import json
-import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4rl.config_cli import cli
+from experiments.gpu_bench import bench_main, median_seconds
 from fp4rl.formats import nvfp4
 
 VARIANTS = {
@@ -43,17 +40,6 @@ class BenchConfig:
     expert_shape: str = "2048x768"
     iters: int = 20
     out: str = "benchmarks"
-
-
-def _time(fn, *args, iters: int) -> float:
-    """Median seconds per call over `iters` calls, after a warm-up (compile) call."""
-    jax.block_until_ready(fn(*args))
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        samples.append(time.perf_counter() - t0)
-    return float(np.median(samples))
 
 
 def _bytes_of(t: nvfp4.NVFP4Tensor) -> int:
@@ -80,7 +66,7 @@ def _quantizer(backend: str, config: nvfp4.NVFP4Config, experts: bool):
 def copy_bandwidth(x, iters: int) -> float:
     """Bytes/s of one read + one write of `x` (XLA elementwise; the memory roofline here)."""
     fn = jax.jit(lambda v: v * jnp.asarray(1.0001, v.dtype))
-    seconds = _time(fn, x, iters=iters)
+    seconds = median_seconds(fn, x, iters=iters)
     return 2 * x.size * x.dtype.itemsize / seconds
 
 
@@ -109,7 +95,7 @@ def run(config: BenchConfig) -> dict:
                     out = fn(x)
                     row["bit_exact"] = _same_bytes(out, reference)
                     if row["bit_exact"]:
-                        seconds = _time(fn, x, iters=config.iters)
+                        seconds = median_seconds(fn, x, iters=config.iters)
                         row.update(ms=seconds * 1e3, gbps=moved / seconds / 1e9, copy_frac=moved / seconds / copy_bw)
                 except Exception as e:  # noqa: BLE001  (recorded in the table: what failed and why)
                     row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -161,16 +147,7 @@ def targets(result: dict) -> list[str]:
 
 
 def main(argv=None) -> None:
-    config = cli(BenchConfig, argv=argv)
-    print(f"devices: {jax.devices()}")
-    if jax.default_backend() != "gpu":
-        raise SystemExit("bench_quant measures GPU kernels; no GPU here (CPU numbers are not performance numbers)")
-    result = run(config)
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_quant.json").write_text(json.dumps(result, indent=2))
-    (out / "bench_quant.md").write_text(to_markdown(result))
-    print(to_markdown(result))
+    bench_main("bench_quant", BenchConfig, run, to_markdown, argv)
 
 
 if __name__ == "__main__":

@@ -114,3 +114,13 @@ def ceil_log2(a):
     """ceil(log2(a)) for finite a > 0 (exact: a power of two maps to its own exponent)."""
     m, e = jnp.frexp(a)
     return jnp.where(m == 0.5, e - 1, e)
+
+
+def check_blocked_input(x, block: int) -> None:
+    """A quantizer's input: a real floating-point array whose last axis is a multiple of `block`."""
+    dtype = jnp.result_type(x)
+    if jnp.issubdtype(dtype, jnp.complexfloating) or not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"quantize needs a real floating-point array, got dtype {dtype}")
+    shape = jnp.shape(x)
+    if len(shape) < 1 or shape[-1] % block:
+        raise ValueError(f"K={shape[-1] if shape else None} of shape {shape} must be a multiple of the block {block}")

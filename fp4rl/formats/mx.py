@@ -39,12 +39,7 @@ jax.tree_util.register_dataclass(MXTensor, data_fields=["elements", "scales"], m
 def _check(x, fmt):
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r}; valid options: {FORMATS}")
-    dtype = jnp.result_type(x)
-    if jnp.issubdtype(dtype, jnp.complexfloating) or not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"quantize needs a real floating-point array, got dtype {dtype}")
-    shape = jnp.shape(x)
-    if len(shape) < 1 or shape[-1] % BLOCK:
-        raise ValueError(f"K={shape[-1] if shape else None} of shape {shape} must be a multiple of the block {BLOCK}")
+    el.check_blocked_input(x, BLOCK)
 
 
 def _scale_exponent(amax, fmt):

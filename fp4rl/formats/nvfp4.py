@@ -103,12 +103,8 @@ jax.tree_util.register_dataclass(
 
 def check_input(x, config: NVFP4Config, block: int = BLOCK):
     """Validate dtype and shape before tracing anything (clear errors, never a wrong answer)."""
-    dtype = jnp.result_type(x)
-    if jnp.issubdtype(dtype, jnp.complexfloating) or not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"quantize needs a real floating-point array, got dtype {dtype}")
+    el.check_blocked_input(x, block)
     shape = jnp.shape(x)
-    if len(shape) < 1 or shape[-1] % block:
-        raise ValueError(f"K={shape[-1] if shape else None} of shape {shape} must be a multiple of the block {block}")
     if config.block_2d and (len(shape) < 2 or shape[-2] % BLOCK):
         raise ValueError(
             f"2D (16x16) blocks need rows that are a multiple of {BLOCK}: shape {shape}"
