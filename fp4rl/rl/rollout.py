@@ -48,15 +48,23 @@ class GroupPool:
     groups: list = dataclasses.field(default_factory=list)  # (Generation, p, shaped_G, keep)
     generated: int = 0
     dropped: int = 0
+    correct: int = 0  # sampled responses that were right, over every generation batch
+    sampled: int = 0
 
     def add(self, gen: Generation, correct_PxG, shaped_PxG) -> None:
         keep = np.asarray(dapo.dynamic_sampling_keep(correct_PxG))
+        self.correct += int((correct_PxG > 0).sum())
+        self.sampled += correct_PxG.size
         self.generated += len(keep)
         self.dropped += int((~keep).sum())
         for p in np.flatnonzero(keep):
             if len(self.groups) < self.capacity:
                 self.groups.append((gen, p, shaped_PxG[p], True))
         self._last = (gen, shaped_PxG, keep)
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / max(self.sampled, 1)
 
     @property
     def full(self) -> bool:

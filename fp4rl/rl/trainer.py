@@ -172,7 +172,6 @@ class Trainer:
                                          out.router_topk[k], batches[k]["answer_B"])
                 correct, shaped = rollout.score(gen, c.group_size, c.max_new_tokens, c.overlong_buffer)
                 pool.add(gen, correct, shaped)
-                pool.last_correct = correct
             if all(p.full for p in pools):
                 break
         return pools, b + 1, gen_time, gen_tokens
@@ -214,7 +213,7 @@ class Trainer:
                 "step": step,
                 "reward/mean": float(shaped.mean()),
                 "reward/std": float(shaped.std()),
-                "accuracy": float((pools[k].last_correct > 0).mean()),
+                "accuracy": pools[k].accuracy,
                 "dapo/dropped_group_frac": pools[k].dropped / max(pools[k].generated, 1),
                 "dapo/gen_batches": gen_batches,
                 "dapo/filled_frac": float(np.mean([g[3] for g in pools[k].filled()])),
