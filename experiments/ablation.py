@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 
 import jax
 
@@ -31,6 +32,11 @@ def main(argv=None) -> None:
     if not any(a == "--preset" or a.startswith("--preset=") for a in argv):
         argv = ["--preset", "cpu", *argv]
     config = cli(AblationConfig, PRESETS, argv)
+    # Arms that differ only in their backward mode (nvfp4/+dq, +46/full-hp, +hp/full-46,
+    # full/full-dq) lower identical forward programs (sync, sampler, log-probs): a persistent
+    # compilation cache compiles those once, and a resumed run recompiles nothing it has seen.
+    jax.config.update("jax_compilation_cache_dir", str(Path(config.out) / ".jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     print(f"devices: {jax.devices()}")
     print(f"arms: {', '.join(config.arms)}; seeds per arm: {config.seeds}; out: {config.out}")
     command = "python -m experiments.ablation " + " ".join(shlex.quote(a) for a in argv)
