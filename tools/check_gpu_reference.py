@@ -1,0 +1,46 @@
+"""Which one follows NUMERICS.md on the GPU: the XLA:GPU jnp reference or the Triton kernel?
+
+    python tools/check_gpu_reference.py   # on a GPU machine; prints mismatch counts vs the NumPy oracle
+
+The oracle (`tests/formats/oracle.py`, NumPy float32 + ml_dtypes) is the independent judge.
+"""
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pallas_kernels  # noqa: E402
+from fp4rl.formats import nvfp4  # noqa: E402
+from tests.formats import oracle  # noqa: E402
+
+
+def count_mismatches(t, ref) -> dict:
+    return {
+        "codes": int((np.asarray(t.codes) != ref.codes).sum()),
+        "scales": int((np.asarray(t.scales).view(np.uint8) != ref.scales).sum()),
+        "map4": int((np.asarray(t.map4) != ref.map4).sum()),
+    }
+
+
+def main():
+    print(jax.devices())
+    x = np.asarray(jax.random.normal(jax.random.key(0), (2048, 2048), jnp.bfloat16).astype(jnp.float32))
+    w = np.asarray((jax.random.normal(jax.random.key(1), (4, 768, 2048)) * 0.02).astype(jnp.bfloat16).astype(jnp.float32))
+    cases = [("act per-token 4/6 exact", x, dict(scale="token", four_over_six="mae")),
+             ("act per-token 4/6 fast", x, dict(scale="token", four_over_six="mae", fast_error=True)),
+             ("weight 2D plain (expert 0)", w[0], dict(block_2d=True)),
+             ("weight 2D 4/6 exact (expert 0)", w[0], dict(block_2d=True, four_over_six="mae"))]
+    for name, v, kw in cases:
+        config = nvfp4.NVFP4Config(**kw)
+        ref = oracle.quantize_nvfp4(v, **kw)
+        xla = jax.jit(lambda a: nvfp4.quantize(a, config))(jnp.asarray(v))
+        tri = pallas_kernels.quantize(jnp.asarray(v), config, backend="triton")
+        print(f"{name}: XLA:GPU reference vs oracle {count_mismatches(xla, ref)}; Triton vs oracle {count_mismatches(tri, ref)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
