@@ -78,7 +78,8 @@ def _weight_ndim(wq) -> int:
 
 
 def _per_weight(fn, wq, *args):
-    """Apply `fn` to a quantized weight, one expert at a time for a stack (amax is per expert)."""
+    """Apply `fn` to a (raw or quantized) weight, one expert at a time for a stack: each
+    expert is its own tensor with its own amax."""
     if _weight_ndim(wq) == 3:
         return jax.vmap(lambda t: fn(t, *args))(wq)
     return fn(wq, *args)
@@ -94,14 +95,12 @@ def quantize_weight(w, site: SiteConfig, impl: str = "reference"):
     """
     if not site.quantized:
         return w
-    quantize_one = lambda m: operands.quantize(_swap(m), site, "weight", impl)  # noqa: E731
-    return jax.vmap(quantize_one)(w) if w.ndim == 3 else quantize_one(w)
+    return _per_weight(lambda m: operands.quantize(_swap(m), site, "weight", impl), w)
 
 
 def _weight_along_n(w, site: SiteConfig, impl: str):
     """Q(w) along N, the contraction dimension of dgrad ([K, N] / [E, K, N])."""
-    quantize_one = lambda m: operands.quantize(m, site, "weight", impl)  # noqa: E731
-    return jax.vmap(quantize_one)(w) if w.ndim == 3 else quantize_one(w)
+    return _per_weight(lambda m: operands.quantize(m, site, "weight", impl), w)
 
 
 def _forward_from_quantized(x_TxK, wq, site: SiteConfig, group_sizes, impl: str):

@@ -7,6 +7,7 @@ data never uses.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -39,37 +40,49 @@ def _compiled_sampler(graphdef, recipe_name: str, max_new_tokens: int, impl: str
     return jax.jit(sample_fn(graphdef, PrecisionRecipe.from_name(recipe_name), sampler_config(max_new_tokens), impl))
 
 
-def solve_rate(graphdef, params, recipe, problems, max_new_tokens: int, prompt_len: int, *, temperature: float,
-               seed: int = 0, impl: str = "reference", batch: int = 64) -> np.ndarray:
-    """+1/-1 correctness per problem (one sample each) under the recipe's quantized weights."""
-    recipe = PrecisionRecipe.from_name(recipe) if isinstance(recipe, str) else recipe
-    model_config = nnx.merge(graphdef, params).config
-    qparams, _ = model_sync.sync_weights_jit(params, model_config, recipe, impl)
-    run = _compiled_sampler(graphdef, recipe.name, max_new_tokens, impl)
-    correct = []
-    for start in range(0, len(problems), batch):
-        chunk = problems[start : start + batch]
+def prompt_batches(problems, prompt_len: int, rows: int):
+    """Fixed-shape prompt batches of `rows` (the last one padded by repeating a prompt, so one
+    compiled sampler serves them all): (prompt_ids, prompt_mask, answers of the real rows)."""
+    batches = []
+    for start in range(0, len(problems), rows):
+        chunk = problems[start : start + rows]
         records = [{"prompt": p.prompt, "answer": p.answer, "index": i} for i, p in enumerate(chunk)]
-        records += records[-1:] * (batch - len(records))  # fixed shape: one compiled program
+        records += records[-1:] * (rows - len(records))
         cols = data.collate_prompts(records, prompt_len)
-        out = run(qparams, jnp.asarray(cols["prompt_ids_BxT"]), jnp.asarray(cols["prompt_mask_BxT"]),
-                  jax.random.fold_in(jax.random.key(seed), start), jnp.float32(temperature))
-        texts = tokenizer.decode_batch(np.asarray(out.tokens))
-        correct += [verifier.reward(t, p.answer) for t, p in zip(texts, chunk)]
+        batches.append((cols["prompt_ids_BxT"], cols["prompt_mask_BxT"], [p.answer for p in chunk]))
+    return batches
+
+
+def solve_rate(run, qparams, batches, *, temperature: float, seed: int = 0) -> np.ndarray:
+    """+1/-1 correctness per problem (one sample each) with a compiled sampler `run`."""
+    correct = []
+    for i, (ids, mask, answers) in enumerate(batches):
+        out = run(qparams, jnp.asarray(ids), jnp.asarray(mask), jax.random.fold_in(jax.random.key(seed), i),
+                  jnp.float32(temperature))
+        texts = tokenizer.decode_batch(np.asarray(out.tokens)[: len(answers)])
+        correct += [verifier.reward(t, a) for t, a in zip(texts, answers)]
     return np.array(correct, np.float32)
 
 
 def accuracy_by_difficulty(graphdef, params, recipe, task: TaskConfig, task_seed: int, per_level: int,
-                           max_new_tokens: int, seed: int = 0, prompt_len: int = 48) -> list[dict]:
-    """Rows {difficulty, sampled, greedy, n} for every number of operations in the task's range."""
-    rows = []
+                           max_new_tokens: int, seed: int = 0, prompt_len: int = 48, impl: str = "reference",
+                           rows: int = 64) -> list[dict]:
+    """Rows {difficulty, sampled, greedy, n} for every number of operations in the task's range.
+
+    The weights are synced once under `recipe`; sampled and greedy decoding share one program.
+    """
+    recipe = PrecisionRecipe.from_name(recipe) if isinstance(recipe, str) else recipe
+    qparams, _ = model_sync.sync_weights_jit(params, nnx.merge(graphdef, params).config, recipe, impl)
+    run = _compiled_sampler(graphdef, recipe.name, max_new_tokens, impl)
+    table = []
     for ops in range(task.min_ops, task.max_ops + 1):
-        level = TaskConfig(**{**task.__dict__, "min_ops": ops, "max_ops": ops})
-        problems = [make_problem(i, task_seed, level) for i in range(per_level)]
-        sampled = solve_rate(graphdef, params, recipe, problems, max_new_tokens, prompt_len, temperature=1.0, seed=seed)
-        greedy = solve_rate(graphdef, params, recipe, problems, max_new_tokens, prompt_len, temperature=0.0, seed=seed)
-        rows.append({"difficulty": ops, "sampled": float((sampled > 0).mean()), "greedy": float((greedy > 0).mean()), "n": per_level})
-    return rows
+        level = dataclasses.replace(task, min_ops=ops, max_ops=ops)
+        batches = prompt_batches([make_problem(i, task_seed, level) for i in range(per_level)], prompt_len, rows)
+        sampled = solve_rate(run, qparams, batches, temperature=1.0, seed=seed)
+        greedy = solve_rate(run, qparams, batches, temperature=0.0, seed=seed)
+        table.append({"difficulty": ops, "sampled": float((sampled > 0).mean()), "greedy": float((greedy > 0).mean()),
+                      "n": per_level})
+    return table
 
 
 def accuracy_table_markdown(rows: list[dict]) -> str:
@@ -80,12 +93,4 @@ def accuracy_table_markdown(rows: list[dict]) -> str:
 
 def held_out_prompts(task: TaskConfig, task_seed: int, num: int, prompt_len: int, rows: int):
     """The held-out problems as fixed-shape prompt batches of `rows` (the rollout batch shape)."""
-    problems = [make_problem(i, task_seed, task) for i in range(num)]
-    batches = []
-    for start in range(0, num, rows):
-        chunk = problems[start : start + rows]
-        records = [{"prompt": p.prompt, "answer": p.answer, "index": i} for i, p in enumerate(chunk)]
-        records += records[-1:] * (rows - len(records))
-        cols = data.collate_prompts(records, prompt_len)
-        batches.append((cols["prompt_ids_BxT"], cols["prompt_mask_BxT"], [p.answer for p in chunk]))
-    return batches
+    return prompt_batches([make_problem(i, task_seed, task) for i in range(num)], prompt_len, rows)

@@ -50,6 +50,7 @@ class GroupPool:
     dropped: int = 0
     correct: int = 0  # sampled responses that were right, over every generation batch
     sampled: int = 0
+    last: tuple | None = None  # (Generation, shaped_PxG, keep_P) of the latest batch
 
     def add(self, gen: Generation, correct_PxG, shaped_PxG) -> None:
         keep = np.asarray(dapo.dynamic_sampling_keep(correct_PxG))
@@ -60,7 +61,7 @@ class GroupPool:
         for p in np.flatnonzero(keep):
             if len(self.groups) < self.capacity:
                 self.groups.append((gen, p, shaped_PxG[p], True))
-        self._last = (gen, shaped_PxG, keep)
+        self.last = (gen, shaped_PxG, keep)
 
     @property
     def accuracy(self) -> float:
@@ -73,7 +74,7 @@ class GroupPool:
     def filled(self) -> list:
         """The kept groups, padded with masked-out dropped groups up to capacity."""
         groups = list(self.groups)
-        gen, shaped, keep = self._last
+        gen, shaped, keep = self.last
         for p in np.flatnonzero(~keep):
             if len(groups) >= self.capacity:
                 break

@@ -154,6 +154,11 @@ class Trainer:
         return [self.dir / f"seed{s}" for s in self.seeds]
 
     # ------------------------------------------------------------------ one step
+    def _step_keys(self, step: int, stream: int):
+        """One key per seed for (step, stream): a pure function of them, so a resumed run
+        draws exactly what an uninterrupted one would."""
+        return jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), stream) for s in self.seeds])
+
     def _rollouts(self, qparams, step: int):
         c = self.config
         pools = [rollout.GroupPool(c.prompts_per_step) for _ in self.seeds]
@@ -162,7 +167,7 @@ class Trainer:
             batches = [next(it) for it in self.iterators]
             ids = np.stack([np.repeat(x["prompt_ids_BxT"], c.group_size, 0) for x in batches])
             mask = np.stack([np.repeat(x["prompt_mask_BxT"], c.group_size, 0) for x in batches])
-            keys = jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), b) for s in self.seeds])
+            keys = self._step_keys(step, b)
             t0 = time.time()
             out = jax.device_get(self._sample(qparams, jnp.asarray(ids), jnp.asarray(mask), keys, jnp.float32(c.temperature)))
             gen_time += time.time() - t0
@@ -187,8 +192,8 @@ class Trainer:
         logp_ref, _ = self._logprobs(self.ref_params_S, stacked["tokens"], stacked["valid"])
         batch = policy.Batch(stacked["tokens"], stacked["valid"], stacked["response_mask"], logp_old,
                              stacked["logp_sampler"], logp_ref, stacked["advantages"])
-        mismatch_mask = stacked["valid"][:, :, c.prompt_len:]
-        mismatch = jax.vmap(dapo.mismatch_stats)(logp_old, stacked["logp_sampler"], mismatch_mask)
+        response_valid = stacked["valid"][:, :, c.prompt_len:]  # real response tokens, incl. masked-out groups
+        mismatch = jax.vmap(dapo.mismatch_stats)(logp_old, stacked["logp_sampler"], response_valid)
         kl_ref = jax.vmap(lambda a, b, m: dapo.masked_mean(dapo.kl_k3(a, b), m))(logp_old, logp_ref, stacked["response_mask"])
 
         t_train = time.time()
@@ -198,8 +203,7 @@ class Trainer:
         params, opt_state = state["params"], state["opt_state"]
         for m in range(c.mini_batches):
             mb = jax.tree.map(lambda x: x[:, m * per : (m + 1) * per], batch)
-            keys = jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), 1000 + m) for s in self.seeds])
-            params, opt_state, metrics = self._update(params, opt_state, mb, keys)
+            params, opt_state, metrics = self._update(params, opt_state, mb, self._step_keys(step, 1000 + m))
             update_metrics.append(jax.device_get(metrics))
         train_time = time.time() - t_train
 
@@ -208,7 +212,7 @@ class Trainer:
             shaped = arrays[k]["shaped"]
             per_update = [jax.tree.map(lambda x: np.asarray(x)[k], um) for um in update_metrics]
             mean = lambda key: float(np.mean([u[key] for u in per_update]))  # noqa: E731
-            lengths_all = np.asarray(stacked["valid"][k][:, c.prompt_len:]).sum(1)
+            lengths_all = np.asarray(response_valid[k]).sum(1)
             record = {
                 "step": step,
                 "reward/mean": float(shaped.mean()),
@@ -240,7 +244,7 @@ class Trainer:
                 "mismatch/mean_abs_logp_diff": float(mismatch["mismatch_abs_mean"][k]),
                 "mismatch/mean_exp_abs_diff": float(mismatch["mismatch_exp_abs_mean"][k]),
                 "mismatch/routing_flip": rollout.routing_flip_rate(arrays[k]["router_topk"], np.asarray(trainer_topk[k]),
-                                                                   np.asarray(mismatch_mask[k])),
+                                                                   np.asarray(response_valid[k])),
                 "quant/map4_frac": float(np.asarray(sync_stats["quant/map4_frac"])[k]),
                 "time/step_s": time.time() - t_start,
                 "time/rollout_s": gen_time,
