@@ -59,19 +59,26 @@ class Ctx:
     """What every layer needs to run its linears (a trace-time object, never a jit argument).
 
     key: the forward's jax.random key or None; `site_key` folds the layer and slot into it.
+    layer_shift: added to a module's static layer index for the key only (int or traced int32).
+      A scanned run of identical layers traces the run's first block once; the shift makes each
+      iteration fold in its own layer, so keys equal those of the unrolled model.
+    scan_layers: run each maximal run of identical layers (`transformer.layer_runs`) as one
+      `lax.scan` (compile time independent of depth) instead of unrolling every layer.
     """
 
     recipe: PrecisionRecipe
     num_layers: int
     impl: str
     key: Any = None
+    layer_shift: Any = 0
+    scan_layers: bool = True
 
     def site(self, kind: str, layer: int | None) -> SiteConfig:
         return self.recipe.site(kind, layer, self.num_layers)
 
     def site_key(self, layer: int | None, name: str):
         # Layer -1 is the head (outside the layer stack); +1 keeps every fold-in value >= 0.
-        key = jax.random.fold_in(self.key, 0 if layer is None else layer + 1)
+        key = jax.random.fold_in(self.key, 0 if layer is None else layer + self.layer_shift + 1)
         return jax.random.fold_in(key, SLOTS[name])
 
 

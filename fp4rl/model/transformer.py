@@ -26,7 +26,7 @@ from fp4rl.model.config import ModelConfig
 from fp4rl.model.layers import Attention, RMSNorm, SwiGLU, dtype_of, normal_init
 from fp4rl.model.moe import MoE
 from fp4rl.model.sites import Ctx, record_sites, site_dot
-from fp4rl.recipe import PrecisionRecipe
+from fp4rl.recipe import SITE_KINDS, PrecisionRecipe
 
 F32 = jnp.float32
 
@@ -88,6 +88,51 @@ class Block(nnx.Module):
         return h_BxLxD + self.mlp(m, ctx), new_kv, None
 
 
+def layer_runs(config: ModelConfig, recipe: PrecisionRecipe) -> list[tuple[int, int]]:
+    """Maximal runs [start, stop) of consecutive layers that share their structure (MoE or dense)
+    and every site's SiteConfig: one run traces one block and scans it over its layers.
+
+    E.g. h200 + `full` (last 2 of 8 layers in BF16): [(0, 6), (6, 8)].
+    """
+    def signature(layer):
+        return config.is_moe(layer), tuple(recipe.site(kind, layer, config.num_layers) for kind in SITE_KINDS)
+
+    runs = []
+    for layer in range(config.num_layers):
+        if runs and signature(runs[-1][0]) == signature(layer):
+            runs[-1] = (runs[-1][0], layer + 1)
+        else:
+            runs.append((layer, layer + 1))
+    return runs
+
+
+def run_blocks(blocks, x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx: Ctx, kv=None, index=None):
+    """Apply consecutive identical blocks; `kv` (k, v), the returned kv and the MoE aux carry a
+    leading [len(blocks)] axis. One block is called directly; several are one `lax.scan` over
+    their stacked parameters (the stack is a copy per call, small next to the layers' GEMMs)."""
+    def with_layer_axis(tree):
+        return None if tree is None else jax.tree.map(lambda a: a[None], tree)
+
+    if len(blocks) == 1:
+        layer_kv = None if kv is None else (kv[0][0], kv[1][0])
+        x_BxLxD, layer_kv, aux = blocks[0](x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx, layer_kv, index)
+        return x_BxLxD, with_layer_axis(layer_kv), with_layer_axis(aux)
+
+    graphdef, _ = nnx.split(blocks[0])  # the first block's static layer index resolves the sites
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(nnx.split(b)[1] for b in blocks))
+
+    def step(x, xs):
+        state, shift, layer_kv = xs
+        block = nnx.merge(graphdef, state)
+        x, layer_kv, aux = block(x, positions_BxL, mask_BxLxS, valid_BxL,
+                                 dataclasses.replace(ctx, layer_shift=shift), layer_kv, index)
+        return x, (layer_kv, aux)
+
+    shifts = jnp.arange(len(blocks), dtype=jnp.int32)
+    x_BxLxD, (kv, aux) = jax.lax.scan(step, x_BxLxD, (stacked, shifts, kv))
+    return x_BxLxD, kv, aux
+
+
 class Transformer(nnx.Module):
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         pd = dtype_of(config.param_dtype)
@@ -133,15 +178,17 @@ class Transformer(nnx.Module):
         # The embedding is a gather, never a quantized site (site "embed" is BF16 in every preset).
         x_BxLxD = self.embed.get_value()[tokens_BxL].astype(dtype)
         new_k, new_v, moe_aux = [], [], []
-        for i, block in enumerate(self.layers):
-            kv = None if cache is None else (cache.k[i], cache.v[i])
+        runs = layer_runs(config, ctx.recipe) if ctx.scan_layers else [(i, i + 1) for i in range(config.num_layers)]
+        for start, stop in runs:
+            kv = None if cache is None else (cache.k[start:stop], cache.v[start:stop])
             index = None if cache is None else cache.index
-            x_BxLxD, kv, layer_aux = block(x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx, kv, index)
+            blocks = list(self.layers)[start:stop]
+            x_BxLxD, kv, run_aux = run_blocks(blocks, x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx, kv, index)
             if cache is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
-            if layer_aux is not None:
-                moe_aux.append(layer_aux)
+            if run_aux is not None:
+                moe_aux.append(run_aux)
 
         # The head reads the final norm's output in f32 so logits (and the RL log-probs) are never
         # rounded to bf16; a quantized head quantizes that operand anyway.
@@ -150,10 +197,10 @@ class Transformer(nnx.Module):
         logits_BxLxV = site_dot(h_BxLxD, head, ctx, "lm_head", None, "lm_head").astype(F32)  # no layer
 
         k = config.top_k
-        if moe_aux:
-            router_topk = jnp.stack([a[0] for a in moe_aux])
-            aux_loss = jnp.mean(jnp.stack([a[1] for a in moe_aux]))
-            expert_load = jnp.stack([a[2] for a in moe_aux])
+        if moe_aux:  # each run's aux has a leading [layers of the run] axis
+            router_topk = jnp.concatenate([a[0] for a in moe_aux])
+            aux_loss = jnp.mean(jnp.concatenate([a[1] for a in moe_aux]))
+            expert_load = jnp.concatenate([a[2] for a in moe_aux])
         else:
             router_topk = jnp.zeros((0, B, L, k), jnp.int32)
             aux_loss = jnp.zeros((), F32)
@@ -161,7 +208,7 @@ class Transformer(nnx.Module):
         new_cache = None
         if cache is not None:
             new_cache = KVCache(
-                k=jnp.stack(new_k), v=jnp.stack(new_v), valid_BxS=key_valid_BxS,
+                k=jnp.concatenate(new_k), v=jnp.concatenate(new_v), valid_BxS=key_valid_BxS,
                 lengths_B=cache.lengths_B + jnp.sum(valid_BxL, axis=1, dtype=jnp.int32),
                 index=cache.index + L,
             )
@@ -181,7 +228,7 @@ def resolve_recipe(recipe) -> PrecisionRecipe:
 
 
 def forward(graphdef, params, tokens_BxL, recipe, *, key=None, impl: str = "reference",
-            positions=None, cache: KVCache | None = None, valid=None):
+            positions=None, cache: KVCache | None = None, valid=None, scan_layers: bool = True):
     """logits_BxLxV float32 and aux, a pure function of (params, tokens, key, cache).
 
     recipe: PrecisionRecipe (or its name); every linear resolves its SiteConfig from it.
@@ -190,6 +237,8 @@ def forward(graphdef, params, tokens_BxL, recipe, *, key=None, impl: str = "refe
     positions: int32 [B, L] RoPE positions; default: see the module docstring.
     cache: a KVCache to append to (prefill or decode); L tokens are written at cache.index.
     valid: bool [B, L], False marks padding tokens (default all True).
+    scan_layers: scan each run of identical layers (`layer_runs`) instead of unrolling them;
+      the values are the same (tests compare both), the compile time much shorter for deep stacks.
     aux: router_topk int32 [L_moe, B, L, k] (MoE layers in order), aux_loss f32 () (Switch
       loss, mean over MoE layers, unscaled), expert_load f32 [L_moe, E], cache (KVCache | None).
     """
@@ -203,7 +252,7 @@ def forward(graphdef, params, tokens_BxL, recipe, *, key=None, impl: str = "refe
         raise ValueError(f"{tokens_BxL.shape[1]} tokens do not fit a cache of {cache.size} slots")
     if cache is None and tokens_BxL.shape[1] > config.max_seq_len:
         raise ValueError(f"sequence length {tokens_BxL.shape[1]} exceeds max_seq_len={config.max_seq_len}")
-    ctx = Ctx(recipe=recipe, num_layers=config.num_layers, impl=impl, key=key)
+    ctx = Ctx(recipe=recipe, num_layers=config.num_layers, impl=impl, key=key, scan_layers=scan_layers)
     return model(tokens_BxL, ctx, positions_BxL=positions, valid_BxL=valid, cache=cache)
 
 
@@ -214,9 +263,9 @@ def site_map(graphdef, params, recipe, *, batch: int = 1, length: int = 32):
     """
     recipe = resolve_recipe(recipe)
     key = jax.random.key(0)  # only shapes are traced: the value is never used
-    with record_sites() as log:
-        jax.eval_shape(lambda p: forward(graphdef, p, jnp.zeros((batch, length), jnp.int32), recipe, key=key),
-                       params)
+    tokens = jnp.zeros((batch, length), jnp.int32)
+    with record_sites() as log:  # unrolled: a scanned run would trace (and record) its first layer only
+        jax.eval_shape(lambda p: forward(graphdef, p, tokens, recipe, key=key, scan_layers=False), params)
     return list(log)
 
 
