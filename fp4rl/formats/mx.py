@@ -15,6 +15,7 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fp4rl.formats import elements as el
 from fp4rl.formats import ieee
@@ -44,7 +45,7 @@ def _check(x, fmt):
 
 def _scale_exponent(amax, fmt):
     if fmt == "mxfp8":
-        t = amax * (jnp.float32(1) / jnp.float32(el.E4M3_MAX))
+        t = amax * (np.float32(1) / np.float32(el.E4M3_MAX))  # a host constant
         return jnp.where(t > 0, el.ceil_log2(jnp.where(t > 0, t, 1)), -127)
     return jnp.where(amax > 0, el.floor_log2(jnp.where(amax > 0, amax, 1)) - 2, -127)
 

@@ -128,7 +128,7 @@ def global_scales(amax, e4m3_max: int):
     s_enc = ieee.divide(jnp.float32(6 * e4m3_max), amax)
     s_enc = jnp.minimum(s_enc, el.FLT_MAX)
     s_enc = jnp.where((amax == 0) | (s_enc == 0), jnp.float32(1), s_enc)
-    s_dec = jnp.float32(1) / s_enc
+    s_dec = ieee.reciprocal(s_enc)
     return s_enc, s_dec
 
 
@@ -151,7 +151,7 @@ def _encode_with_scale(xb, sf, s_dec, sr_key=None):
 
     With `sr_key`, E2M1 rounding is stochastic (s6) instead of nearest-even.
     """
-    inv = jnp.minimum(jnp.float32(1) / (sf.astype(jnp.float32) * s_dec), el.FLT_MAX)
+    inv = jnp.minimum(ieee.reciprocal(sf.astype(jnp.float32) * s_dec), el.FLT_MAX)
     if sr_key is None:
         return el.e2m1_encode(xb * inv)
     return stochastic_encode_e2m1(xb * inv, sr_key)
@@ -214,7 +214,7 @@ def quantize(x, config: NVFP4Config = NVFP4Config(), *, amax=None, sr_key=None) 
     b = _block_amax(xb, config)
 
     if config.four_over_six is None:
-        k = s_enc_b * (jnp.float32(1) / jnp.float32(6))
+        k = s_enc_b * (np.float32(1) / np.float32(6))  # a host constant: fl(1/6)
         sf = el.e4m3_round(jnp.minimum(b * k, jnp.float32(el.E4M3_MAX)))
         codes = _encode_with_scale(xb, sf, s_dec_b, sr_key)
         map4 = jnp.zeros(sf.shape, bool)

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from fp4rl.formats import elements as el
+from fp4rl.formats import ieee
 
 
 def stochastic_encode_e2m1(v, key):
@@ -23,7 +24,7 @@ def stochastic_encode_e2m1(v, key):
     lo_index = jnp.sum(a[..., None] >= grid[1:], axis=-1).astype(jnp.uint8)
     hi_index = jnp.minimum(lo_index + 1, 7)
     lo, hi = grid[lo_index], grid[hi_index]
-    p_up = jnp.where(hi > lo, (a - lo) / (hi - lo), jnp.float32(0))
+    p_up = jnp.where(hi > lo, ieee.divide(a - lo, hi - lo), jnp.float32(0))
     u = jax.random.uniform(key, a.shape, jnp.float32)
     magnitude = lo_index + (u < p_up).astype(jnp.uint8)
     return magnitude | (jnp.signbit(v).astype(jnp.uint8) << 3)

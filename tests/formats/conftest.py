@@ -18,9 +18,18 @@ def _reference_quantize(x, config):
     return nvfp4.quantize(x, config)
 
 
+def _reference_integer_division(x, config):
+    """The reference as XLA:GPU runs it: every division through `ieee.rounded_divide`."""
+    from fp4rl.formats import ieee, nvfp4
+
+    with ieee.integer_division_everywhere():
+        return nvfp4.quantize(x, config)
+
+
 #: name -> quantize(x, config). The reference jnp implementation is the first entry.
 IMPLS = {
     "reference": _reference_quantize,
+    "reference_integer_division": _reference_integer_division,
 }
 
 

@@ -1,0 +1,70 @@
+"""`ieee.rounded_divide` (the integer-only division used off CPU) is IEEE binary32 division,
+compared bit for bit with NumPy's (the host FPU's correctly rounded divss, no denormal flushing).
+
+XLA:GPU's own f32 division is `div.full.f32` (approximate), which is why the reference needs it.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from fp4rl.formats import ieee
+
+DIVIDE = jax.jit(ieee.rounded_divide)
+
+
+def _bits(x):
+    return np.asarray(x, np.float32).view(np.uint32)
+
+
+def _check(a, b):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    with np.errstate(all="ignore"):
+        want = a / b
+    got = np.asarray(DIVIDE(a, b))
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    bad = np.flatnonzero((_bits(got) != _bits(want)) & ~nan)
+    assert bad.size == 0, f"{bad.size} wrong, e.g. {a[bad[:3]]} / {b[bad[:3]]} = {got[bad[:3]]}, want {want[bad[:3]]}"
+
+
+def _random_bits(rng, n):
+    return rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+
+
+def test_random_bit_patterns():
+    """Every class at once: NaN, +-inf, +-0, subnormal and normal operands, over/underflow."""
+    rng = np.random.default_rng(0)
+    _check(_random_bits(rng, 1_000_000), _random_bits(rng, 1_000_000))
+
+
+def test_quotients_near_one_and_self_division():
+    rng = np.random.default_rng(1)
+    a = rng.uniform(1, 2, 500_000).astype(np.float32)
+    _check(a, a)  # div.full.f32 gives 0.99999994 for 16% of these
+    _check(a, np.nextafter(a, np.float32(3)))
+    _check(np.float32(1), a)  # reciprocals
+
+
+@pytest.mark.parametrize("scale", [2.0**-126, 2.0**-140, 2.0**-149])
+def test_subnormal_results_and_ties(scale):
+    """Results in the subnormal range, including exact midpoints (round half to even)."""
+    rng = np.random.default_rng(2)
+    m = rng.integers(1, 2**24, 200_000).astype(np.float32)
+    a = (m * np.float32(scale)).astype(np.float32)  # subnormal or tiny numerators
+    for b in (2.0, 4.0, 3.0, 1.5, 0.75, 1e10):
+        _check(a, np.full_like(a, b))
+    _check(np.float32(2.0**-126), rng.uniform(1, 2**24, 200_000).astype(np.float32))
+
+
+def test_overflow_boundary():
+    big = np.float32(np.finfo(np.float32).max)
+    b = np.array([1.0, 0.5, np.nextafter(np.float32(1), np.float32(0)), 2.0**-126, 1e-45, 0.999999], np.float32)
+    _check(np.full_like(b, big), b)
+    _check(np.full_like(b, -big), b)
+
+
+def test_divide_on_cpu_is_the_native_division():
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=(2, 1000)).astype(np.float32)
+    np.testing.assert_array_equal(_bits(jax.jit(ieee.divide)(a, b)), _bits(a / b))
