@@ -9,17 +9,28 @@ reference or a Pallas kernel) is chosen explicitly; a kernel that cannot run rai
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from fp4rl.formats import mx, nvfp4
 from fp4rl.recipe import SiteConfig
 
-IMPLS = ("reference", "triton", "mosaic")
+IMPLS = ("auto", "reference", "triton", "mosaic")
 
 
 def check_impl(impl: str) -> None:
     if impl not in IMPLS:
         raise ValueError(f"impl={impl!r}; valid options: {IMPLS}")
+
+
+def resolve_impl(impl: str) -> str:
+    """"auto" is the fastest bit-exact implementation of the platform: the Triton kernels on GPU
+    (compiled suite byte-exact vs the NumPy oracle; faster than XLA on 4/6, benchmarks/), the
+    jnp reference elsewhere. An explicit choice is returned as is (a kernel that cannot run raises)."""
+    check_impl(impl)
+    if impl != "auto":
+        return impl
+    return "triton" if jax.default_backend() == "gpu" else "reference"
 
 
 def nvfp4_quantize(x, config: nvfp4.NVFP4Config, impl: str, *, sr_key=None) -> nvfp4.NVFP4Tensor:
@@ -30,7 +41,7 @@ def nvfp4_quantize(x, config: nvfp4.NVFP4Config, impl: str, *, sr_key=None) -> n
     2D-block weights must come one matrix at a time (vmap over experts), so that every
     implementation takes the amax over the same tensor.
     """
-    check_impl(impl)
+    impl = resolve_impl(impl)
     if impl == "reference" or sr_key is not None:
         return nvfp4.quantize(x, config, sr_key=sr_key)
     import pallas_kernels  # the kernels depend on fp4rl.formats only; imported on demand
@@ -51,7 +62,7 @@ def nvfp4_quantize(x, config: nvfp4.NVFP4Config, impl: str, *, sr_key=None) -> n
     )
 
 
-def quantize(x, site: SiteConfig, role: str, impl: str = "reference", *, sr_key=None, config=None):
+def quantize(x, site: SiteConfig, role: str, impl: str = "auto", *, sr_key=None, config=None):
     """Quantize `x` [..., K] along its last axis as operand `role` ("act" | "weight") of `site`.
 
     `config` overrides the NVFP4 config of the role (the quantized backward re-quantizes

@@ -86,7 +86,7 @@ def _per_weight(fn, wq, *args):
 
 
 # ---------------------------------------------------------------- quantizing the operands
-def quantize_weight(w, site: SiteConfig, impl: str = "reference"):
+def quantize_weight(w, site: SiteConfig, impl: str = "auto"):
     """Quantize a weight [K, N] (or an expert stack [E, K, N], one tensor per expert) along K.
 
     Returns the quantized w^T ([N, K] / [E, N, K]) that `qdot` consumes; the trainer's forward
@@ -205,7 +205,7 @@ def _is_quantized_weight(w) -> bool:
     return isinstance(w, (nvfp4.NVFP4Tensor, mx.MXTensor))
 
 
-def qdot(x, w, site: SiteConfig, *, key=None, group_sizes=None, impl: str = "reference"):
+def qdot(x, w, site: SiteConfig, *, key=None, group_sizes=None, impl: str = "auto"):
     """`x @ w` through the site's precision (see the module docstring for layouts and modes).
 
     `w` may be a pre-quantized weight from `quantize_weight` (weight sync: forward only).

@@ -1,8 +1,10 @@
-"""Which one follows NUMERICS.md on the GPU: the XLA:GPU jnp reference or the Triton kernel?
+"""Do the XLA:GPU jnp reference and the Triton kernel follow NUMERICS.md on the GPU?
 
     python tools/check_gpu_reference.py   # on a GPU machine; prints mismatch counts vs the NumPy oracle
 
 The oracle (`tests/formats/oracle.py`, NumPy float32 + ml_dtypes) is the independent judge.
+Before `ieee.rounded_divide` the XLA:GPU reference differed on 4/6-exact activations (its f32
+division is approximate there); the expert-stack rows check the vmapped 2D form as well.
 """
 
 import sys
@@ -34,12 +36,24 @@ def main():
              ("act per-token 4/6 fast", x, dict(scale="token", four_over_six="mae", fast_error=True)),
              ("weight 2D plain (expert 0)", w[0], dict(block_2d=True)),
              ("weight 2D 4/6 exact (expert 0)", w[0], dict(block_2d=True, four_over_six="mae"))]
+    cases += [("act per-token 4/6 exact MSE E=448", x, dict(scale="token", four_over_six="mse", e4m3_max=448))]
     for name, v, kw in cases:
         config = nvfp4.NVFP4Config(**kw)
         ref = oracle.quantize_nvfp4(v, **kw)
         xla = jax.jit(lambda a: nvfp4.quantize(a, config))(jnp.asarray(v))
         tri = pallas_kernels.quantize(jnp.asarray(v), config, backend="triton")
         print(f"{name}: XLA:GPU reference vs oracle {count_mismatches(xla, ref)}; Triton vs oracle {count_mismatches(tri, ref)}", flush=True)
+    # The expert stack [E, K, N] as qdot holds it, quantized along K per expert (bench_quant's weights).
+    w_kn = jnp.swapaxes(jnp.asarray(w), 1, 2)
+    for variant, kw in (("plain", {}), ("4/6 exact", dict(four_over_six="mae")), ("4/6 fast", dict(four_over_six="mae", fast_error=True))):
+        config = nvfp4.NVFP4Config(block_2d=True, **kw)
+        xla = jax.jit(jax.vmap(lambda m: nvfp4.quantize(m, config)))(jnp.swapaxes(w_kn, 1, 2))
+        tri = pallas_kernels.quantize_experts(w_kn, config, backend="triton", contraction_axis=1)
+        for e in range(w.shape[0]):
+            ref = oracle.quantize_nvfp4(w[e], block_2d=True, **kw)
+            pick = lambda t: jax.tree.map(lambda a: a[e], t)  # noqa: E731
+            print(f"expert stack 2D {variant} expert {e}: XLA:GPU reference vs oracle {count_mismatches(pick(xla), ref)}; "
+                  f"Triton vs oracle {count_mismatches(pick(tri), ref)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The commands run on the lent H200 (device tool), so the GPU numbers can be reproduced:
+#   bash tools/gpu_session.sh check     # compiled GPU tests, reference check, Triton sweep, bench_quant
 #   bash tools/gpu_session.sh bench     # compiled kernel suite + the four benchmarks
 #   bash tools/gpu_session.sh pilot     # h200 warm-up + the pilot arms (resumable)
 # The image lacks grain/tensorboardX: carried as wheels in .whl/ (see README "GPU runs").
@@ -21,6 +22,14 @@ step() {  # step NAME SECONDS CMD...
 }
 python -c "import jax; print(jax.devices())" >>"$log" 2>&1
 case "${1:-bench}" in
+  check)
+    step gpu_tests 180 python -m pytest -q -m gpu -x tests/kernels tests/model/test_gpu_impl.py -p no:cacheprovider
+    step reference_check 60 python tools/check_gpu_reference.py
+    step tune_quant 170 python -m experiments.tune_quant --iters=10
+    step bench_quant 170 python -m experiments.bench_quant --iters=10
+    cp "$log" benchmarks/gpu_check.log
+    tar czf "$OUT/benchmarks.tgz" benchmarks
+    ;;
   bench)
     step kernels_gpu 150 python -m pytest -q -m gpu -x tests/kernels -p no:cacheprovider
     step bench_quant 200 python -m experiments.bench_quant --iters=10

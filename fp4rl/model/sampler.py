@@ -94,7 +94,7 @@ def _token_logprob(logits_BxV, token_B):
 
 
 def generate(graphdef, qparams, prompt_BxP, recipe, sampler: SamplerConfig, *, key,
-             impl: str = "reference", prompt_lengths_B=None, temperature=None) -> SampleOutput:
+             impl: str = "auto", prompt_lengths_B=None, temperature=None) -> SampleOutput:
     """Sample up to `sampler.max_new_tokens` tokens after each left-padded prompt.
 
     qparams: `sync_weights(params, ...)[0]` (raw params give identical results, quantizing the

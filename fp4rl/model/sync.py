@@ -26,7 +26,7 @@ def _abstract_model(config: ModelConfig) -> Transformer:
     return nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(params=0)))
 
 
-def sync_weights(params, config: ModelConfig, recipe, impl: str = "reference"):
+def sync_weights(params, config: ModelConfig, recipe, impl: str = "auto"):
     """(qparams, metrics): quantized-site weights pre-quantized; metrics["quant/map4_frac"] is the
     fraction of NVFP4 weight blocks (1x16 block rows of the stored `map4`) that chose map-4
     under 4/6: 0.0 without 4/6 or without NVFP4 sites. Jittable with config, recipe, impl static.

@@ -227,7 +227,7 @@ def resolve_recipe(recipe) -> PrecisionRecipe:
     return PrecisionRecipe.from_name(recipe) if isinstance(recipe, str) else recipe
 
 
-def forward(graphdef, params, tokens_BxL, recipe, *, key=None, impl: str = "reference",
+def forward(graphdef, params, tokens_BxL, recipe, *, key=None, impl: str = "auto",
             positions=None, cache: KVCache | None = None, valid=None, scan_layers: bool = True):
     """logits_BxLxV float32 and aux, a pure function of (params, tokens, key, cache).
 

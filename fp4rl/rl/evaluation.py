@@ -65,7 +65,7 @@ def solve_rate(run, qparams, batches, *, temperature: float, seed: int = 0) -> n
 
 
 def accuracy_by_difficulty(graphdef, params, recipe, task: TaskConfig, task_seed: int, per_level: int,
-                           max_new_tokens: int, seed: int = 0, prompt_len: int = 48, impl: str = "reference",
+                           max_new_tokens: int, seed: int = 0, prompt_len: int = 48, impl: str = "auto",
                            rows: int = 64) -> list[dict]:
     """Rows {difficulty, sampled, greedy, n} for every number of operations in the task's range.
 

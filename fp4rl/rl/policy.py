@@ -112,7 +112,7 @@ class LossConfig:
 
 
 def make_functions(graphdef, recipe: PrecisionRecipe, optimizer: optax.GradientTransformation, loss: LossConfig,
-                   aux_loss_coef: float, prompt_len: int, masks, impl: str = "reference") -> dict[str, Callable]:
+                   aux_loss_coef: float, prompt_len: int, masks, impl: str = "auto") -> dict[str, Callable]:
     """Per-seed pure functions: `response_logprobs(params, tokens, valid) -> (logp_NxTr, router_topk)`
     and `update(params, opt_state, batch, key, skip_nonfinite) -> (params, opt_state, metrics)`."""
 

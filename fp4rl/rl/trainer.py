@@ -75,7 +75,7 @@ class RLConfig:
     eval_task_seed: int = 1_000_003
     checkpoint_every: int = 1
     on_nonfinite: Literal["skip", "stop"] = "skip"
-    impl: str = "reference"
+    impl: str = "auto"  # quantizer implementation: operands.IMPLS ("auto": Triton on GPU)
     init: str = "runs/sft"
     out: str = "runs/rl"
 

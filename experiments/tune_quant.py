@@ -1,0 +1,115 @@
+"""Launch-shape sweep of the Triton quantize kernel on the GPU (which tunables are fastest).
+
+    python -m experiments.tune_quant [--iters=10] [--out=benchmarks]
+
+For each activation shape (bf16, per-token amax) and variant, every candidate
+`TritonQuantTunables` is checked byte for byte against the CPU reference (as in bench_quant)
+and timed; the expert stack (16x16 blocks) sweeps `block_k_2d` and `num_warps`. Writes
+`<out>/tune_quant.{json,md}`: ms and % of the copy bandwidth per candidate, best marked.
+The kernel's default tunables are chosen from this table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from experiments.bench_quant import VARIANTS, bytes_of, copy_bandwidth, cpu_reference, head, quantizer, same_bytes
+from experiments.gpu_bench import bench_main, median_seconds
+from fp4rl.formats import nvfp4
+
+# (rows_1d, block_k, num_warps): from many rows x short chunks (several K passes) to one row
+# per program holding the whole row (one HBM read, the per-token amax from registers).
+ACT_CANDIDATES = ((4, 512, 4), (8, 512, 8), (16, 256, 4), (8, 1024, 4), (4, 2048, 4), (4, 2048, 8),
+                  (2, 4096, 4), (2, 4096, 8), (1, 8192, 4), (1, 8192, 8), (2, 8192, 8))
+# (block_k_2d, num_warps) for one 16-row tile row per program
+EXPERT_CANDIDATES = ((128, 4), (256, 4), (256, 8), (512, 8), (1024, 8))
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneConfig:
+    activation_shapes: tuple[str, ...] = ("8192x2048", "32768x7168")
+    variants: tuple[str, ...] = ("nvfp4", "4/6 fast", "4/6 exact")
+    experts: int = 128
+    expert_shape: str = "2048x768"
+    iters: int = 10
+    check_rows: int = 256
+    out: str = "benchmarks"
+
+
+def _measure(x, qconfig, experts, tunables, n, iters, copy_bw):
+    from pallas_kernels.triton_quant import TritonQuantTunables
+
+    row = {"tunables": dataclasses.asdict(TritonQuantTunables(**tunables))}
+    try:
+        fn = quantizer("triton", qconfig, experts, tunables=TritonQuantTunables(**tunables))
+        out = fn(x)
+        row["bit_exact"] = same_bytes(head(out, n, experts), cpu_reference(x, qconfig, experts, n))
+        if row["bit_exact"]:
+            seconds = median_seconds(fn, x, iters=iters)
+            moved = x.size * x.dtype.itemsize + bytes_of(out)
+            row.update(ms=seconds * 1e3, copy_frac=moved / seconds / copy_bw)
+    except Exception as e:  # noqa: BLE001  (a candidate that fails to compile is recorded, not fatal)
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    return row
+
+
+def run(config: TuneConfig) -> dict:
+    key = jax.random.key(0)
+    results = []
+    for shape in config.activation_shapes:
+        m, k = map(int, shape.split("x"))
+        x = jax.random.normal(key, (m, k), jnp.bfloat16)
+        copy_bw = copy_bandwidth(x, config.iters)
+        for variant in config.variants:
+            qconfig = nvfp4.NVFP4Config(scale="token", **VARIANTS[variant])
+            for rows_1d, block_k, num_warps in ACT_CANDIDATES:
+                tunables = dict(rows_1d=rows_1d, block_k=block_k, num_warps=num_warps)
+                row = {"case": f"act {shape}", "variant": variant,
+                       **_measure(x, qconfig, False, tunables, config.check_rows, config.iters, copy_bw)}
+                print(row, flush=True)
+                results.append(row)
+    k, n = map(int, config.expert_shape.split("x"))
+    w = (jax.random.normal(key, (config.experts, k, n), jnp.float32) * 0.02).astype(jnp.bfloat16)
+    copy_bw = copy_bandwidth(w, config.iters)
+    for variant in config.variants:
+        qconfig = nvfp4.NVFP4Config(block_2d=True, **VARIANTS[variant])
+        for block_k_2d, num_warps in EXPERT_CANDIDATES:
+            tunables = dict(block_k_2d=block_k_2d, num_warps=num_warps)
+            row = {"case": f"weights {config.experts}x{config.expert_shape}", "variant": variant,
+                   **_measure(w, qconfig, True, tunables, 4, config.iters, copy_bw)}
+            print(row, flush=True)
+            results.append(row)
+    return {"device": str(jax.devices()[0].device_kind), "rows": results}
+
+
+def to_markdown(result: dict) -> str:
+    lines = ["# Triton quantize launch-shape sweep", "",
+             f"Device: {result['device']}. Command: `python -m experiments.tune_quant`. Every timed candidate "
+             "matched the CPU reference byte for byte; **bold** = fastest of its case and variant.", "",
+             "| case | variant | rows_1d | block_k | block_k_2d | num_warps | ms | copy % |", "|---|---|---|---|---|---|---|---|"]
+    best = {}
+    for r in result["rows"]:
+        if "ms" in r and r["ms"] < best.get((r["case"], r["variant"]), float("inf")):
+            best[(r["case"], r["variant"])] = r["ms"]
+    for r in result["rows"]:
+        t = r["tunables"]
+        shape = f"| {r['case']} | {r['variant']} | {t['rows_1d']} | {t['block_k']} | {t['block_k_2d']} | {t['num_warps']} |"
+        if "error" in r:
+            lines.append(f"{shape} error: {r['error']} | |")
+        elif not r["bit_exact"]:
+            lines.append(f"{shape} **NOT bit-exact** | |")
+        else:
+            mark = "**" if r["ms"] == best[(r["case"], r["variant"])] else ""
+            lines.append(f"{shape} {mark}{r['ms']:.3f}{mark} | {100 * r['copy_frac']:.0f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    bench_main("tune_quant", TuneConfig, run, to_markdown, argv)
+
+
+if __name__ == "__main__":
+    main()

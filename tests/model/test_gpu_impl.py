@@ -1,0 +1,56 @@
+"""On a GPU the model's default quantizer implementation ("auto") is the Triton kernel, and it
+gives the same bytes as the jnp reference inside the whole training program: scanned layers,
+vmapped seeds, custom_vjp backward, weight sync (`pytest -m gpu tests/model/test_gpu_impl.py`).
+
+Bitwise equality holds because both follow NUMERICS.md exactly on the GPU (the reference
+divides through `ieee.rounded_divide` there) and every GEMM receives the same operands.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp4rl.model import flat_params, forward, init, sync
+from fp4rl.operands import resolve_impl
+from fp4rl.recipe import PrecisionRecipe
+from pallas_kernels.triton_quant import QUANT_NAME
+from tests.kernels.quant_suite import gpu_present
+from tests.model.common import KEY, TINY, tokens
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_present(), reason="needs a CUDA GPU")]
+
+CONFIG = dataclasses.replace(TINY, num_layers=3, dtype="bfloat16")  # scanned runs under every recipe
+
+
+def test_auto_is_triton_on_gpu():
+    assert resolve_impl("auto") == "triton"
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "full", "+46"])
+def test_triton_training_step_equals_reference(name):
+    recipe = PrecisionRecipe.from_name(name)
+    graphdef, params = init(CONFIG, 0)
+    seeds = jax.tree.map(lambda a, b: jnp.stack([a, b]), params, init(CONFIG, 1)[1])  # 2 seeds
+    seqs = jnp.asarray(tokens(8, batch=4, length=33))
+
+    def loss(p, impl):
+        logits, aux = forward(graphdef, p, seqs[:, :-1], recipe, key=KEY, impl=impl)
+        nll = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), seqs[:, 1:, None], axis=-1))
+        return nll + aux["aux_loss"], logits
+
+    def step(impl):
+        return jax.jit(jax.vmap(jax.grad(lambda p: loss(p, impl), has_aux=True)))
+
+    assert QUANT_NAME in step("auto").lower(seeds).as_text(), "the Triton quantizer is not in the program"
+    (g_tri, logits_tri), (g_ref, logits_ref) = step("triton")(seeds), step("reference")(seeds)
+    np.testing.assert_array_equal(np.asarray(logits_tri), np.asarray(logits_ref))
+    for (path, a), b in zip(flat_params(g_tri).items(), jax.tree.leaves(g_ref)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=path)
+
+    q_tri, _ = jax.jit(lambda p: sync.sync_weights(p, CONFIG, recipe, "triton"))(params)
+    q_ref, _ = jax.jit(lambda p: sync.sync_weights(p, CONFIG, recipe, "reference"))(params)
+    for (path, a), b in zip(flat_params(q_tri).items(), jax.tree.leaves(q_ref)):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8), err_msg=path)
