@@ -7,6 +7,7 @@ Resumable: rerun the same command after an interruption. Default preset: `cpu`.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -35,7 +36,9 @@ def main(argv=None) -> None:
     # Arms that differ only in their backward mode (nvfp4/+dq, +46/full-hp, +hp/full-46,
     # full/full-dq) lower identical forward programs (sync, sampler, log-probs): a persistent
     # compilation cache compiles those once, and a resumed run recompiles nothing it has seen.
-    jax.config.update("jax_compilation_cache_dir", str(Path(config.out) / ".jax_cache"))
+    # JAX_COMPILATION_CACHE_DIR, when set, wins (e.g. one cache shared by an LR sweep's runs).
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        jax.config.update("jax_compilation_cache_dir", str(Path(config.out) / ".jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     print(f"devices: {jax.devices()}")
     print(f"arms: {', '.join(config.arms)}; seeds per arm: {config.seeds}; out: {config.out}")

@@ -14,11 +14,17 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONUNBUFFERED=1
 log="$OUT/log.txt"
-step() {  # step NAME SECONDS CMD...
+START=$(date +%s)
+step() {  # step NAME SECONDS CMD...  (never past SESSION_SECONDS, so the results are always packed)
   local name=$1 limit=$2; shift 2
+  local left=$(( ${SESSION_SECONDS:-575} - ($(date +%s) - START) ))
+  [ "$left" -lt "$limit" ] && limit=$left
+  [ "$limit" -le 5 ] && { echo "=== $name skipped: no time left" | tee -a "$log"; return 124; }
   echo "=== $name: $* (limit ${limit}s) $(date +%T)" | tee -a "$log"
   timeout "$limit" "$@" >>"$log" 2>&1
-  echo "=== $name rc=$? $(date +%T)" | tee -a "$log"
+  local rc=$?
+  echo "=== $name rc=$rc $(date +%T)" | tee -a "$log"
+  return $rc
 }
 python -c "import jax; print(jax.devices())" >>"$log" 2>&1
 case "${1:-bench}" in
@@ -39,8 +45,30 @@ case "${1:-bench}" in
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   pilot)
-    step pilot "${PILOT_SECONDS:-480}" python -m experiments.ablation --preset h200 --arms=bf16,nvfp4,full --seeds=2 \
-      --out=runs/pilot ${PILOT_ARGS:-}
-    tar czf "$OUT/pilot.tgz" --exclude=checkpoint --exclude=tb runs/pilot
+    # RL.md's pilot: bf16 at each LR of PILOT_LRS (the first run trains the warm-up, the others
+    # copy it), then nvfp4 and full at the largest LR where bf16 was stable (fp4rl.analysis.lr_sweep).
+    steps=${PILOT_STEPS:-30}
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache  # the sweep's runs share their forward programs
+    first=""
+    for lr in ${PILOT_LRS:-1e-4 3e-4}; do
+      dir=runs/pilot/lr$lr
+      if [ -n "$first" ] && [ ! -e "$dir/sft" ]; then mkdir -p "$dir" && cp -r "$first/sft" "$dir/sft"; fi
+      limit=$([ -z "$first" ] && echo "${PILOT_FIRST_SECONDS:-200}" || echo "${PILOT_BF16_SECONDS:-110}")
+      step "bf16_lr$lr" "$limit" python -m experiments.ablation --preset h200 --arms=bf16 --seeds=2 \
+        --rl.steps="$steps" --rl.optim.lr="$lr" --out="$dir"
+      first=${first:-$dir}
+    done
+    dir=$(python -m fp4rl.analysis.lr_sweep runs/pilot/lr* 2>>"$log") || dir=runs/pilot/lr3e-5
+    lr=${dir##*/lr}
+    echo "=== chosen: $dir (lr $lr)" | tee -a "$log"
+    if [ ! -e "$dir/sft" ]; then mkdir -p "$dir" && cp -r "$first/sft" "$dir/sft"; fi
+    # impl=auto: the Triton quantizers. Should they fail inside the model, the log says so and the
+    # arms rerun with the jnp reference (an explicit, logged second attempt, not a silent fallback).
+    step arms "${PILOT_ARMS_SECONDS:-270}" python -m experiments.ablation --preset h200 --arms=bf16,nvfp4,full --seeds=2 \
+      --rl.steps="$steps" --rl.optim.lr="$lr" --rl.impl=auto --out="$dir" \
+      || { grep -q "Traceback" "$log" && step arms_reference "${PILOT_RETRY_SECONDS:-200}" python -m experiments.ablation \
+           --preset h200 --arms=bf16,nvfp4,full --seeds=2 --rl.steps="$steps" --rl.optim.lr="$lr" --rl.impl=reference --out="$dir"; }
+    cp "$log" runs/pilot/log.txt
+    tar czf "$OUT/pilot.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/pilot
     ;;
 esac

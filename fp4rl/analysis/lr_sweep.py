@@ -1,0 +1,65 @@
+"""RL.md's pilot logic, step one: the largest learning rate at which the BF16 arm is stable.
+
+    python -m fp4rl.analysis.lr_sweep runs/pilot/lr1e-4 runs/pilot/lr3e-4   # prints the chosen run dir
+
+Each directory is an ablation run (`<dir>/bf16/seed<k>/metrics.jsonl`) whose name ends in
+`lr<value>`. Stable = no spike (3x rule) and no collapse in any seed (fp4rl.analysis.stability).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from fp4rl.analysis.runs import load_run
+from fp4rl.analysis.stability import StabilityCriteria
+from fp4rl.analysis.summary import summarize_arm
+
+
+def lr_of(run_dir: str | Path) -> float:
+    match = re.search(r"lr([0-9.eE+-]+)$", Path(run_dir).name)
+    if not match:
+        raise ValueError(f"{run_dir}: the directory name must end in lr<value>, e.g. lr3e-4")
+    return float(match.group(1))
+
+
+def bf16_stability(run_dir: str | Path, criteria: StabilityCriteria = StabilityCriteria()) -> dict:
+    """{dir, lr, stable, spikes, collapsed, steps, reward in the first/last quarter} of one run's bf16 arm."""
+    seeds = load_run(run_dir).arms.get("bf16")
+    if not seeds:
+        return {"dir": str(run_dir), "lr": lr_of(run_dir), "stable": False, "note": "no bf16 arm"}
+    summary = summarize_arm("bf16", seeds, None, criteria)
+    spikes = sum(len(s.spike_steps) for s in summary.seeds)
+    collapsed = any(s.collapse.collapsed for s in summary.seeds)
+    rewards = [np.asarray(r.metrics["reward/mean"], float) for r in seeds.values()]
+    quarter = lambda r, end: r[-max(1, r.size // 4):] if end else r[: max(1, r.size // 4)]  # noqa: E731
+    return {"dir": str(run_dir), "lr": lr_of(run_dir), "stable": spikes == 0 and not collapsed, "spikes": spikes,
+            "collapsed": collapsed, "steps": min(r.size for r in rewards),
+            "reward_first_quarter": float(np.mean([np.nanmean(quarter(r, False)) for r in rewards])),
+            "reward_last_quarter": float(np.mean([np.nanmean(quarter(r, True)) for r in rewards]))}
+
+
+def largest_stable_lr(run_dirs, criteria: StabilityCriteria = StabilityCriteria()) -> tuple[dict | None, list[dict]]:
+    """The row of the largest LR whose bf16 arm is stable (None if none is), and every run's row."""
+    rows = sorted((bf16_stability(d, criteria) for d in run_dirs), key=lambda r: r["lr"])
+    stable = [r for r in rows if r["stable"]]
+    return (stable[-1] if stable else None), rows
+
+
+def main(argv=None) -> None:
+    dirs = sys.argv[1:] if argv is None else list(argv)
+    if not dirs:
+        raise SystemExit("usage: python -m fp4rl.analysis.lr_sweep RUN_DIR [RUN_DIR ...]  (names ending in lr<value>)")
+    chosen, rows = largest_stable_lr(dirs)
+    for row in rows:
+        print(row, file=sys.stderr)
+    if chosen is None:
+        raise SystemExit("no learning rate gave a stable bf16 arm")
+    print(chosen["dir"])
+
+
+if __name__ == "__main__":
+    main()
