@@ -53,7 +53,7 @@ case "${1:-bench}" in
     for lr in ${PILOT_LRS:-1e-4 3e-4}; do
       dir=runs/pilot/lr$lr
       if [ -n "$first" ] && [ ! -e "$dir/sft" ]; then mkdir -p "$dir" && cp -r "$first/sft" "$dir/sft"; fi
-      limit=$([ -z "$first" ] && echo "${PILOT_FIRST_SECONDS:-200}" || echo "${PILOT_BF16_SECONDS:-110}")
+      limit=$([ -z "$first" ] && echo "${PILOT_FIRST_SECONDS:-230}" || echo "${PILOT_BF16_SECONDS:-110}")
       step "bf16_lr$lr" "$limit" python -m experiments.ablation --preset h200 --arms=bf16 --seeds=2 \
         --rl.steps="$steps" --rl.optim.lr="$lr" --out="$dir"
       first=${first:-$dir}
@@ -64,10 +64,10 @@ case "${1:-bench}" in
     if [ ! -e "$dir/sft" ]; then mkdir -p "$dir" && cp -r "$first/sft" "$dir/sft"; fi
     # impl=auto: the Triton quantizers. Should they fail inside the model, the log says so and the
     # arms rerun with the jnp reference (an explicit, logged second attempt, not a silent fallback).
-    step arms "${PILOT_ARMS_SECONDS:-270}" python -m experiments.ablation --preset h200 --arms=bf16,nvfp4,full --seeds=2 \
+    step arms "${PILOT_ARMS_SECONDS:-330}" python -m experiments.ablation --preset h200 --arms="${PILOT_ARMS:-bf16,nvfp4,full}" --seeds=2 \
       --rl.steps="$steps" --rl.optim.lr="$lr" --rl.impl=auto --out="$dir" \
       || { grep -q "Traceback" "$log" && step arms_reference "${PILOT_RETRY_SECONDS:-200}" python -m experiments.ablation \
-           --preset h200 --arms=bf16,nvfp4,full --seeds=2 --rl.steps="$steps" --rl.optim.lr="$lr" --rl.impl=reference --out="$dir"; }
+           --preset h200 --arms="${PILOT_ARMS:-bf16,nvfp4,full}" --seeds=2 --rl.steps="$steps" --rl.optim.lr="$lr" --rl.impl=reference --out="$dir"; }
     cp "$log" runs/pilot/log.txt
     tar czf "$OUT/pilot.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/pilot
     ;;

@@ -3,7 +3,9 @@
     python -m fp4rl.analysis.lr_sweep runs/pilot/lr1e-4 runs/pilot/lr3e-4   # prints the chosen run dir
 
 Each directory is an ablation run (`<dir>/bf16/seed<k>/metrics.jsonl`) whose name ends in
-`lr<value>`. Stable = no spike (3x rule) and no collapse in any seed (fp4rl.analysis.stability).
+`lr<value>`. Stable = in no seed a spike (3x rule), a collapse, or a reward drop of RL.md's
+collapse size that the run ended too early to confirm or clear (fp4rl.analysis.stability): a
+short pilot run cannot wait 50 steps for a recovery, so choosing an LR treats it as unstable.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ def bf16_stability(run_dir: str | Path, criteria: StabilityCriteria = StabilityC
     summary = summarize_arm("bf16", seeds, None, criteria)
     spikes = sum(len(s.spike_steps) for s in summary.seeds)
     collapsed = any(s.collapse.collapsed for s in summary.seeds)
+    reward_drop = any(s.collapse.reward_drop_unconfirmed for s in summary.seeds)
     rewards = [np.asarray(r.metrics["reward/mean"], float) for r in seeds.values()]
     quarter = lambda r, end: r[-max(1, r.size // 4):] if end else r[: max(1, r.size // 4)]  # noqa: E731
-    return {"dir": str(run_dir), "lr": lr_of(run_dir), "stable": spikes == 0 and not collapsed, "spikes": spikes,
-            "collapsed": collapsed, "steps": min(r.size for r in rewards),
+    return {"dir": str(run_dir), "lr": lr_of(run_dir), "stable": spikes == 0 and not collapsed and not reward_drop,
+            "spikes": spikes, "collapsed": collapsed, "reward_drop_unconfirmed": reward_drop, "steps": min(r.size for r in rewards),
             "reward_first_quarter": float(np.mean([np.nanmean(quarter(r, False)) for r in rewards])),
             "reward_last_quarter": float(np.mean([np.nanmean(quarter(r, True)) for r in rewards]))}
 

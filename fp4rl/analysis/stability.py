@@ -159,6 +159,7 @@ class CollapseResult:
     step: int | None
     early_median: float = float("nan")
     note: str | None = None
+    reward_drop_unconfirmed: bool = False  # the reward fell too close to the end to confirm (see note)
 
 
 def _reward_collapse(steps: np.ndarray, reward: np.ndarray, c: StabilityCriteria) -> tuple[int | None, str | None, str | None]:
@@ -249,10 +250,11 @@ def detect_collapse(
         events.append((reward_step, reward_reason))
     note = "; ".join(n for n in (note, reward_note) if n) or None
 
+    unconfirmed = reward_note is not None
     if not events:
-        return CollapseResult(False, None, None, early_median, note)
+        return CollapseResult(False, None, None, early_median, note, unconfirmed)
     step, reason = min(events, key=lambda e: e[0])
-    return CollapseResult(True, reason, step, early_median, note)
+    return CollapseResult(True, reason, step, early_median, note, unconfirmed)
 
 
 # --------------------------------------------------------------------------- reward and statistics
