@@ -252,7 +252,8 @@ def _row_amax_bits(x_ref, rows, k: int):
 
 
 def _make_quant_body(m_total, k, block_m, block_k, config: ref.NVFP4Config, amax_mode: str):
-    """amax_mode: "compute" (per token, in-kernel), "token" (given [M]), "tensor" (given [1])."""
+    """amax_mode: "compute" (per token, in-kernel) or "token" (given per row [M]; a per-tensor
+    amax comes broadcast to every row)."""
     nblk = block_k // BLOCK
     six_e_bound = config.e4m3_bound
 
@@ -292,17 +293,11 @@ def _make_quant_body(m_total, k, block_m, block_k, config: ref.NVFP4Config, amax
             amax_out_ref.at[rows][...] = amax
             quantize_cols(x_ref, codes_ref, scales_ref, map4_ref, rows, amax)
 
-    elif amax_mode == "token":
-
-        def kernel(x_ref, amax_ref, codes_ref, scales_ref, map4_ref):
-            rows = pl.ds(_row_start(m_total, block_m), block_m)
-            quantize_cols(x_ref, codes_ref, scales_ref, map4_ref, rows, amax_ref.at[rows][...])
-
     else:
 
         def kernel(x_ref, amax_ref, codes_ref, scales_ref, map4_ref):
             rows = pl.ds(_row_start(m_total, block_m), block_m)
-            quantize_cols(x_ref, codes_ref, scales_ref, map4_ref, rows, amax_ref[0])
+            quantize_cols(x_ref, codes_ref, scales_ref, map4_ref, rows, amax_ref.at[rows][...])
 
     return kernel
 
@@ -447,9 +442,11 @@ def quantize_mosaic(
             amax_out = jnp.asarray(amax, jnp.float32)
             if amax_out.shape != ():
                 raise ValueError(f"a per-tensor amax must have shape (), got {amax_out.shape}")
-        codes, scales, map4 = _quant_call(mp, k, xp.dtype, config, "tensor", tiling, interpret)(
-            xp, amax_out.reshape(1)
-        )
+        # The per-tensor amax reaches the kernel as one value per row: a scalar read from a ref
+        # fails to lower in Mosaic GPU ("Scalars must be represented by non-vector types", seen
+        # compiled on the H200), the per-row vector form is the "token" kernel's, which lowers.
+        amax_rows = jnp.broadcast_to(amax_out.reshape(1), (mp,))
+        codes, scales, map4 = _quant_call(mp, k, xp.dtype, config, "token", tiling, interpret)(xp, amax_rows)
     return cm.assemble(codes[:m], scales[:m], map4[:m] != 0, amax_out, config, (m,), k)
 
 

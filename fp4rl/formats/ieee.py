@@ -117,6 +117,19 @@ def rounded_divide(a, b):
     return lax.bitcast_convert_type(out, jnp.float32)
 
 
+def as_stored(x):
+    """`x` exactly as its dtype stores it, before a quantizer widens it to f32.
+
+    XLA:GPU allows excess precision by default (`xla_allow_excess_precision`): fused into its
+    producer, a bf16 tensor can reach the quantizer as the producer's unrounded f32 value, so
+    the codes would depend on fusion decisions. The barrier materialises the stored value.
+    Why it is here: on the H200 the model's logits under `nvfp4` differed between the jnp
+    reference and the Triton kernel (which always reads the stored tensor) although each
+    matched the NumPy oracle standalone; this is the suspected cause, not yet re-checked there.
+    """
+    return lax.optimization_barrier(jnp.asarray(x))
+
+
 def product(a, b):
     """fl(a * b), rounded before any add/subtract consumes it (no FMA contraction)."""
     return lax.optimization_barrier(jnp.asarray(a, jnp.float32) * jnp.asarray(b, jnp.float32))

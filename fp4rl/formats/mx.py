@@ -53,7 +53,7 @@ def _scale_exponent(amax, fmt):
 def quantize(x, fmt: Literal["mxfp8", "mxfp4"] = "mxfp8") -> MXTensor:
     """Quantize `x` [..., K] (K a multiple of 32) to MXFP8 or MXFP4."""
     _check(x, fmt)
-    x32 = jnp.asarray(x).astype(jnp.float32)
+    x32 = ieee.as_stored(x).astype(jnp.float32)
     xb = x32.reshape(*x32.shape[:-1], x32.shape[-1] // BLOCK, BLOCK)
     amax = ieee.nan_max(jnp.abs(xb), axis=-1, keepdims=True)
     exponent = jnp.clip(_scale_exponent(amax, fmt), -127, 127)

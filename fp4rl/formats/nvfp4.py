@@ -206,7 +206,7 @@ def quantize(x, config: NVFP4Config = NVFP4Config(), *, amax=None, sr_key=None) 
     check_input(x, config)
     if sr_key is not None and config.four_over_six:
         raise ValueError("stochastic rounding (sr_key) is not defined together with four_over_six")
-    x32 = jnp.asarray(x).astype(jnp.float32)
+    x32 = ieee.as_stored(x).astype(jnp.float32)
     a = global_amax(x32, config) if amax is None else jnp.asarray(amax, jnp.float32)
     s_enc, s_dec = global_scales(a, config.e4m3_bound)
     xb = _blocks(x32, config)
