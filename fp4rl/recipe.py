@@ -130,6 +130,17 @@ class PrecisionRecipe:
                 return BF16
         return getattr(self, kind)
 
+    def forward_only(self) -> "PrecisionRecipe":
+        """The same forward with every site's backward made "dequantized" (name suffixed).
+
+        A forward never depends on the backward mode, but a "quantized" backward makes the
+        forward derive per-site keys; programs that only run the forward (log-probs) use this
+        view so that arms differing only in their backward share one compiled program.
+        """
+        sites = {k: dataclasses.replace(getattr(self, k), backward="dequantized") if getattr(self, k).quantized
+                 else getattr(self, k) for k in SITE_KINDS}
+        return dataclasses.replace(self, name=f"{self.name} (forward)", **sites)
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 

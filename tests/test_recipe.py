@@ -1,5 +1,7 @@
 """The precision recipe: presets of RL.md's ablation matrix, JSON round trip, resolution."""
 
+import dataclasses
+
 import pytest
 
 from fp4rl.recipe import ABLATION_ARMS, BF16, PrecisionRecipe, SiteConfig
@@ -73,3 +75,26 @@ def test_errors_name_the_valid_options():
         PrecisionRecipe.from_name("full").site("mlp", 0, 4)
     with pytest.raises(ValueError, match="out of range"):
         PrecisionRecipe.from_name("full").site("attention", 4, 4)
+
+
+@pytest.mark.parametrize("pair", [("nvfp4", "+dq"), ("+46", "full-hp"), ("+hp", "full-46"), ("full", "full-dq")])
+def test_forward_only_view_is_shared_by_arms_differing_in_backward(pair):
+    a, b = (PrecisionRecipe.from_name(n).forward_only() for n in pair)
+    assert dataclasses.replace(a, name="") == dataclasses.replace(b, name="")
+    assert PrecisionRecipe.from_name("bf16").forward_only().routed_experts == BF16
+
+
+def test_forward_only_view_gives_the_same_forward():
+    """No key needed, and the logits are bitwise those of the recipe itself (the backward mode
+    only changes what the custom_vjp saves and how it differentiates)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from fp4rl.model import ModelConfig, forward, init
+
+    graphdef, params = init(ModelConfig.from_name("tiny"), 0)
+    tokens = jnp.asarray(np.arange(2 * 12).reshape(2, 12) % 60 + 3, jnp.int32)
+    recipe = PrecisionRecipe.from_name("nvfp4")
+    run = jax.jit(lambda r, k: forward(graphdef, params, tokens, r, key=k)[0], static_argnums=0)
+    np.testing.assert_array_equal(np.asarray(run(recipe, jax.random.key(0))), np.asarray(run(recipe.forward_only(), None)))

@@ -119,8 +119,9 @@ def make_functions(graphdef, recipe: PrecisionRecipe, optimizer: optax.GradientT
     def response_logprobs(params, tokens_NxL, valid_NxL):
         """Log-probs of the response tokens, and the router's top-k at the positions that
         predicted them (the sampler records the choices of the token it feeds, t - 1)."""
-        # forward only: the key feeds the quantized backward alone, so any key gives the same values
-        logits, aux = transformer.forward(graphdef, params, tokens_NxL, recipe, key=jax.random.key(0), impl=impl,
+        # Forward only: the backward mode cannot change the values, and without it the program is
+        # the same for arms that differ only in their backward (one compile for both).
+        logits, aux = transformer.forward(graphdef, params, tokens_NxL, recipe.forward_only(), impl=impl,
                                           valid=valid_NxL)
         return next_token_logprobs(logits, tokens_NxL)[:, prompt_len - 1 :], aux["router_topk"][:, :, prompt_len - 1 : -1]
 

@@ -103,6 +103,13 @@ def _stack(trees):
     return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
+def _committed(tree):
+    """The tree committed to the default device, as every jit output is: the update then sees
+    the same argument shardings on its first call as on every later one (uncommitted initial
+    arrays made it lower and compile a second time: ~15 s per quantized-backward arm on CPU)."""
+    return jax.device_put(tree, jax.devices()[0])
+
+
 class Trainer:
     def __init__(self, config: RLConfig, progress: bool = True):
         self.config, self.progress = config, progress
@@ -138,7 +145,7 @@ class Trainer:
     # ------------------------------------------------------------------ state
     def _initial_state(self):
         params = _stack([self.ref_params] * len(self.seeds))
-        return {"params": params, "opt_state": jax.vmap(self.optimizer.init)(params)}
+        return _committed({"params": params, "opt_state": jax.vmap(self.optimizer.init)(params)})
 
     def _restore_or_init(self):
         state = self._initial_state()
@@ -146,6 +153,7 @@ class Trainer:
         if step is None:
             return state, 0
         state, meta = self.ckpt.restore(step, state)
+        state = _committed(state)
         for it, s in zip(self.iterators, meta["data_states"]):
             it.set_state(s)
         return state, step + 1

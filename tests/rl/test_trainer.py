@@ -60,7 +60,12 @@ def test_warmup_writes_checkpoint_config_and_accuracy_table(warmup_dir):
 
 def test_rl_smoke_logs_every_required_metric_per_seed(warmup_dir, tmp_path):
     config = _smoke(warmup_dir, tmp_path, arm="full", seeds=2)
-    trainer.train(config, progress=False)
+    run = trainer.Trainer(config, progress=False)
+    run.run()
+    # Every program compiled once for the whole run (2 steps, 2 mini-batches, eval, reference
+    # log-probs): a second entry means a retrace or re-lowering, e.g. from uncommitted inputs.
+    for name in ("_sync", "_sample", "_logprobs", "_update"):
+        assert getattr(run, name)._cache_size() == 1, name
     required = ["step", "reward/mean", "accuracy", "grad_norm/global", "mismatch/kl_k1", "mismatch/kl_k3",
                 "mismatch/max_abs_logp_diff", "mismatch/routing_flip", "entropy", "clip_frac/upper", "clip_frac/lower",
                 "kl_ref_k3", "response_length/mean", "quant/map4_frac", "time/step_s", "throughput/rollout_tok_s"]
