@@ -21,6 +21,7 @@ quotient with integer arithmetic on every platform but the CPU, whose division i
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -41,23 +42,29 @@ def divide(numerator, denominator):
     # Chosen at trace time: a jit traces for the default backend, and the integer path is
     # correct everywhere (only slower). `lax.platform_dependent` would put a cond around every
     # division, which made tracing a vmapped quantized backward ~4x slower.
-    if _INTEGER_DIVISION_EVERYWHERE or jax.default_backend() != "cpu":
+    if _integer_division_forced() or jax.default_backend() != "cpu":
         return rounded_divide(numerator, denominator)
     return numerator / denominator
 
 
-_INTEGER_DIVISION_EVERYWHERE = False
+_FORCED = threading.local()  # per thread: JAX traces in the calling thread, and tests trace in parallel
+
+
+def _integer_division_forced() -> bool:
+    return getattr(_FORCED, "depth", 0) > 0
 
 
 @contextlib.contextmanager
 def integer_division_everywhere():
-    """Trace `divide` as `rounded_divide` on the CPU too (tests run the GPU path on the CPU)."""
-    global _INTEGER_DIVISION_EVERYWHERE
-    previous, _INTEGER_DIVISION_EVERYWHERE = _INTEGER_DIVISION_EVERYWHERE, True
+    """Trace `divide` as `rounded_divide` on the CPU too (tests run the GPU path on the CPU).
+
+    Thread-local: a process-wide flag leaked out of the block when two threads used it at once.
+    """
+    _FORCED.depth = getattr(_FORCED, "depth", 0) + 1
     try:
         yield
     finally:
-        _INTEGER_DIVISION_EVERYWHERE = previous
+        _FORCED.depth -= 1
 
 
 def reciprocal(x):

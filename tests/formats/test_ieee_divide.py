@@ -4,6 +4,8 @@ compared bit for bit with NumPy's (the host FPU's correctly rounded divss, no de
 XLA:GPU's own f32 division is `div.full.f32` (approximate), which is why the reference needs it.
 """
 
+import threading
+
 import jax
 import numpy as np
 import pytest
@@ -68,3 +70,26 @@ def test_divide_on_cpu_is_the_native_division():
     rng = np.random.default_rng(3)
     a, b = rng.normal(size=(2, 1000)).astype(np.float32)
     np.testing.assert_array_equal(_bits(jax.jit(ieee.divide)(a, b)), _bits(a / b))
+
+
+def test_forcing_integer_division_is_thread_local():
+    """The oracle suite builds its cases in 2 threads; a process-wide flag once leaked out of
+    the block and slowed every later test of that worker (integer division everywhere)."""
+    inside = threading.Barrier(3)
+    leave = threading.Event()
+
+    def use():
+        with ieee.integer_division_everywhere():
+            assert ieee._integer_division_forced()
+            inside.wait()
+            leave.wait()
+
+    threads = [threading.Thread(target=use) for _ in range(2)]
+    for t in threads:
+        t.start()
+    inside.wait()
+    assert not ieee._integer_division_forced()  # the main thread is not forced meanwhile
+    leave.set()
+    for t in threads:
+        t.join()
+    assert not ieee._integer_division_forced()
