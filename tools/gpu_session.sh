@@ -29,10 +29,13 @@ step() {  # step NAME SECONDS CMD...  (never past SESSION_SECONDS, so the result
 python -c "import jax; print(jax.devices())" >>"$log" 2>&1
 case "${1:-bench}" in
   check)
-    step gpu_tests 180 python -m pytest -q -m gpu -x tests/kernels tests/model/test_gpu_impl.py -p no:cacheprovider
+    # one step per suite, no -x: a failure in one backend must not hide the others' results
+    step gpu_tests_triton 120 python -m pytest -q -m gpu tests/kernels/test_triton.py -p no:cacheprovider
+    step gpu_tests_mosaic 90 python -m pytest -q -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider
+    step gpu_tests_model 120 python -m pytest -q -m gpu tests/model/test_gpu_impl.py -p no:cacheprovider
     step reference_check 60 python tools/check_gpu_reference.py
-    step tune_quant 170 python -m experiments.tune_quant --iters=10
     step bench_quant 170 python -m experiments.bench_quant --iters=10
+    step tune_quant 120 python -m experiments.tune_quant --iters=10
     cp "$log" benchmarks/gpu_check.log
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
