@@ -55,11 +55,9 @@ def same_bytes(a: nvfp4.NVFP4Tensor, b: nvfp4.NVFP4Tensor) -> bool:
     return all(np.array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8)) for x, y in pairs)
 
 
-def head(t: nvfp4.NVFP4Tensor, n: int, experts: bool) -> nvfp4.NVFP4Tensor:
-    """The first n rows (activations, per-token amax) or n experts (weights, amax per expert)."""
-    if experts:
-        return jax.tree.map(lambda a: a[:n], t)
-    return dataclasses.replace(t, codes=t.codes[:n], scales=t.scales[:n], amax=t.amax[:n], map4=t.map4[:n])
+def head(t: nvfp4.NVFP4Tensor, n: int) -> nvfp4.NVFP4Tensor:
+    """The first n rows (activations, per-token amax [M, 1]) or experts (weights, amax [E])."""
+    return jax.tree.map(lambda a: a[:n], t)
 
 
 def cpu_reference(x, config: nvfp4.NVFP4Config, experts: bool, n: int) -> nvfp4.NVFP4Tensor:
@@ -88,6 +86,22 @@ def copy_bandwidth(x, iters: int) -> float:
     return 2 * x.size * x.dtype.itemsize / seconds
 
 
+def check_then_time(fn, x, reference: nvfp4.NVFP4Tensor, n: int, iters: int, copy_bw: float) -> dict:
+    """{bit_exact, ms, gbps, copy_frac} of the quantizer `fn` on `x`: its first n rows/experts are
+    compared with `reference` first, and only a bit-exact quantizer is timed. A failure to build or
+    run is recorded as {error}, not raised (one table row, whatever happened)."""
+    try:
+        out = fn(x)
+        row = {"bit_exact": same_bytes(head(out, n), reference)}
+        if row["bit_exact"]:
+            seconds = median_seconds(fn, x, iters=iters)
+            moved = x.size * x.dtype.itemsize + bytes_of(out)
+            row.update(ms=seconds * 1e3, gbps=moved / seconds / 1e9, copy_frac=moved / seconds / copy_bw)
+        return row
+    except Exception as e:  # noqa: BLE001  (recorded in the table: what failed and why)
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+
+
 def run(config: BenchConfig) -> dict:
     key = jax.random.key(0)
     cases = []
@@ -110,14 +124,10 @@ def run(config: BenchConfig) -> dict:
                 row = {"case": name, "variant": variant, "backend": backend}
                 try:
                     fn = quantizer(backend, qconfig, experts)
-                    out = fn(x)
-                    moved = x.size * x.dtype.itemsize + bytes_of(out)
-                    row["bit_exact"] = same_bytes(head(out, n, experts), reference)
-                    if row["bit_exact"]:
-                        seconds = median_seconds(fn, x, iters=config.iters)
-                        row.update(ms=seconds * 1e3, gbps=moved / seconds / 1e9, copy_frac=moved / seconds / copy_bw)
-                except Exception as e:  # noqa: BLE001  (recorded in the table: what failed and why)
+                except Exception as e:  # noqa: BLE001  (an unavailable backend is a table row)
                     row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                else:
+                    row.update(check_then_time(fn, x, reference, n, config.iters, copy_bw))
                 rows.append(row)
                 print(row, flush=True)
     return {"device": str(jax.devices()[0].device_kind), "copy_gbps_peak": peak_copy / 1e9, "rows": rows}

@@ -16,8 +16,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from experiments.bench_quant import VARIANTS, bytes_of, copy_bandwidth, cpu_reference, head, quantizer, same_bytes
-from experiments.gpu_bench import bench_main, median_seconds
+from experiments.bench_quant import VARIANTS, check_then_time, copy_bandwidth, cpu_reference, quantizer
+from experiments.gpu_bench import bench_main
 from fp4rl.formats import nvfp4
 
 # (rows_1d, block_k, num_warps): from many rows x short chunks (several K passes) to one row
@@ -39,21 +39,12 @@ class TuneConfig:
     out: str = "benchmarks"
 
 
-def _measure(x, qconfig, experts, tunables, n, iters, copy_bw):
+def _measure(x, qconfig, experts, tunables, reference, n, iters, copy_bw):
     from pallas_kernels.triton_quant import TritonQuantTunables
 
-    row = {"tunables": dataclasses.asdict(TritonQuantTunables(**tunables))}
-    try:
-        fn = quantizer("triton", qconfig, experts, tunables=TritonQuantTunables(**tunables))
-        out = fn(x)
-        row["bit_exact"] = same_bytes(head(out, n, experts), cpu_reference(x, qconfig, experts, n))
-        if row["bit_exact"]:
-            seconds = median_seconds(fn, x, iters=iters)
-            moved = x.size * x.dtype.itemsize + bytes_of(out)
-            row.update(ms=seconds * 1e3, copy_frac=moved / seconds / copy_bw)
-    except Exception as e:  # noqa: BLE001  (a candidate that fails to compile is recorded, not fatal)
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-    return row
+    tunables = TritonQuantTunables(**tunables)
+    fn = quantizer("triton", qconfig, experts, tunables=tunables)
+    return {"tunables": dataclasses.asdict(tunables), **check_then_time(fn, x, reference, n, iters, copy_bw)}
 
 
 def run(config: TuneConfig) -> dict:
@@ -65,10 +56,11 @@ def run(config: TuneConfig) -> dict:
         copy_bw = copy_bandwidth(x, config.iters)
         for variant in config.variants:
             qconfig = nvfp4.NVFP4Config(scale="token", **VARIANTS[variant])
+            reference = cpu_reference(x, qconfig, False, config.check_rows)
             for rows_1d, block_k, num_warps in ACT_CANDIDATES:
                 tunables = dict(rows_1d=rows_1d, block_k=block_k, num_warps=num_warps)
                 row = {"case": f"act {shape}", "variant": variant,
-                       **_measure(x, qconfig, False, tunables, config.check_rows, config.iters, copy_bw)}
+                       **_measure(x, qconfig, False, tunables, reference, config.check_rows, config.iters, copy_bw)}
                 print(row, flush=True)
                 results.append(row)
     k, n = map(int, config.expert_shape.split("x"))
@@ -76,10 +68,11 @@ def run(config: TuneConfig) -> dict:
     copy_bw = copy_bandwidth(w, config.iters)
     for variant in config.variants:
         qconfig = nvfp4.NVFP4Config(block_2d=True, **VARIANTS[variant])
+        reference = cpu_reference(w, qconfig, True, 4)
         for block_k_2d, num_warps in EXPERT_CANDIDATES:
             tunables = dict(block_k_2d=block_k_2d, num_warps=num_warps)
             row = {"case": f"weights {config.experts}x{config.expert_shape}", "variant": variant,
-                   **_measure(w, qconfig, True, tunables, 4, config.iters, copy_bw)}
+                   **_measure(w, qconfig, True, tunables, reference, 4, config.iters, copy_bw)}
             print(row, flush=True)
             results.append(row)
     return {"device": str(jax.devices()[0].device_kind), "rows": results}
