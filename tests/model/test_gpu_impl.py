@@ -45,12 +45,18 @@ def test_triton_training_step_equals_reference(name):
         return jax.jit(jax.vmap(jax.grad(lambda p: loss(p, impl), has_aux=True)))
 
     assert QUANT_NAME in step("auto").lower(seeds).as_text(), "the Triton quantizer is not in the program"
+    # Checked from the innermost piece outwards, so a failure says where the two impls part:
+    # the weight sync (quantizers on weights alone), the forward, then the gradients.
+    q_tri, _ = jax.jit(lambda p: sync.sync_weights(p, CONFIG, recipe, "triton"))(params)
+    q_ref, _ = jax.jit(lambda p: sync.sync_weights(p, CONFIG, recipe, "reference"))(params)
+    for (path, a), b in zip(flat_params(q_tri).items(), jax.tree.leaves(q_ref)):
+        np.testing.assert_array_equal(np.asarray(a).reshape(-1).view(np.uint8), np.asarray(b).reshape(-1).view(np.uint8), err_msg=path)
+
+    def logits(impl):
+        return jax.jit(lambda p: forward(graphdef, p, seqs[:, :-1], recipe, key=KEY, impl=impl)[0])(params)
+
+    np.testing.assert_array_equal(np.asarray(logits("triton")), np.asarray(logits("reference")))
     (g_tri, logits_tri), (g_ref, logits_ref) = step("triton")(seeds), step("reference")(seeds)
     np.testing.assert_array_equal(np.asarray(logits_tri), np.asarray(logits_ref))
     for (path, a), b in zip(flat_params(g_tri).items(), jax.tree.leaves(g_ref)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=path)
-
-    q_tri, _ = jax.jit(lambda p: sync.sync_weights(p, CONFIG, recipe, "triton"))(params)
-    q_ref, _ = jax.jit(lambda p: sync.sync_weights(p, CONFIG, recipe, "reference"))(params)
-    for (path, a), b in zip(flat_params(q_tri).items(), jax.tree.leaves(q_ref)):
-        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8), err_msg=path)
