@@ -1,6 +1,6 @@
 """Benchmark of the NVFP4 (+4/6) quantizers on the GPU: Triton, Mosaic GPU, XLA reference.
 
-    python -m experiments.bench_quant [--backends=triton,mosaic,xla] [--iters=20] [--out=benchmarks]
+    python -m experiments.bench_quant [--backends=triton,triton-tiled,mosaic,xla] [--iters=20] [--out=benchmarks]
 
 Shapes (issue 4): activations tokens x hidden 8192x2048, 16384x4096, 32768x7168 (bf16, per-token
 amax, 1x16 blocks); weights 128 experts x [2048 x 768] (the Qwen3-30B-A3B expert shape, per-
@@ -36,7 +36,7 @@ VARIANTS = {
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-    backends: tuple[str, ...] = ("triton", "mosaic", "xla")
+    backends: tuple[str, ...] = ("triton", "triton-tiled", "mosaic", "xla")
     activation_shapes: tuple[str, ...] = ("8192x2048", "16384x4096", "32768x7168")
     experts: int = 128
     expert_shape: str = "2048x768"
@@ -74,6 +74,10 @@ def quantizer(backend: str, config: nvfp4.NVFP4Config, experts: bool, **options)
         return jax.jit(fn)
     import pallas_kernels
 
+    if backend == "triton-tiled":  # the Triton kernel with its earlier [rows, blocks, 16] layout
+        from pallas_kernels.triton_quant import TritonQuantTunables
+
+        backend, options = "triton", {**options, "tunables": TritonQuantTunables(layout="tiled")}
     if experts:
         return jax.jit(lambda w: pallas_kernels.quantize_experts(w, config, backend=backend, contraction_axis=1, **options))
     return jax.jit(lambda x: pallas_kernels.quantize(x, config, backend=backend, **options))

@@ -156,6 +156,16 @@ class PlainArith:
         return a + b
 
     @staticmethod
+    def abs(a):
+        return jnp.abs(a)
+
+    @staticmethod
+    def fma(a, b, c):
+        """fl(a * b + c), used only where a * b is exact (so contracted or not, one rounding);
+        behind a barrier so XLA cannot fold a later `- c` into it."""
+        return lax.optimization_barrier(a * b + c)
+
+    @staticmethod
     def sub(a, b):
         return a - b
 

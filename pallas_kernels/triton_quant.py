@@ -13,6 +13,13 @@ The grid is `(G, cdiv(M, rows))`; one program owns `rows` rows (1D blocks: the t
 (`block_k_2d` for 2D) columns, a power of two since Triton tensors must have power-of-two
 sizes (see `TritonQuantTunables`).
 
+* 1x16 blocks of a row-major input use the *planar* layout by default (`pallas_kernels.planar`,
+  `TritonQuantTunables.layout`): each thread owns whole blocks, loaded as 8 (16 for f32)
+  strided 32-bit word planes, so the block max, the sequential 4/6 error sum and the packing of
+  codes never cross threads, and E2M1 encoding is one rounding add per element. Measured in
+  sm_90 SASS (`tools/triton_sass.py`), per-token 4/6 fast went from 2592 to 1128 instructions
+  per program step (16 elements per thread), plain NVFP4 from 1200 to 760. The tiled layout
+  (below) remains for 16x16 tiles, K-major expert stacks and as `layout="tiled"`.
 * Neither M nor K needs to be a multiple of the row block or chunk: the tails are MASKED
   (loads fill 0, stores are masked), never padded, so no extra HBM copy is made. A masked
   row or column only ever produces zero blocks that are not stored.
@@ -37,7 +44,9 @@ three Triton defaults would break it: `arith.divf` lowers to the approximate
 `div.full.f32`; LLVM contracts `a*b - c` into an FMA (the fast-error subtraction and the
 MSE sum of squares); and float min/max lower to `minnumf`/`maxnumf`, which drop NaN.
 So compiled kernels do every contract op through `RoundedArith` (inline PTX `div.rn.f32`,
-`mul.rn.f32`, `add.rn.f32`, `sub.rn.f32`: correctly rounded, never contracted or flushed),
+`mul.rn.f32`, `add.rn.f32`, `sub.rn.f32`, and `fma.rn.f32` / `abs.f32` where the planar
+encoder needs them: correctly rounded, never contracted or flushed; Triton's own fabs is
+`FADD.FTZ |a|, -0`, which flushes a subnormal error term),
 and abs/max/E4M3 rounding/E2M1 sign are integer bit operations (`pallas_kernels.common`).
 The fast 4/6 error's product `dec(q)*sf` is exact in f32 (as it is in the f16 registers
 the paper uses), so it is formed in f32; the subtraction is the contract's f32 one.
@@ -69,10 +78,14 @@ from jax.experimental.pallas import triton as plgpu_triton
 
 from fp4rl.formats import nvfp4 as ref
 from pallas_kernels import common as cm
+from pallas_kernels import planar
 
 QUANT_NAME = "fp4rl_nvfp4_quant_triton"
 AMAX_NAME = "fp4rl_nvfp4_amax_triton"
 DEQUANT_NAME = "fp4rl_nvfp4_dequant_triton"
+
+
+LAYOUTS = ("planar", "tiled")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +98,10 @@ class TritonQuantTunables:
     block_k_2d: the same for 16x16 blocks, whose program holds 16 rows (so a smaller chunk
       keeps the per-thread register footprint of the two 4/6 candidates comparable).
     num_warps, num_stages: Triton launch parameters.
+    layout: how a program holds the 1x16 blocks of a row-major input. "planar": each thread
+      owns whole blocks, loaded as strided word planes (`pallas_kernels.planar`); "tiled": a
+      `[rows, blocks, 16]` tile spread over threads. 16x16 tiles and K-major expert stacks
+      always use the tiled kernel.
     """
 
     rows_1d: int = 4
@@ -92,6 +109,7 @@ class TritonQuantTunables:
     block_k_2d: int = 128
     num_warps: int = 4
     num_stages: int = 1
+    layout: str = "planar"
 
     def __post_init__(self):
         rows_1d, block = self.rows_1d, cm.BLOCK
@@ -104,6 +122,8 @@ class TritonQuantTunables:
             raise ValueError(f"num_warps={self.num_warps} must be one of 1, 2, 4, 8, 16")
         if self.num_stages < 1:
             raise ValueError(f"num_stages={self.num_stages} must be >= 1")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout={self.layout!r} must be one of {LAYOUTS}")
 
     def chunk(self, k: int, config: ref.NVFP4Config | None = None) -> int:
         block_k = self.block_k_2d if config is not None and config.block_2d else self.block_k
@@ -150,6 +170,27 @@ class RoundedArith:
     @classmethod
     def sub(cls, a, b):
         return cls._op("sub", a, b)
+
+    @staticmethod
+    def abs(a):
+        """|a| without flushing a subnormal (Triton's own fabs lowers to FADD.FTZ |a|, -0)."""
+        [out] = plgpu_triton.elementwise_inline_asm(
+            "abs.f32 $0, $1;", args=[jnp.asarray(a, jnp.float32)], constraints="=f,f", pack=1,
+            result_shape_dtypes=[jax.ShapeDtypeStruct(jnp.shape(a), jnp.float32)],
+        )
+        return out
+
+    @staticmethod
+    def fma(a, b, c):
+        a, b, c = jnp.broadcast_arrays(*(jnp.asarray(v, jnp.float32) for v in (a, b, c)))
+        [out] = plgpu_triton.elementwise_inline_asm(
+            "fma.rn.f32 $0, $1, $2, $3;",
+            args=[a, b, c],
+            constraints="=f,f,f,f",
+            pack=1,
+            result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.float32)],
+        )
+        return out
 
 
 def _arith(interpret: bool):
@@ -237,6 +278,77 @@ def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, interpr
         lax.fori_loop(0, n_chunks, body, 0)
 
 
+def _planar_quant_kernel(*refs, m, k, rows, nbc, dtype, config, amax_given, interpret):
+    """1x16 blocks of a row-major input held as element planes (`pallas_kernels.planar`).
+
+    x_ref: uint32 [G, M, K*itemsize/4] (the input's bytes); a program owns `rows` rows and walks
+    them `nbc` blocks at a time. Plane j of a chunk is word j of each of its blocks (stride wpb).
+    Codes are written as uint32 words [G, M, K/8] (two per block), scales/map4 one per block.
+    """
+    if amax_given:
+        x_ref, amax_ref, codes_ref, scales_ref, map4_ref = refs
+    else:
+        x_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = refs
+    ar = _arith(interpret)
+    g = pl.program_id(0)
+    r0 = pl.program_id(1) * rows
+    nblocks = k // cm.BLOCK
+    n_chunks = pl.cdiv(nblocks, nbc)
+    wpb = planar.words_per_block(dtype)
+    row_ok = (r0 + jnp.arange(rows)) < m
+
+    def mask(b0):
+        return row_ok[:, None] & ((b0 + jnp.arange(nbc)) < nblocks)[None, :]
+
+    def load_planes(i):
+        b0 = i * nbc
+        if interpret:  # the interpreter has no strided loads: load the chunk, slice the planes
+            col_ok = (b0 * wpb + jnp.arange(nbc * wpb)) < nblocks * wpb
+            chunk = plgpu_triton.load(x_ref.at[g, pl.ds(r0, rows), pl.ds(b0 * wpb, nbc * wpb)],
+                                      mask=row_ok[:, None] & col_ok[None, :], other=0)
+            words = [chunk[:, j::wpb] for j in range(wpb)]
+        else:
+            words = [plgpu_triton.load(x_ref.at[g, pl.ds(r0, rows), pl.ds(b0 * wpb + j, nbc, stride=wpb)],
+                                       mask=mask(b0), other=0) for j in range(wpb)]
+        return planar.elements_from_words(words, dtype)
+
+    first = load_planes(0) if n_chunks == 1 else None  # one chunk: load x once for both passes
+    if amax_given:
+        amax = plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok, other=0.0)
+    else:
+        def chunk_max(i):  # [rows, nbc]: reduced across threads once, after the loop
+            return planar.max_abs_bits(first if first is not None else load_planes(i))
+
+        bits = chunk_max(0) if n_chunks == 1 else lax.fori_loop(
+            0, n_chunks, lambda i, acc: jnp.maximum(acc, chunk_max(i)), jnp.zeros((rows, nbc), jnp.int32))
+        amax = cm.from_bits(jnp.max(bits, axis=1))
+        plgpu_triton.store(amax_out_ref.at[g, pl.ds(r0, rows)], amax, mask=row_ok)
+    amax = amax[:, None]  # [rows, 1]
+
+    def body(i, carry):
+        b0 = i * nbc
+        words, scale_bytes, map4 = planar.quantize_planes(ar, first if first is not None else load_planes(i),
+                                                          amax, config)
+        if interpret:  # no strided stores either: interleave the two words of each block
+            col_ok = (2 * b0 + jnp.arange(2 * nbc)) < 2 * nblocks
+            plgpu_triton.store(codes_ref.at[g, pl.ds(r0, rows), pl.ds(2 * b0, 2 * nbc)],
+                               jnp.stack(words, axis=-1).reshape(rows, 2 * nbc),
+                               mask=row_ok[:, None] & col_ok[None, :])
+        else:
+            for j, w in enumerate(words):
+                plgpu_triton.store(codes_ref.at[g, pl.ds(r0, rows), pl.ds(2 * b0 + j, nbc, stride=2)], w,
+                                   mask=mask(b0))
+        plgpu_triton.store(scales_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc)], scale_bytes.astype(jnp.uint8),
+                           mask=mask(b0))
+        plgpu_triton.store(map4_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc)], map4, mask=mask(b0))
+        return carry
+
+    if n_chunks == 1:
+        body(0, 0)
+    else:
+        lax.fori_loop(0, n_chunks, body, 0)
+
+
 def _amax_kernel(x_ref, out_ref, *, m, k, rows, chunk, k_major):
     g = pl.program_id(0)
     r0 = pl.program_id(1) * rows
@@ -308,7 +420,37 @@ def _row_amax_call(x_g, *, m, k, k_major, tunables, interpret):
     )(x_g)
 
 
+def _planar_quant_call(x_g, amax_rows, *, m, k, config, tunables, interpret):
+    """The planar kernel on a row-major [G, M, K] input; outputs as `_quant_call`'s."""
+    rows, nbc = tunables.rows_1d, tunables.chunk(k) // cm.BLOCK
+    groups = x_g.shape[0]
+    kernel = functools.partial(
+        _planar_quant_kernel, m=m, k=k, rows=rows, nbc=nbc, dtype=x_g.dtype, config=config,
+        amax_given=amax_rows is not None, interpret=interpret,
+    )
+    out_shape = [
+        jax.ShapeDtypeStruct((groups, m, k // 8), jnp.uint32),
+        jax.ShapeDtypeStruct((groups, m, k // cm.BLOCK), jnp.uint8),
+        jax.ShapeDtypeStruct((groups, m, k // cm.BLOCK), jnp.bool_),
+    ]
+    if amax_rows is None:
+        out_shape.append(jax.ShapeDtypeStruct((groups, m), jnp.float32))
+    args = (planar.as_words(x_g),) if amax_rows is None else (planar.as_words(x_g), amax_rows)
+    outs = pl.pallas_call(
+        kernel,
+        out_shape=tuple(out_shape),
+        grid=(groups, pl.cdiv(m, rows)),
+        compiler_params=_params(tunables),
+        interpret=interpret,
+        name=QUANT_NAME,
+    )(*args)
+    code_bytes = lax.bitcast_convert_type(outs[0], jnp.uint8).reshape(groups, m, k // 2)
+    return (code_bytes, *outs[1:]) if amax_rows is None else (code_bytes, *outs[1:], None)
+
+
 def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
+    if tunables.layout == "planar" and not k_major and not config.block_2d:
+        return _planar_quant_call(x_g, amax_rows, m=m, k=k, config=config, tunables=tunables, interpret=interpret)
     rows, chunk = tunables.rows(config), tunables.chunk(k, config)
     groups = x_g.shape[0]
     kernel = functools.partial(

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The commands run on the lent H200 (device tool), so the GPU numbers can be reproduced:
-#   bash tools/gpu_session.sh check     # compiled GPU tests, reference check, Triton sweep, bench_quant
+#   bash tools/gpu_session.sh check     # compiled Triton + model GPU tests, bench_quant, compiled Mosaic tests
+#   bash tools/gpu_session.sh tune      # XLA:GPU reference vs oracle check, Triton launch-shape sweep
 #   bash tools/gpu_session.sh bench     # compiled kernel suite + the four benchmarks
 #   bash tools/gpu_session.sh pilot     # h200 warm-up + the pilot arms (resumable)
 # The image lacks grain/tensorboardX: carried as wheels in .whl/ (see README "GPU runs").
@@ -29,14 +30,19 @@ step() {  # step NAME SECONDS CMD...  (never past SESSION_SECONDS, so the result
 python -c "import jax; print(jax.devices())" >>"$log" 2>&1
 case "${1:-bench}" in
   check)
-    # one step per suite, no -x: a failure in one backend must not hide the others' results
-    step gpu_tests_triton 120 python -m pytest -q -m gpu tests/kernels/test_triton.py -p no:cacheprovider
-    step gpu_tests_mosaic 90 python -m pytest -q -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider
-    step gpu_tests_model 120 python -m pytest -q -m gpu tests/model/test_gpu_impl.py -p no:cacheprovider
-    step reference_check 60 python tools/check_gpu_reference.py
-    step bench_quant 170 python -m experiments.bench_quant --iters=10
-    step tune_quant 120 python -m experiments.tune_quant --iters=10
+    # one step per suite, no -x: a failure in one backend must not hide the others' results.
+    # Ordered by what a short device call must not miss: the default kernel, the model, the
+    # benchmark; the Mosaic suite (slow to compile) gets what is left of SESSION_SECONDS.
+    step gpu_tests_triton 150 python -m pytest -q -rf --tb=short -m gpu tests/kernels/test_triton.py -p no:cacheprovider
+    step gpu_tests_model 150 python -m pytest -q -rf --tb=short -m gpu tests/model/test_gpu_impl.py -p no:cacheprovider
+    step bench_quant 220 python -m experiments.bench_quant --iters=10
+    step gpu_tests_mosaic 200 python -m pytest -q -rf --tb=line -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider
     cp "$log" benchmarks/gpu_check.log
+    tar czf "$OUT/benchmarks.tgz" benchmarks
+    ;;
+  tune)
+    step reference_check 60 python tools/check_gpu_reference.py
+    step tune_quant 300 python -m experiments.tune_quant --iters=10
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   bench)

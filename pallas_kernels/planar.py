@@ -1,0 +1,190 @@
+"""The NVFP4 block contract on element planes: each thread owns whole 16-element blocks.
+
+Why: the Triton compiler lays a `[rows, blocks, 16]` tile out across threads, so every
+per-block step of the contract (the block max, the sequential 16-element error sum of 4/6, the
+packing of code pairs) became a reshape/split that it lowers to shared-memory layout
+conversions and shuffles; measured on sm_90 SASS that was ~160 instructions per element for
+per-token 4/6 fast (`tools/triton_sass.py`). Here the input is loaded as *planes*: plane j is
+the j-th 32-bit word of every block (`x_words[r, wpb*b + j]`, a strided load), so a block's
+16 elements are 16 separate `[rows, blocks]` tensors that the same thread holds. The block
+max is 15 elementwise maxima, the error sum is the contract's sequential sum as written, and
+the 16 codes of a block pack into two 32-bit words with shifts. No op crosses threads.
+
+Each function returns exactly the bytes of `pallas_kernels.common.quantize_blocks` (the
+tiled form, itself pinned to `fp4rl.formats.nvfp4`): the per-block math is the same helpers.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallas_kernels import common as cm
+
+BLOCK = cm.BLOCK
+
+
+def words_per_block(dtype) -> int:
+    """32-bit words holding one 16-element block of `dtype` (8 for 16-bit floats, 16 for f32)."""
+    return BLOCK * jnp.dtype(dtype).itemsize // 4
+
+
+def as_words(x):
+    """x [..., K] (f32/bf16/f16) -> uint32 [..., K * itemsize / 4], the same bytes."""
+    itemsize = jnp.dtype(x.dtype).itemsize
+    if itemsize == 4:
+        return lax.bitcast_convert_type(x, jnp.uint32)
+    *lead, k = x.shape
+    return lax.bitcast_convert_type(x.reshape(*lead, k // 2, 2), jnp.uint32)
+
+
+def elements_from_words(words, dtype):
+    """The 16 f32 element planes of a block from its word planes (exact, subnormals kept).
+
+    Little-endian: a word of two 16-bit floats holds element 2j in its low half.
+    """
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.float32:
+        return [lax.bitcast_convert_type(w, jnp.float32) for w in words]
+    out = []
+    for w in words:
+        lo, hi = lax.shift_left(w, np.uint32(16)), w & np.uint32(0xFFFF0000)
+        if dtype == jnp.bfloat16:  # bf16 bits are the top half of the f32 bits
+            out += [lax.bitcast_convert_type(lo, jnp.float32), lax.bitcast_convert_type(hi, jnp.float32)]
+        else:  # float16: the exact widening conversion
+            for half in (lax.shift_right_logical(lo, np.uint32(16)), lax.shift_right_logical(hi, np.uint32(16))):
+                h = lax.bitcast_convert_type(half.astype(jnp.uint16), jnp.float16)
+                out.append(h.astype(jnp.float32))
+    return out
+
+
+def max_abs_bits(xs):  # the per-token amax pass
+    """Integer max of |x| bits over the planes: NaN-propagating, flush-free (as common.abs_bits)."""
+    m = cm.abs_bits(xs[0])
+    for x in xs[1:]:
+        m = jnp.maximum(m, cm.abs_bits(x))
+    return m
+
+
+def _pack(planes, fields):
+    """16 32-bit planes -> 2 uint32 word planes; plane i's field goes to nibble i % 8 of word i // 8.
+
+    fields(plane, i) returns that plane's bits already in place within its word (shift + mask)."""
+    words = []
+    for half in (planes[:8], planes[8:]):
+        w = None
+        for i, p in enumerate(half):
+            f = fields(lax.bitcast_convert_type(p, jnp.uint32), i)
+            w = f if w is None else w | f
+        words.append(w)
+    return words
+
+
+def pack_magnitudes(mags):
+    """Magnitude codes (the low 3 bits of each plane; higher bits ignored) -> 2 word planes."""
+    return _pack(mags, lambda m, i: lax.shift_left(m, np.uint32(4 * i)) & np.uint32(7 << (4 * i)))
+
+
+def pack_signs(values):
+    """The sign bit of each f32 plane -> bit 3 of its nibble (the E2M1 sign), 2 word planes."""
+    return _pack(values, lambda bits, i: lax.shift_right_logical(bits, np.uint32(28 - 4 * i)) & np.uint32(8 << (4 * i)))
+
+
+# fl(a + C) rounds a to the E2M1 quantum of its range (RNE, ties to even) and leaves its code
+# in the low mantissa bits: C = 2^22 (ulp 0.5) for [0, 2): mantissa 2q = code 0..4;
+# C = 2^23 + 2 (ulp 1) for [2, 4): mantissa q + 2 = code 4..6; C = 2^24 + 8 (ulp 2) for [4, 6]:
+# mantissa (8 + q) / 2 = code 6..7. The significand's parity is the code's, so "ties to even"
+# is E2M1's, and fl(a + C) - C = q, the E2M1 magnitude itself (exact).
+_RANGE_OFFSETS = (np.float32(2.0**22), np.float32(2.0**23 + 2), np.float32(2.0**24 + 8))
+
+
+def e2m1_magnitude(ar, v, sf=None):
+    """|E2M1 code| of v (as `common.e2m1_encode`, in the low 3 bits of the result) and, if sf
+    is given, |dec(q)| * sf (exact: <= 6 significant bits).
+
+    One rounding add instead of seven compares; saturation is the clamp to 6 (NUMERICS s1:
+    (5, 6] -> 6, 5 -> 4 by the tie rule). A NaN v (only in blocks whose inv is NaN) gives an
+    arbitrary magnitude here: `combine_words` zeroes those blocks.
+    """
+    a = jnp.minimum(ar.abs(v), cm.f32(6.0))
+    low, mid = a < cm.f32(2.0), a < cm.f32(4.0)
+    offset = jnp.where(low, cm.f32(_RANGE_OFFSETS[0]), jnp.where(mid, cm.f32(_RANGE_OFFSETS[1]),
+                                                                   cm.f32(_RANGE_OFFSETS[2])))
+    u = ar.fma(a, cm.f32(1.0), offset)  # fl(a + C), pinned (XLA would fold (a + C) - C)
+    mag = lax.bitcast_convert_type(u, jnp.int32)
+    if sf is None:
+        return mag, None
+    return mag, ar.mul(ar.sub(u, offset), sf)
+
+
+def inverse_scale(ar, sf, s_dec):
+    """inv = min(fl(1 / fl(f32(sf) * S_dec)), FLT_MAX) per block."""
+    return cm.min_nan(ar.div(cm.f32(1), ar.mul(sf, s_dec)), cm.FLT_MAX)
+
+
+def combine_words(magnitude_words, sign_words, inv):
+    """Magnitudes | signs. Where inv is NaN (a NaN in the block or its amax) every fl(x * inv)
+    is NaN, which E2M1 encodes as magnitude 0 with the NaN's sign bit: only the signs stay."""
+    keep = jnp.where(cm.is_nan(inv), np.uint32(0), np.uint32(0x77777777))
+    return [(m & keep) | s for m, s in zip(magnitude_words, sign_words)]
+
+
+def candidate(ar, xs, sf, s_dec, with_values):
+    """One candidate scale sf: (inv, the scaled values fl(x_i * inv), magnitude words, |dec*sf|)."""
+    inv = inverse_scale(ar, sf, s_dec)
+    vs = [ar.mul(x, inv) for x in xs]
+    mags, values = zip(*(e2m1_magnitude(ar, v, sf if with_values else None) for v in vs))
+    return inv, vs, pack_magnitudes(list(mags)), values
+
+
+def candidate_error(ar, abs_xs, abs_xs_scaled, dec_sf, amax, config):
+    """One 4/6 candidate's block error, the contract's sequential sum over i = 0..15.
+
+    On magnitudes: dec(q_i) has the sign of x_i (inv > 0 outside NaN blocks, whose errors
+    are NaN anyway), and RNE is symmetric, so |fl(dec*sf - x*S_enc)| = |fl(|dec*sf| - |x|*S_enc)|
+    and likewise for the exact error. abs_xs_scaled: fl(|x_i| * S_enc) (fast error) or None.
+    """
+    total = None
+    for i, x in enumerate(abs_xs):
+        if config.fast_error:
+            d = ar.sub(dec_sf[i], abs_xs_scaled[i])
+        else:
+            d = ar.sub(ar.div(ar.mul(dec_sf[i], amax), cm.f32(6 * config.e4m3_bound)), x)
+        e = ar.abs(d) if config.four_over_six == "mae" else ar.mul(d, d)
+        total = e if total is None else ar.add(total, e)
+    return total
+
+
+def quantize_planes(ar, xs, amax, config):
+    """The per-block contract on element planes (1x16 blocks).
+
+    xs: 16 f32 planes [rows, blocks]; amax: f32 [rows, 1] (the row's global A).
+    Returns (2 uint32 code-word planes, scale bytes int32 [rows, blocks], map4 bool [rows, blocks]).
+    """
+    if config.block_2d:
+        raise ValueError("the planar layout is for 1x16 blocks; 16x16 tiles use the tiled kernel")
+    s_enc, s_dec = cm.scales_from_amax(ar, amax, config.e4m3_bound)
+    abs_bits = [cm.abs_bits(x) for x in xs]
+    bmax = abs_bits[0]
+    for a in abs_bits[1:]:
+        bmax = jnp.maximum(bmax, a)  # integer max: NaN-propagating, exact
+    b = cm.from_bits(bmax)
+    cap = cm.E4M3_MAX
+    if config.four_over_six is None:
+        sf, byte = cm.e4m3_round(ar, cm.min_nan(ar.mul(b, ar.mul(s_enc, cm.f32(cm.ONE_SIXTH))), cap))
+        inv, vs, mag_words, _ = candidate(ar, xs, sf, s_dec, with_values=False)
+        return combine_words(mag_words, pack_signs(vs), inv), byte, jnp.zeros(byte.shape, jnp.bool_)
+    base = ar.mul(ar.div(b, cm.f32(6.0)), s_enc)  # divide, then multiply
+    sf6, byte6 = cm.e4m3_round(ar, cm.min_nan(base, cap))
+    sf4, byte4 = cm.e4m3_round(ar, cm.min_nan(ar.mul(base, cm.f32(1.5)), cap))
+    abs_xs = [cm.from_bits(a) for a in abs_bits]
+    abs_xs_scaled = [ar.mul(a, s_enc) for a in abs_xs] if config.fast_error else None
+    inv6, vs6, mags6, dec6 = candidate(ar, xs, sf6, s_dec, with_values=True)
+    _, _, mags4, dec4 = candidate(ar, xs, sf4, s_dec, with_values=True)
+    err6 = candidate_error(ar, abs_xs, abs_xs_scaled, dec6, amax, config)
+    err4 = candidate_error(ar, abs_xs, abs_xs_scaled, dec4, amax, config)
+    map4 = cm.less_nonneg(err4, err6)  # strict: ties go to map-6 (and NaN errors: map-6)
+    mags = [jnp.where(map4, m4, m6) for m6, m4 in zip(mags6, mags4)]
+    # Signs of candidate 6's fl(x * inv6): x's signs, and the NaN's sign in NaN blocks (map-6 there).
+    return combine_words(mags, pack_signs(vs6), inv6), jnp.where(map4, byte4, byte6), map4

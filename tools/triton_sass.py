@@ -1,0 +1,111 @@
+"""Compile the Triton quantize kernel for sm_90 on a machine WITHOUT a GPU and count its SASS.
+
+Why: the kernels are issue-bound (per-element integer/float work), so the instruction count of
+the compiled loop is a faithful, free proxy for their speed between scarce GPU sessions. JAX
+lowers the Pallas kernel to Triton IR (targeting an H200 through a private hook, as the CPU
+lowering test does); the pip `triton` package compiles that IR to PTX and cubin with its own
+ptxas, and its cuobjdump lists the SASS.
+
+    pip install triton==3.6.0          # once, into the same environment (not a dependency)
+    JAX_PLATFORMS=cpu python tools/triton_sass.py --variant 4/6-fast [--layout planar] [--out DIR]
+
+Prints the number of convert_layout ops in the TTGIR, shared memory, and SASS instruction
+counts (total and the most frequent opcodes). Files (ttir, ttgir, ptx, sass) go to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import tempfile
+
+VARIANTS = {
+    "nvfp4": {},
+    "4/6-fast": {"four_over_six": "mae", "fast_error": True},
+    "4/6-exact": {"four_over_six": "mae"},
+    "4/6-mse-fast": {"four_over_six": "mse", "fast_error": True},
+}
+
+
+def lower_to_ttir(variant: str, layout: str, shape: tuple[int, int]) -> list[str]:
+    """The Triton IR (text) of every pallas_call in the per-token quantizer, lowered for an H200."""
+    import jax
+    import jax.numpy as jnp
+    from jax._src.pallas.triton import gpu_info, lowering, pallas_call_registration
+
+    from fp4rl.formats import nvfp4 as ref
+    from pallas_kernels import triton_quant as tq
+
+    pallas_call_registration.gpu_info_lib.get_gpu_info = (
+        lambda: gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H200))
+    texts = []
+    original = lowering.lower_jaxpr_to_triton_module
+
+    def capture(*args, **kwargs):
+        result = original(*args, **kwargs)
+        texts.append(result.module.operation.get_asm(enable_debug_info=False))
+        return result
+
+    pallas_call_registration.lowering.lower_jaxpr_to_triton_module = capture
+    try:
+        config = ref.NVFP4Config(scale="token", **VARIANTS[variant])
+        tunables = tq.TritonQuantTunables(layout=layout)
+        x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+        jax.jit(lambda x: tq._quantize_jit(x, None, config, False, tunables)).trace(x).lower(
+            lowering_platforms=("cuda",))
+    finally:
+        pallas_call_registration.lowering.lower_jaxpr_to_triton_module = original
+    return texts
+
+
+def compile_and_count(ttir_path: str, num_warps: int) -> dict:
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+    except ImportError as e:
+        raise SystemExit(f"this tool needs the pip `triton` package (pip install triton==3.6.0): {e}") from e
+    kernel = triton.compile(ttir_path, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 1})
+    stem = ttir_path[: -len(".ttir")]
+    for kind in ("ttgir", "ptx"):
+        with open(f"{stem}.{kind}", "w") as f:
+            f.write(kernel.asm[kind])
+    with open(f"{stem}.cubin", "wb") as f:
+        f.write(kernel.asm["cubin"])
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    sass = subprocess.run([cuobjdump, "-sass", f"{stem}.cubin"], capture_output=True, text=True, check=True).stdout
+    with open(f"{stem}.sass", "w") as f:
+        f.write(sass)
+    ops = collections.Counter()
+    for line in sass.splitlines():
+        match = re.match(r"\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if match:
+            ops[match.group(1)] += 1
+    return {"convert_layout": kernel.asm["ttgir"].count("convert_layout"), "shared_bytes": kernel.metadata.shared,
+            "sass_total": sum(ops.values()), "top": dict(ops.most_common(12))}
+
+
+def main(argv=None) -> None:
+    from pallas_kernels.triton_quant import DEFAULT_TUNABLES, LAYOUTS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="4/6-fast")
+    parser.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_TUNABLES.layout)
+    parser.add_argument("--shape", default="8192x2048", help="MxK of the bf16 activation")
+    parser.add_argument("--out", default=None, help="folder for ttir/ttgir/ptx/sass (default: a temp folder)")
+    args = parser.parse_args(argv)
+    out = args.out or tempfile.mkdtemp(prefix="triton_sass_")
+    os.makedirs(out, exist_ok=True)
+    shape = tuple(int(v) for v in args.shape.split("x"))
+    for i, text in enumerate(lower_to_ttir(args.variant, args.layout, shape)):
+        path = os.path.join(out, f"kernel{i}.ttir")
+        with open(path, "w") as f:
+            f.write(text)
+        print(f"{args.variant} {args.layout} kernel{i}:", compile_and_count(path, DEFAULT_TUNABLES.num_warps))
+    print("files:", out)
+
+
+if __name__ == "__main__":
+    main()
