@@ -96,6 +96,7 @@ def pack_signs(values):
 # C = 2^23 + 2 (ulp 1) for [2, 4): mantissa q + 2 = code 4..6; C = 2^24 + 8 (ulp 2) for [4, 6]:
 # mantissa (8 + q) / 2 = code 6..7. The significand's parity is the code's, so "ties to even"
 # is E2M1's, and fl(a + C) - C = q, the E2M1 magnitude itself (exact).
+_SIX_BITS = np.int32(0x40C00000)  # 6.0f
 _RANGE_OFFSETS = (np.float32(2.0**22), np.float32(2.0**23 + 2), np.float32(2.0**24 + 8))
 
 
@@ -107,7 +108,9 @@ def e2m1_magnitude(ar, v, sf=None):
     (5, 6] -> 6, 5 -> 4 by the tie rule). A NaN v (only in blocks whose inv is NaN) gives an
     arbitrary magnitude here: `combine_words` zeroes those blocks.
     """
-    a = jnp.minimum(ar.abs(v), cm.f32(6.0))
+    # min(|v|, 6) on the bits (a float min lowers to minnumf in Triton, which the kernels avoid;
+    # a NaN v becomes 6 here, and its block is masked anyway)
+    a = cm.from_bits(jnp.minimum(cm.abs_bits(v), _SIX_BITS))
     low, mid = a < cm.f32(2.0), a < cm.f32(4.0)
     offset = jnp.where(low, cm.f32(_RANGE_OFFSETS[0]), jnp.where(mid, cm.f32(_RANGE_OFFSETS[1]),
                                                                    cm.f32(_RANGE_OFFSETS[2])))

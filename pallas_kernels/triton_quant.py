@@ -17,8 +17,8 @@ sizes (see `TritonQuantTunables`).
   `TritonQuantTunables.layout`): each thread owns whole blocks, loaded as 8 (16 for f32)
   strided 32-bit word planes, so the block max, the sequential 4/6 error sum and the packing of
   codes never cross threads, and E2M1 encoding is one rounding add per element. Measured in
-  sm_90 SASS (`tools/triton_sass.py`), per-token 4/6 fast went from 2592 to 1128 instructions
-  per program step (16 elements per thread), plain NVFP4 from 1200 to 760. The tiled layout
+  sm_90 SASS (`tools/triton_sass.py`), per-token 4/6 fast went from 2592 to 1160 instructions
+  per program step (16 elements per thread), plain NVFP4 from 1200 to ~790. The tiled layout
   (below) remains for 16x16 tiles, K-major expert stacks and as `layout="tiled"`.
 * Neither M nor K needs to be a multiple of the row block or chunk: the tails are MASKED
   (loads fill 0, stores are masked), never padded, so no extra HBM copy is made. A masked
@@ -312,14 +312,17 @@ def _planar_quant_kernel(*refs, m, k, rows, nbc, dtype, config, amax_given, inte
                                        mask=mask(b0), other=0) for j in range(wpb)]
         return planar.elements_from_words(words, dtype)
 
-    first = load_planes(0) if n_chunks == 1 else None  # one chunk: load x once for both passes
+    # The first chunk's index is traced: a static strided slice is bounds-checked at trace time
+    # as if unmasked, which rejects the masked tail of a chunk wider than the row.
+    chunk0 = pl.program_id(0) * 0
+    first = load_planes(chunk0) if n_chunks == 1 else None  # one chunk: load x once for both passes
     if amax_given:
         amax = plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok, other=0.0)
     else:
         def chunk_max(i):  # [rows, nbc]: reduced across threads once, after the loop
             return planar.max_abs_bits(first if first is not None else load_planes(i))
 
-        bits = chunk_max(0) if n_chunks == 1 else lax.fori_loop(
+        bits = chunk_max(chunk0) if n_chunks == 1 else lax.fori_loop(
             0, n_chunks, lambda i, acc: jnp.maximum(acc, chunk_max(i)), jnp.zeros((rows, nbc), jnp.int32))
         amax = cm.from_bits(jnp.max(bits, axis=1))
         plgpu_triton.store(amax_out_ref.at[g, pl.ds(r0, rows)], amax, mask=row_ok)
@@ -344,7 +347,7 @@ def _planar_quant_kernel(*refs, m, k, rows, nbc, dtype, config, amax_given, inte
         return carry
 
     if n_chunks == 1:
-        body(0, 0)
+        body(chunk0, 0)
     else:
         lax.fori_loop(0, n_chunks, body, 0)
 
