@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.gpu_bench import bench_main, median_seconds
-from fp4rl.formats import nvfp4
+from fp4rl.formats import ieee, nvfp4
 
 VARIANTS = {
     "nvfp4": {},
@@ -63,7 +63,8 @@ def head(t: nvfp4.NVFP4Tensor, n: int) -> nvfp4.NVFP4Tensor:
 def cpu_reference(x, config: nvfp4.NVFP4Config, experts: bool, n: int) -> nvfp4.NVFP4Tensor:
     """The contract's bytes for the first n rows / experts, computed by the reference on the CPU."""
     cpu = jax.devices("cpu")[0]
-    return quantizer("xla", config, experts)(jax.device_put(x[:n], cpu))
+    with ieee.native_division_for_cpu():  # traced here for the CPU, where division is IEEE
+        return quantizer("xla", config, experts)(jax.device_put(x[:n], cpu))
 
 
 def quantizer(backend: str, config: nvfp4.NVFP4Config, experts: bool, **options):

@@ -80,7 +80,7 @@ def test_forcing_integer_division_is_thread_local():
 
     def use():
         with ieee.integer_division_everywhere():
-            assert ieee._integer_division_forced()
+            assert ieee._depth("integer")
             inside.wait()
             leave.wait()
 
@@ -88,8 +88,22 @@ def test_forcing_integer_division_is_thread_local():
     for t in threads:
         t.start()
     inside.wait()
-    assert not ieee._integer_division_forced()  # the main thread is not forced meanwhile
+    assert not ieee._depth("integer")  # the main thread is not forced meanwhile
     leave.set()
     for t in threads:
         t.join()
-    assert not ieee._integer_division_forced()
+    assert not ieee._depth("integer")
+
+
+def test_native_division_for_cpu_wins_over_forced_integer_division():
+    """The benchmark's CPU reference traces the hardware division even where `divide` would
+    otherwise emit the integer long division (a GPU default backend, or the tests' switch)."""
+    def lowered():  # a fresh function each time: jit caches traces per function
+        return jax.jit(lambda a, b: ieee.divide(a, b)).lower(np.float32(1), np.float32(3)).as_text()
+
+    with ieee.integer_division_everywhere():
+        integer = lowered()
+        with ieee.native_division_for_cpu():
+            native = lowered()
+    assert "stablehlo.divide" in native and "shift_right" not in native
+    assert "shift_right" in integer
