@@ -238,11 +238,17 @@ def _store_cols(ref_, g, r0, c0, value, *, rows, m, ncols):
     )
 
 
-def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, interpret):
+def _quant_refs(refs, amax_given):
+    """(x, amax in or None, codes, scales, map4, amax out or None) of a quantize kernel."""
     if amax_given:
         x_ref, amax_ref, codes_ref, scales_ref, map4_ref = refs
-    else:
-        x_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = refs
+        return x_ref, amax_ref, codes_ref, scales_ref, map4_ref, None
+    x_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = refs
+    return x_ref, None, codes_ref, scales_ref, map4_ref, amax_out_ref
+
+
+def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, interpret):
+    x_ref, amax_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = _quant_refs(refs, amax_given)
     ar = _arith(interpret)
     g = pl.program_id(0)
     r0 = pl.program_id(1) * rows
@@ -285,10 +291,7 @@ def _planar_quant_kernel(*refs, m, k, rows, nbc, dtype, config, amax_given, inte
     them `nbc` blocks at a time. Plane j of a chunk is word j of each of its blocks (stride wpb).
     Codes are written as uint32 words [G, M, K/8] (two per block), scales/map4 one per block.
     """
-    if amax_given:
-        x_ref, amax_ref, codes_ref, scales_ref, map4_ref = refs
-    else:
-        x_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = refs
+    x_ref, amax_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = _quant_refs(refs, amax_given)
     ar = _arith(interpret)
     g = pl.program_id(0)
     r0 = pl.program_id(1) * rows
@@ -423,60 +426,39 @@ def _row_amax_call(x_g, *, m, k, k_major, tunables, interpret):
     )(x_g)
 
 
-def _planar_quant_call(x_g, amax_rows, *, m, k, config, tunables, interpret):
-    """The planar kernel on a row-major [G, M, K] input; outputs as `_quant_call`'s."""
-    rows, nbc = tunables.rows_1d, tunables.chunk(k) // cm.BLOCK
-    groups = x_g.shape[0]
-    kernel = functools.partial(
-        _planar_quant_kernel, m=m, k=k, rows=rows, nbc=nbc, dtype=x_g.dtype, config=config,
-        amax_given=amax_rows is not None, interpret=interpret,
-    )
-    out_shape = [
-        jax.ShapeDtypeStruct((groups, m, k // 8), jnp.uint32),
-        jax.ShapeDtypeStruct((groups, m, k // cm.BLOCK), jnp.uint8),
-        jax.ShapeDtypeStruct((groups, m, k // cm.BLOCK), jnp.bool_),
-    ]
-    if amax_rows is None:
-        out_shape.append(jax.ShapeDtypeStruct((groups, m), jnp.float32))
-    args = (planar.as_words(x_g),) if amax_rows is None else (planar.as_words(x_g), amax_rows)
-    outs = pl.pallas_call(
-        kernel,
-        out_shape=tuple(out_shape),
-        grid=(groups, pl.cdiv(m, rows)),
-        compiler_params=_params(tunables),
-        interpret=interpret,
-        name=QUANT_NAME,
-    )(*args)
-    code_bytes = lax.bitcast_convert_type(outs[0], jnp.uint8).reshape(groups, m, k // 2)
-    return (code_bytes, *outs[1:]) if amax_rows is None else (code_bytes, *outs[1:], None)
-
-
 def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
-    if tunables.layout == "planar" and not k_major and not config.block_2d:
-        return _planar_quant_call(x_g, amax_rows, m=m, k=k, config=config, tunables=tunables, interpret=interpret)
-    rows, chunk = tunables.rows(config), tunables.chunk(k, config)
     groups = x_g.shape[0]
-    kernel = functools.partial(
-        _quant_kernel, m=m, k=k, rows=rows, chunk=chunk, config=config, k_major=k_major,
-        amax_given=amax_rows is not None, interpret=interpret,
-    )
+    planar_layout = tunables.layout == "planar" and not k_major and not config.block_2d
+    if planar_layout:  # codes written as uint32 words (two per block), read from the input's words
+        rows = tunables.rows_1d
+        kernel = functools.partial(_planar_quant_kernel, m=m, k=k, rows=rows, nbc=tunables.chunk(k) // cm.BLOCK,
+                                   dtype=x_g.dtype, config=config, amax_given=amax_rows is not None,
+                                   interpret=interpret)
+        codes_shape, x_in = jax.ShapeDtypeStruct((groups, m, k // 8), jnp.uint32), planar.as_words(x_g)
+    else:
+        rows = tunables.rows(config)
+        kernel = functools.partial(_quant_kernel, m=m, k=k, rows=rows, chunk=tunables.chunk(k, config), config=config,
+                                   k_major=k_major, amax_given=amax_rows is not None, interpret=interpret)
+        codes_shape, x_in = jax.ShapeDtypeStruct((groups, m, k // 2), jnp.uint8), x_g
     out_shape = [
-        jax.ShapeDtypeStruct((groups, m, k // 2), jnp.uint8),
+        codes_shape,
         jax.ShapeDtypeStruct((groups, m, k // cm.BLOCK), jnp.uint8),
         jax.ShapeDtypeStruct((groups, m, k // cm.BLOCK), jnp.bool_),
     ]
     if amax_rows is None:
         out_shape.append(jax.ShapeDtypeStruct((groups, m), jnp.float32))
-    args = (x_g,) if amax_rows is None else (x_g, amax_rows)
-    outs = pl.pallas_call(
+    args = (x_in,) if amax_rows is None else (x_in, amax_rows)
+    outs = list(pl.pallas_call(
         kernel,
         out_shape=tuple(out_shape),
         grid=(groups, pl.cdiv(m, rows)),
         compiler_params=_params(tunables),
         interpret=interpret,
         name=QUANT_NAME,
-    )(*args)
-    return outs if amax_rows is None else (*outs, None)
+    )(*args))
+    if planar_layout:
+        outs[0] = lax.bitcast_convert_type(outs[0], jnp.uint8).reshape(groups, m, k // 2)
+    return tuple(outs) if amax_rows is None else (*outs, None)
 
 
 def _quantize_groups(x_g, amax, config, *, m, k, k_major, tunables, interpret):

@@ -34,7 +34,7 @@ case "${1:-bench}" in
     # Ordered by what a short device call must not miss: the default kernel, the model, the
     # benchmark; the Mosaic suite (slow to compile) gets what is left of SESSION_SECONDS.
     step gpu_tests_triton 150 python -m pytest -q -rf --tb=short -m gpu tests/kernels/test_triton.py -p no:cacheprovider
-    step gpu_tests_model 150 python -m pytest -q -rf --tb=short -m gpu tests/model/test_gpu_impl.py -p no:cacheprovider
+    step gpu_tests_model 240 python -m pytest -q -rf --tb=short -m gpu tests/model/test_gpu_impl.py -p no:cacheprovider
     step bench_quant 220 python -m experiments.bench_quant --iters=10
     step gpu_tests_mosaic 200 python -m pytest -q -rf --tb=line -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider
     cp "$log" benchmarks/gpu_check.log
