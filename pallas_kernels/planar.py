@@ -3,15 +3,18 @@
 Why: the Triton compiler lays a `[rows, blocks, 16]` tile out across threads, so every
 per-block step of the contract (the block max, the sequential 16-element error sum of 4/6, the
 packing of code pairs) became a reshape/split that it lowers to shared-memory layout
-conversions and shuffles; measured on sm_90 SASS that was ~160 instructions per element for
-per-token 4/6 fast (`tools/triton_sass.py`). Here the input is loaded as *planes*: plane j is
+conversions and shuffles: 2592 sm_90 SASS instructions per 16 elements per thread for
+per-token 4/6 fast (`tools/triton_sass.py`), 1160 in this layout. Here the input is loaded as *planes*: plane j is
 the j-th 32-bit word of every block (`x_words[r, wpb*b + j]`, a strided load), so a block's
 16 elements are 16 separate `[rows, blocks]` tensors that the same thread holds. The block
 max is 15 elementwise maxima, the error sum is the contract's sequential sum as written, and
 the 16 codes of a block pack into two 32-bit words with shifts. No op crosses threads.
 
-Each function returns exactly the bytes of `pallas_kernels.common.quantize_blocks` (the
-tiled form, itself pinned to `fp4rl.formats.nvfp4`): the per-block math is the same helpers.
+`quantize_planes` returns exactly the bytes of `pallas_kernels.common.quantize_blocks` (the
+tiled form, itself pinned to `fp4rl.formats.nvfp4`): the scale math is the same helpers; the
+E2M1 encoding is a different formulation of the same rounding (`e2m1_magnitude`, checked on
+every rounding boundary in `tests/kernels/test_planar.py`), and the shared suite compares
+the whole kernel byte for byte, interpreted on CPU and compiled on the H200.
 """
 
 from __future__ import annotations
