@@ -7,7 +7,7 @@ Two kinds of helpers live here:
   global amax, and the assembly of an `NVFP4Tensor` from the kernel's raw outputs.
 * Kernel-side element math written against an `Arith` object, so that one kernel body
   serves interpret mode (plain jnp ops) and a compiled backend that must pin every `fl()`
-  of the contract to one IEEE-rounded f32 instruction (see `triton_quant.RoundedArith`).
+  of the contract to one IEEE-rounded f32 instruction (see `triton_arith.RoundedArith`).
   Everything that is not an `fl()` of the contract is done on the integer bits (abs, max,
   E4M3 rounding of normals, E2M1 sign), which is exact on every backend: the Triton
   lowering turns float min/max into `minnumf`/`maxnumf`, which drop NaN, whereas the
@@ -283,13 +283,31 @@ def e2m1_decode(code):
     return with_sign(mag, (code & np.int32(8)) != 0)
 
 
+def block_scale(ar, b, s_enc):
+    """Plain NVFP4 scale of a block with max |x| = b: E4M3(min(fl(b * fl(S_enc * fl(1/6))), 448))
+    as (value, byte)."""
+    return e4m3_round(ar, min_nan(ar.mul(b, ar.mul(s_enc, f32(ONE_SIXTH))), E4M3_MAX))
+
+
+def four_over_six_scales(ar, b, s_enc):
+    """The two 4/6 candidate scales (sf6, byte6), (sf4, byte4) of s3:
+    base = fl(fl(b / 6) * S_enc) (divide, then multiply); sf6 = E4M3(min(base, 448));
+    sf4 = E4M3(min(fl(base * 1.5), 448))."""
+    base = ar.mul(ar.div(b, f32(6.0)), s_enc)
+    return e4m3_round(ar, min_nan(base, E4M3_MAX)), e4m3_round(ar, min_nan(ar.mul(base, f32(1.5)), E4M3_MAX))
+
+
+def inverse_scale(ar, sf, s_dec):
+    """inv = min(fl(1 / fl(f32(sf) * S_dec)), FLT_MAX) per block."""
+    return min_nan(ar.div(f32(1), ar.mul(sf, s_dec)), FLT_MAX)
+
+
 def encode_with_scale(ar, xb, sf, s_dec):
-    """q_i = E2M1(fl(x_i * inv)), inv = min(fl(1 / fl(f32(sf) * S_dec)), FLT_MAX).
+    """q_i = E2M1(fl(x_i * inv)) with inv = `inverse_scale`.
 
     xb [R, NB, 16]; sf [R', NB] (R' in {1, R}); s_dec [R, 1].
     """
-    inv = min_nan(ar.div(f32(1), ar.mul(sf, s_dec)), FLT_MAX)
-    return e2m1_encode(ar.mul(xb, inv[..., None]))
+    return e2m1_encode(ar.mul(xb, inverse_scale(ar, sf, s_dec)[..., None]))
 
 
 def sequential_sum16(ar, e):
@@ -334,17 +352,13 @@ def quantize_blocks(ar, xb, amax, config: ref.NVFP4Config):
     if config.block_2d:
         bmax = jnp.max(bmax, axis=0, keepdims=True)  # one b per 16x16 tile: [1, NB]
     b = from_bits(bmax)
-    cap = E4M3_MAX
     if config.four_over_six is None:
-        k = ar.mul(s_enc, f32(ONE_SIXTH))
-        sf, byte = e4m3_round(ar, min_nan(ar.mul(b, k), cap))
+        sf, byte = block_scale(ar, b, s_enc)
         codes = encode_with_scale(ar, xb, sf, s_dec)
         map4 = jnp.zeros((rows, nb), jnp.bool_)
         byte = jnp.broadcast_to(byte, (rows, nb))
         return codes, byte, map4
-    base = ar.mul(ar.div(b, f32(6.0)), s_enc)  # divide, then multiply
-    sf6, byte6 = e4m3_round(ar, min_nan(base, cap))
-    sf4, byte4 = e4m3_round(ar, min_nan(ar.mul(base, f32(1.5)), cap))
+    (sf6, byte6), (sf4, byte4) = four_over_six_scales(ar, b, s_enc)
     q6 = encode_with_scale(ar, xb, sf6, s_dec)
     q4 = encode_with_scale(ar, xb, sf4, s_dec)
     err6 = candidate_error(ar, xb, q6, sf6, amax, s_enc, config)

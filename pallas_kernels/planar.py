@@ -52,21 +52,20 @@ def elements_from_words(words, dtype):
         return [lax.bitcast_convert_type(w, jnp.float32) for w in words]
     out = []
     for w in words:
-        lo, hi = lax.shift_left(w, np.uint32(16)), w & np.uint32(0xFFFF0000)
         if dtype == jnp.bfloat16:  # bf16 bits are the top half of the f32 bits
-            out += [lax.bitcast_convert_type(lo, jnp.float32), lax.bitcast_convert_type(hi, jnp.float32)]
+            for bits in (lax.shift_left(w, np.uint32(16)), w & np.uint32(0xFFFF0000)):
+                out.append(lax.bitcast_convert_type(bits, jnp.float32))
         else:  # float16: the exact widening conversion
-            for half in (lax.shift_right_logical(lo, np.uint32(16)), lax.shift_right_logical(hi, np.uint32(16))):
-                h = lax.bitcast_convert_type(half.astype(jnp.uint16), jnp.float16)
-                out.append(h.astype(jnp.float32))
+            for half in (w & np.uint32(0xFFFF), lax.shift_right_logical(w, np.uint32(16))):
+                out.append(lax.bitcast_convert_type(half.astype(jnp.uint16), jnp.float16).astype(jnp.float32))
     return out
 
 
-def max_abs_bits(xs):  # the per-token amax pass
-    """Integer max of |x| bits over the planes: NaN-propagating, flush-free (as common.abs_bits)."""
-    m = cm.abs_bits(xs[0])
-    for x in xs[1:]:
-        m = jnp.maximum(m, cm.abs_bits(x))
+def max_bits(bits):
+    """Elementwise integer max over planes of |x| bits: NaN-propagating, flush-free."""
+    m = bits[0]
+    for b in bits[1:]:
+        m = jnp.maximum(m, b)
     return m
 
 
@@ -124,11 +123,6 @@ def e2m1_magnitude(ar, v, sf=None):
     return mag, ar.mul(ar.sub(u, offset), sf)
 
 
-def inverse_scale(ar, sf, s_dec):
-    """inv = min(fl(1 / fl(f32(sf) * S_dec)), FLT_MAX) per block."""
-    return cm.min_nan(ar.div(cm.f32(1), ar.mul(sf, s_dec)), cm.FLT_MAX)
-
-
 def combine_words(magnitude_words, sign_words, inv):
     """Magnitudes | signs. Where inv is NaN (a NaN in the block or its amax) every fl(x * inv)
     is NaN, which E2M1 encodes as magnitude 0 with the NaN's sign bit: only the signs stay."""
@@ -138,7 +132,7 @@ def combine_words(magnitude_words, sign_words, inv):
 
 def candidate(ar, xs, sf, s_dec, with_values):
     """One candidate scale sf: (inv, the scaled values fl(x_i * inv), magnitude words, |dec*sf|)."""
-    inv = inverse_scale(ar, sf, s_dec)
+    inv = cm.inverse_scale(ar, sf, s_dec)
     vs = [ar.mul(x, inv) for x in xs]
     mags, values = zip(*(e2m1_magnitude(ar, v, sf if with_values else None) for v in vs))
     return inv, vs, pack_magnitudes(list(mags)), values
@@ -172,18 +166,12 @@ def quantize_planes(ar, xs, amax, config):
         raise ValueError("the planar layout is for 1x16 blocks; 16x16 tiles use the tiled kernel")
     s_enc, s_dec = cm.scales_from_amax(ar, amax, config.e4m3_bound)
     abs_bits = [cm.abs_bits(x) for x in xs]
-    bmax = abs_bits[0]
-    for a in abs_bits[1:]:
-        bmax = jnp.maximum(bmax, a)  # integer max: NaN-propagating, exact
-    b = cm.from_bits(bmax)
-    cap = cm.E4M3_MAX
+    b = cm.from_bits(max_bits(abs_bits))
     if config.four_over_six is None:
-        sf, byte = cm.e4m3_round(ar, cm.min_nan(ar.mul(b, ar.mul(s_enc, cm.f32(cm.ONE_SIXTH))), cap))
+        sf, byte = cm.block_scale(ar, b, s_enc)
         inv, vs, mag_words, _ = candidate(ar, xs, sf, s_dec, with_values=False)
         return combine_words(mag_words, pack_signs(vs), inv), byte, jnp.zeros(byte.shape, jnp.bool_)
-    base = ar.mul(ar.div(b, cm.f32(6.0)), s_enc)  # divide, then multiply
-    sf6, byte6 = cm.e4m3_round(ar, cm.min_nan(base, cap))
-    sf4, byte4 = cm.e4m3_round(ar, cm.min_nan(ar.mul(base, cm.f32(1.5)), cap))
+    (sf6, byte6), (sf4, byte4) = cm.four_over_six_scales(ar, b, s_enc)
     abs_xs = [cm.from_bits(a) for a in abs_bits]
     abs_xs_scaled = [ar.mul(a, s_enc) for a in abs_xs] if config.fast_error else None
     inv6, vs6, mags6, dec6 = candidate(ar, xs, sf6, s_dec, with_values=True)

@@ -18,7 +18,7 @@ sizes (see `TritonQuantTunables`).
   strided 32-bit word planes, so the block max, the sequential 4/6 error sum and the packing of
   codes never cross threads, and E2M1 encoding is one rounding add per element. Measured in
   sm_90 SASS (`tools/triton_sass.py`), per-token 4/6 fast went from 2592 to 1160 instructions
-  per program step (16 elements per thread), plain NVFP4 from 1200 to ~790. The tiled layout
+  per program step (16 elements per thread), plain NVFP4 from 1200 to 896. The tiled layout
   (below) remains for 16x16 tiles, K-major expert stacks and as `layout="tiled"`.
 * Neither M nor K needs to be a multiple of the row block or chunk: the tails are MASKED
   (loads fill 0, stores are masked), never padded, so no extra HBM copy is made. A masked
@@ -79,6 +79,7 @@ from jax.experimental.pallas import triton as plgpu_triton
 from fp4rl.formats import nvfp4 as ref
 from pallas_kernels import common as cm
 from pallas_kernels import planar
+from pallas_kernels.triton_arith import RoundedArith
 
 QUANT_NAME = "fp4rl_nvfp4_quant_triton"
 AMAX_NAME = "fp4rl_nvfp4_amax_triton"
@@ -134,63 +135,6 @@ class TritonQuantTunables:
 
 
 DEFAULT_TUNABLES = TritonQuantTunables()
-
-
-class RoundedArith:
-    """`fl()` ops as inline PTX with explicit round-to-nearest-even and no FTZ.
-
-    `div.rn.f32` is the IEEE division (Triton's default f32 division is `div.full.f32`,
-    approximate); `mul.rn`/`add.rn`/`sub.rn` are never contracted into an FMA by ptxas.
-    """
-
-    @staticmethod
-    def _op(op: str, a, b):
-        a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
-        [out] = plgpu_triton.elementwise_inline_asm(
-            f"{op}.rn.f32 $0, $1, $2;",
-            args=[a, b],
-            constraints="=f,f,f",
-            pack=1,
-            result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.float32)],
-        )
-        return out
-
-    @classmethod
-    def mul(cls, a, b):
-        return cls._op("mul", a, b)
-
-    @classmethod
-    def div(cls, a, b):
-        return cls._op("div", a, b)
-
-    @classmethod
-    def add(cls, a, b):
-        return cls._op("add", a, b)
-
-    @classmethod
-    def sub(cls, a, b):
-        return cls._op("sub", a, b)
-
-    @staticmethod
-    def abs(a):
-        """|a| without flushing a subnormal (Triton's own fabs lowers to FADD.FTZ |a|, -0)."""
-        [out] = plgpu_triton.elementwise_inline_asm(
-            "abs.f32 $0, $1;", args=[jnp.asarray(a, jnp.float32)], constraints="=f,f", pack=1,
-            result_shape_dtypes=[jax.ShapeDtypeStruct(jnp.shape(a), jnp.float32)],
-        )
-        return out
-
-    @staticmethod
-    def fma(a, b, c):
-        a, b, c = jnp.broadcast_arrays(*(jnp.asarray(v, jnp.float32) for v in (a, b, c)))
-        [out] = plgpu_triton.elementwise_inline_asm(
-            "fma.rn.f32 $0, $1, $2, $3;",
-            args=[a, b, c],
-            constraints="=f,f,f,f",
-            pack=1,
-            result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.float32)],
-        )
-        return out
 
 
 def _arith(interpret: bool):
@@ -323,7 +267,7 @@ def _planar_quant_kernel(*refs, m, k, rows, nbc, dtype, config, amax_given, inte
         amax = plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok, other=0.0)
     else:
         def chunk_max(i):  # [rows, nbc]: reduced across threads once, after the loop
-            return planar.max_abs_bits(first if first is not None else load_planes(i))
+            return planar.max_bits([cm.abs_bits(x) for x in (first if first is not None else load_planes(i))])
 
         bits = chunk_max(chunk0) if n_chunks == 1 else lax.fori_loop(
             0, n_chunks, lambda i, acc: jnp.maximum(acc, chunk_max(i)), jnp.zeros((rows, nbc), jnp.int32))

@@ -109,7 +109,9 @@ def layer_runs(config: ModelConfig, recipe: PrecisionRecipe) -> list[tuple[int, 
 def run_blocks(blocks, x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx: Ctx, kv=None, index=None):
     """Apply consecutive identical blocks; `kv` (k, v), the returned kv and the MoE aux carry a
     leading [len(blocks)] axis. One block is called directly; several are one `lax.scan` over
-    their stacked parameters (the stack is a copy per call, small next to the layers' GEMMs)."""
+    their stacked parameters. The stack is a copy per forward, small next to the layers' GEMMs; in
+    the sampler's decode loop it is loop-invariant and XLA hoists it out of the `while` (seen in
+    the compiled `_generate`: every weight stack sits outside the loop body)."""
     def with_layer_axis(tree):
         return None if tree is None else jax.tree.map(lambda a: a[None], tree)
 
