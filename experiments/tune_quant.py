@@ -20,19 +20,22 @@ from experiments.bench_quant import VARIANTS, check_then_time, copy_bandwidth, c
 from experiments.gpu_bench import bench_main
 from fp4rl.formats import nvfp4
 
-# (rows_1d, block_k, num_warps): from many rows x short chunks (several K passes) to one row
-# per program holding the whole row (one HBM read, the per-token amax from registers).
-ACT_CANDIDATES = ((4, 512, 4), (8, 512, 8), (16, 256, 4), (8, 1024, 4), (4, 2048, 4), (4, 2048, 8),
-                  (2, 4096, 4), (2, 4096, 8), (1, 8192, 4), (1, 8192, 8), (2, 8192, 8))
+# (rows_1d, block_k, num_warps, prefetch) of the planar kernel: one 16-element block per thread per
+# step at several program sizes (more rows: fewer programs, more rows resident between the amax
+# and the quantize pass), two blocks per thread, one row per program holding the whole row
+# (K <= 8192: one HBM read, the amax from registers), and the default without prefetch.
+ACT_CANDIDATES = ((4, 512, 4, True), (4, 512, 4, False), (2, 512, 2, True), (8, 512, 8, True),
+                  (2, 1024, 4, True), (1, 2048, 4, True), (8, 256, 4, True), (4, 1024, 4, True),
+                  (1, 8192, 8, True))
 # (block_k_2d, num_warps) for one 16-row tile row per program
 EXPERT_CANDIDATES = ((128, 4), (256, 4), (256, 8), (512, 8), (1024, 8))
 
 
 @dataclasses.dataclass(frozen=True)
 class TuneConfig:
-    activation_shapes: tuple[str, ...] = ("8192x2048", "32768x7168")
+    activation_shapes: tuple[str, ...] = ("16384x4096", "32768x7168")
     variants: tuple[str, ...] = ("nvfp4", "4/6 fast", "4/6 exact")
-    experts: int = 128
+    experts: int = 128  # 0: skip the expert-stack sweep
     expert_shape: str = "2048x768"
     iters: int = 10
     check_rows: int = 256
@@ -57,12 +60,14 @@ def run(config: TuneConfig) -> dict:
         for variant in config.variants:
             qconfig = nvfp4.NVFP4Config(scale="token", **VARIANTS[variant])
             reference = cpu_reference(x, qconfig, False, config.check_rows)
-            for rows_1d, block_k, num_warps in ACT_CANDIDATES:
-                tunables = dict(rows_1d=rows_1d, block_k=block_k, num_warps=num_warps)
+            for rows_1d, block_k, num_warps, prefetch in ACT_CANDIDATES:
+                tunables = dict(rows_1d=rows_1d, block_k=block_k, num_warps=num_warps, prefetch=prefetch)
                 row = {"case": f"act {shape}", "variant": variant,
                        **_measure(x, qconfig, False, tunables, reference, config.check_rows, config.iters, copy_bw)}
                 print(row, flush=True)
                 results.append(row)
+    if not config.experts:
+        return {"device": str(jax.devices()[0].device_kind), "rows": results}
     k, n = map(int, config.expert_shape.split("x"))
     w = (jax.random.normal(key, (config.experts, k, n), jnp.float32) * 0.02).astype(jnp.bfloat16)
     copy_bw = copy_bandwidth(w, config.iters)
@@ -82,14 +87,15 @@ def to_markdown(result: dict) -> str:
     lines = ["# Triton quantize launch-shape sweep", "",
              f"Device: {result['device']}. Command: `python -m experiments.tune_quant`. Every timed candidate "
              "matched the CPU reference byte for byte; **bold** = fastest of its case and variant.", "",
-             "| case | variant | rows_1d | block_k | block_k_2d | num_warps | ms | copy % |", "|---|---|---|---|---|---|---|---|"]
+             "| case | variant | rows_1d | block_k | block_k_2d | num_warps | prefetch | ms | copy % |",
+             "|---|---|---|---|---|---|---|---|---|"]
     best = {}
     for r in result["rows"]:
         if "ms" in r and r["ms"] < best.get((r["case"], r["variant"]), float("inf")):
             best[(r["case"], r["variant"])] = r["ms"]
     for r in result["rows"]:
         t = r["tunables"]
-        shape = f"| {r['case']} | {r['variant']} | {t['rows_1d']} | {t['block_k']} | {t['block_k_2d']} | {t['num_warps']} |"
+        shape = f"| {r['case']} | {r['variant']} | {t['rows_1d']} | {t['block_k']} | {t['block_k_2d']} | {t['num_warps']} | {t['prefetch']} |"
         if "error" in r:
             lines.append(f"{shape} error: {r['error']} | |")
         elif not r["bit_exact"]:

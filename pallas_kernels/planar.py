@@ -42,6 +42,15 @@ def as_words(x):
     return lax.bitcast_convert_type(x.reshape(*lead, k // 2, 2), jnp.uint32)
 
 
+def unstack_quad(quad):
+    """[..., 4] -> its 4 slices [...] in order, by two size-2 unstacks of the last axis (Triton
+    lowers those to `tt.split`, which stays inside the thread that holds the 4 words)."""
+    even, odd = lax.unstack(quad.reshape(*quad.shape[:-1], 2, 2), axis=-1)  # words (0, 2), (1, 3)
+    w0, w2 = lax.unstack(even, axis=-1)
+    w1, w3 = lax.unstack(odd, axis=-1)
+    return [w0, w1, w2, w3]
+
+
 def elements_from_words(words, dtype):
     """The 16 f32 element planes of a block from its word planes (exact, subnormals kept).
 

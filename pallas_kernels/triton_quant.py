@@ -103,6 +103,9 @@ class TritonQuantTunables:
       owns whole blocks, loaded as strided word planes (`pallas_kernels.planar`); "tiled": a
       `[rows, blocks, 16]` tile spread over threads. 16x16 tiles and K-major expert stacks
       always use the tiled kernel.
+    prefetch: planar layout, K in several chunks: issue chunk i+1's loads before chunk i is
+      processed (software pipelining in registers; the compiler does not move loads across
+      loop iterations), so memory latency overlaps the per-block arithmetic.
     """
 
     rows_1d: int = 4
@@ -111,6 +114,7 @@ class TritonQuantTunables:
     num_warps: int = 4
     num_stages: int = 1
     layout: str = "planar"
+    prefetch: bool = True
 
     def __post_init__(self):
         rows_1d, block = self.rows_1d, cm.BLOCK
@@ -228,12 +232,14 @@ def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, interpr
         lax.fori_loop(0, n_chunks, body, 0)
 
 
-def _planar_quant_kernel(*refs, m, k, rows, nbc, dtype, config, amax_given, interpret):
+def _planar_quant_kernel(*refs, m, k, rows, nbc, dtype, config, amax_given, prefetch, interpret):
     """1x16 blocks of a row-major input held as element planes (`pallas_kernels.planar`).
 
-    x_ref: uint32 [G, M, K*itemsize/4] (the input's bytes); a program owns `rows` rows and walks
-    them `nbc` blocks at a time. Plane j of a chunk is word j of each of its blocks (stride wpb).
-    Codes are written as uint32 words [G, M, K/8] (two per block), scales/map4 one per block.
+    x_ref: uint32 [G, M, K/16, wpb] (the input's bytes, one row of wpb words per block); a program
+    owns `rows` rows and walks them `nbc` blocks at a time. Plane j of a chunk is word j of each of
+    its blocks, loaded four words at a time (`[rows, nbc, 4]`, 16 contiguous bytes per thread:
+    vector loads; the planes are split from them inside the thread). Codes are written as uint32
+    [G, M, K/16, 2] (two words per block), scales/map4 one byte per block.
     """
     x_ref, amax_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = _quant_refs(refs, amax_given)
     ar = _arith(interpret)
@@ -247,56 +253,68 @@ def _planar_quant_kernel(*refs, m, k, rows, nbc, dtype, config, amax_given, inte
     def mask(b0):
         return row_ok[:, None] & ((b0 + jnp.arange(nbc)) < nblocks)[None, :]
 
-    def load_planes(i):
+    def load_words(i):  # chunk i's word planes; a chunk past the end loads nothing (all masked)
         b0 = i * nbc
-        if interpret:  # the interpreter has no strided loads: load the chunk, slice the planes
-            col_ok = (b0 * wpb + jnp.arange(nbc * wpb)) < nblocks * wpb
-            chunk = plgpu_triton.load(x_ref.at[g, pl.ds(r0, rows), pl.ds(b0 * wpb, nbc * wpb)],
-                                      mask=row_ok[:, None] & col_ok[None, :], other=0)
-            words = [chunk[:, j::wpb] for j in range(wpb)]
-        else:
-            words = [plgpu_triton.load(x_ref.at[g, pl.ds(r0, rows), pl.ds(b0 * wpb + j, nbc, stride=wpb)],
-                                       mask=mask(b0), other=0) for j in range(wpb)]
-        return planar.elements_from_words(words, dtype)
+        quad_ok = jnp.broadcast_to(mask(b0)[:, :, None], (rows, nbc, 4))
+        words = []
+        for q in range(wpb // 4):  # 4 contiguous words (16 bytes) of every block: one 128-bit load per thread
+            quad = plgpu_triton.load(x_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc), pl.ds(4 * q, 4)],
+                                     mask=quad_ok, other=0)
+            words += planar.unstack_quad(quad)
+        return words
+
+    def chunk_max(words):  # [rows, nbc]: reduced across threads once, after the loop
+        return planar.max_bits([cm.abs_bits(x) for x in planar.elements_from_words(words, dtype)])
+
+    def quantize_chunk(i, words):
+        b0 = i * nbc
+        codes, scale_bytes, map4 = planar.quantize_planes(ar, planar.elements_from_words(words, dtype), amax, config)
+        pair_ok = jnp.broadcast_to(mask(b0)[:, :, None], (rows, nbc, 2))
+        plgpu_triton.store(codes_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc), pl.ds(0, 2)],
+                           jnp.stack(codes, axis=-1), mask=pair_ok)  # the block's two code words: one 64-bit store
+        plgpu_triton.store(scales_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc)], scale_bytes.astype(jnp.uint8),
+                           mask=mask(b0))
+        plgpu_triton.store(map4_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc)], map4, mask=mask(b0))
 
     # The first chunk's index is traced: a static strided slice is bounds-checked at trace time
     # as if unmasked, which rejects the masked tail of a chunk wider than the row.
     chunk0 = pl.program_id(0) * 0
-    first = load_planes(chunk0) if n_chunks == 1 else None  # one chunk: load x once for both passes
+    if n_chunks == 1:  # one chunk: x is loaded once, for both the amax and the quantization
+        words = load_words(chunk0)
+        if amax_given:
+            amax = plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok, other=0.0)
+        else:
+            amax = cm.from_bits(jnp.max(chunk_max(words), axis=1))
+            plgpu_triton.store(amax_out_ref.at[g, pl.ds(r0, rows)], amax, mask=row_ok)
+        amax = amax[:, None]  # [rows, 1]
+        quantize_chunk(chunk0, words)
+        return
+
+    # Several chunks: two passes over the row (amax, then quantize). With `prefetch`, chunk i+1's
+    # loads are issued before chunk i is processed (the loop carries them), so a warp has
+    # loads in flight while it computes; the amax loop's last prefetch is the quantize loop's chunk 0.
+    def amax_pass(i, carry):
+        acc, words = carry if prefetch else (carry, load_words(i))
+        nxt = load_words(lax.rem(i + 1, n_chunks)) if prefetch else None
+        acc = jnp.maximum(acc, chunk_max(words))
+        return (acc, nxt) if prefetch else acc
+
+    def quantize_pass(i, words):
+        nxt = load_words(i + 1) if prefetch else None
+        quantize_chunk(i, words if prefetch else load_words(i))
+        return nxt if prefetch else words
+
+    first = load_words(chunk0) if prefetch else None
     if amax_given:
         amax = plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok, other=0.0)
     else:
-        def chunk_max(i):  # [rows, nbc]: reduced across threads once, after the loop
-            return planar.max_bits([cm.abs_bits(x) for x in (first if first is not None else load_planes(i))])
-
-        bits = chunk_max(chunk0) if n_chunks == 1 else lax.fori_loop(
-            0, n_chunks, lambda i, acc: jnp.maximum(acc, chunk_max(i)), jnp.zeros((rows, nbc), jnp.int32))
+        zeros = jnp.zeros((rows, nbc), jnp.int32)
+        carry = lax.fori_loop(0, n_chunks, amax_pass, (zeros, first) if prefetch else zeros)
+        bits, first = carry if prefetch else (carry, None)
         amax = cm.from_bits(jnp.max(bits, axis=1))
         plgpu_triton.store(amax_out_ref.at[g, pl.ds(r0, rows)], amax, mask=row_ok)
     amax = amax[:, None]  # [rows, 1]
-
-    def body(i, carry):
-        b0 = i * nbc
-        words, scale_bytes, map4 = planar.quantize_planes(ar, first if first is not None else load_planes(i),
-                                                          amax, config)
-        if interpret:  # no strided stores either: interleave the two words of each block
-            col_ok = (2 * b0 + jnp.arange(2 * nbc)) < 2 * nblocks
-            plgpu_triton.store(codes_ref.at[g, pl.ds(r0, rows), pl.ds(2 * b0, 2 * nbc)],
-                               jnp.stack(words, axis=-1).reshape(rows, 2 * nbc),
-                               mask=row_ok[:, None] & col_ok[None, :])
-        else:
-            for j, w in enumerate(words):
-                plgpu_triton.store(codes_ref.at[g, pl.ds(r0, rows), pl.ds(2 * b0 + j, nbc, stride=2)], w,
-                                   mask=mask(b0))
-        plgpu_triton.store(scales_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc)], scale_bytes.astype(jnp.uint8),
-                           mask=mask(b0))
-        plgpu_triton.store(map4_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc)], map4, mask=mask(b0))
-        return carry
-
-    if n_chunks == 1:
-        body(chunk0, 0)
-    else:
-        lax.fori_loop(0, n_chunks, body, 0)
+    lax.fori_loop(0, n_chunks, quantize_pass, first if prefetch else 0)
 
 
 def _amax_kernel(x_ref, out_ref, *, m, k, rows, chunk, k_major):
@@ -373,12 +391,14 @@ def _row_amax_call(x_g, *, m, k, k_major, tunables, interpret):
 def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
     groups = x_g.shape[0]
     planar_layout = tunables.layout == "planar" and not k_major and not config.block_2d
-    if planar_layout:  # codes written as uint32 words (two per block), read from the input's words
+    if planar_layout:  # codes written as uint32 word pairs (one per block), read from the input's words
         rows = tunables.rows_1d
         kernel = functools.partial(_planar_quant_kernel, m=m, k=k, rows=rows, nbc=tunables.chunk(k) // cm.BLOCK,
+                                   prefetch=tunables.prefetch,
                                    dtype=x_g.dtype, config=config, amax_given=amax_rows is not None,
                                    interpret=interpret)
-        codes_shape, x_in = jax.ShapeDtypeStruct((groups, m, k // 8), jnp.uint32), planar.as_words(x_g)
+        x_in = planar.as_words(x_g).reshape(groups, m, k // cm.BLOCK, planar.words_per_block(x_g.dtype))
+        codes_shape = jax.ShapeDtypeStruct((groups, m, k // cm.BLOCK, 2), jnp.uint32)
     else:
         rows = tunables.rows(config)
         kernel = functools.partial(_quant_kernel, m=m, k=k, rows=rows, chunk=tunables.chunk(k, config), config=config,

@@ -2,6 +2,8 @@
 # The commands run on the lent H200 (device tool), so the GPU numbers can be reproduced:
 #   bash tools/gpu_session.sh check     # compiled Triton + model GPU tests, bench_quant, compiled Mosaic tests
 #   bash tools/gpu_session.sh tune      # XLA:GPU reference vs oracle check, Triton launch-shape sweep
+#   bash tools/gpu_session.sh diagnose  # the model GPU test and the Mosaic suite, verbose (per test, per phase)
+#   bash tools/gpu_session.sh MODE...   # several modes in one device call, in order
 #   bash tools/gpu_session.sh bench     # compiled kernel suite + the four benchmarks
 #   bash tools/gpu_session.sh pilot     # h200 warm-up + the pilot arms (resumable)
 # The image lacks grain/tensorboardX: carried as wheels in .whl/ (see README "GPU runs").
@@ -28,21 +30,35 @@ step() {  # step NAME SECONDS CMD...  (never past SESSION_SECONDS, so the result
   return $rc
 }
 python -c "import jax; print(jax.devices())" >>"$log" 2>&1
-case "${1:-bench}" in
+for mode in "${@:-bench}"; do
+case "$mode" in
   check)
     # one step per suite, no -x: a failure in one backend must not hide the others' results.
     # Ordered by what a short device call must not miss: the default kernel, the model, the
     # benchmark; the Mosaic suite (slow to compile) gets what is left of SESSION_SECONDS.
-    step gpu_tests_triton 150 python -m pytest -q -rf --tb=short -m gpu tests/kernels/test_triton.py -p no:cacheprovider
-    step gpu_tests_model 240 python -m pytest -q -rf --tb=short -m gpu tests/model/test_gpu_impl.py -p no:cacheprovider
-    step bench_quant 220 python -m experiments.bench_quant --iters=10
-    step gpu_tests_mosaic 200 python -m pytest -q -rf --tb=line -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider
+    step gpu_tests_triton 150 python -m pytest -v -rf --tb=short -m gpu tests/kernels/test_triton.py -p no:cacheprovider
+    # The model test compares two compiled training steps bit for bit: GPU scatter-adds (the
+    # embedding gradient) use atomics, whose order differs between runs unless XLA is told not to.
+    XLA_FLAGS=--xla_gpu_deterministic_ops=true step gpu_tests_model "${MODEL_SECONDS:-240}" python -m pytest -v -s -rf \
+      --tb=short -m gpu tests/model/test_gpu_impl.py -k "${MODEL_TESTS:-auto or nvfp4 or full or 46}" -p no:cacheprovider
+    step bench_quant 220 python -m experiments.bench_quant --iters=10 ${BENCH_ARGS:-}
+    step gpu_tests_mosaic 200 python -m pytest -v -rf --tb=line -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider
     cp "$log" benchmarks/gpu_check.log
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   tune)
-    step reference_check 60 python tools/check_gpu_reference.py
-    step tune_quant 300 python -m experiments.tune_quant --iters=10
+    [ -n "${SKIP_REFERENCE_CHECK:-}" ] || step reference_check 60 python tools/check_gpu_reference.py
+    step tune_quant "${TUNE_SECONDS:-300}" python -m experiments.tune_quant --iters=10 ${TUNE_ARGS:-}
+    tar czf "$OUT/benchmarks.tgz" benchmarks
+    ;;
+  diagnose)
+    # -v streams one line per test and -s the model test's phase times, so a step cut by its
+    # time limit still says how far it got; JAX_LOG_COMPILES names each slow XLA compile.
+    XLA_FLAGS=--xla_gpu_deterministic_ops=true JAX_LOG_COMPILES=1 step gpu_tests_model "${MODEL_SECONDS:-200}" python -m pytest -v -s -rf --tb=short -m gpu \
+      tests/model/test_gpu_impl.py -k "${MODEL_TESTS:-auto or full}" -p no:cacheprovider
+    step gpu_tests_mosaic "${MOSAIC_SECONDS:-200}" python -m pytest -v -rf --tb=line -m gpu tests/kernels/test_mosaic.py \
+      -p no:cacheprovider
+    cp "$log" benchmarks/gpu_diagnose.log
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   bench)
@@ -80,4 +96,8 @@ case "${1:-bench}" in
     cp "$log" runs/pilot/log.txt
     tar czf "$OUT/pilot.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/pilot
     ;;
+  *)
+    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, pilot" | tee -a "$log"; exit 2
+    ;;
 esac
+done

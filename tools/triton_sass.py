@@ -30,7 +30,7 @@ VARIANTS = {
 }
 
 
-def lower_to_ttir(variant: str, layout: str, shape: tuple[int, int]) -> list[str]:
+def lower_to_ttir(variant: str, tunables, shape: tuple[int, int]) -> list[str]:
     """The Triton IR (text) of every pallas_call in the per-token quantizer, lowered for an H200."""
     import jax
     import jax.numpy as jnp
@@ -52,7 +52,6 @@ def lower_to_ttir(variant: str, layout: str, shape: tuple[int, int]) -> list[str
     pallas_call_registration.lowering.lower_jaxpr_to_triton_module = capture
     try:
         config = ref.NVFP4Config(scale="token", **VARIANTS[variant])
-        tunables = tq.TritonQuantTunables(layout=layout)
         x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
         jax.jit(lambda x: tq._quantize_jit(x, None, config, False, tunables)).trace(x).lower(
             lowering_platforms=("cuda",))
@@ -61,13 +60,13 @@ def lower_to_ttir(variant: str, layout: str, shape: tuple[int, int]) -> list[str
     return texts
 
 
-def compile_and_count(ttir_path: str, num_warps: int) -> dict:
+def compile_and_count(ttir_path: str, num_warps: int, num_stages: int) -> dict:
     try:
         import triton
         from triton.backends.compiler import GPUTarget
     except ImportError as e:
         raise SystemExit(f"this tool needs the pip `triton` package (pip install triton==3.6.0): {e}") from e
-    kernel = triton.compile(ttir_path, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 1})
+    kernel = triton.compile(ttir_path, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
     stem = ttir_path[: -len(".ttir")]
     for kind in ("ttgir", "ptx"):
         with open(f"{stem}.{kind}", "w") as f:
@@ -78,32 +77,45 @@ def compile_and_count(ttir_path: str, num_warps: int) -> dict:
     sass = subprocess.run([cuobjdump, "-sass", f"{stem}.cubin"], capture_output=True, text=True, check=True).stdout
     with open(f"{stem}.sass", "w") as f:
         f.write(sass)
+    usage = subprocess.run([cuobjdump, "--dump-resource-usage", f"{stem}.cubin"], capture_output=True, text=True,
+                           check=True).stdout
+    registers, local = (int(re.search(rf"{key}:(\d+)", usage).group(1)) for key in ("REG", "LOCAL"))
     ops = collections.Counter()
     for line in sass.splitlines():
         match = re.match(r"\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
         if match:
             ops[match.group(1)] += 1
-    return {"convert_layout": kernel.asm["ttgir"].count("convert_layout"), "shared_bytes": kernel.metadata.shared,
+    return {"registers": registers, "spill_bytes": local,  # LOCAL > 0: registers spilled to local memory
+            "convert_layout": kernel.asm["ttgir"].count("convert_layout"), "shared_bytes": kernel.metadata.shared,
             "sass_total": sum(ops.values()), "top": dict(ops.most_common(12))}
 
 
 def main(argv=None) -> None:
-    from pallas_kernels.triton_quant import DEFAULT_TUNABLES, LAYOUTS
+    import dataclasses
+
+    from pallas_kernels.triton_quant import DEFAULT_TUNABLES, LAYOUTS, TritonQuantTunables
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="4/6-fast")
     parser.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_TUNABLES.layout)
+    parser.add_argument("--rows", type=int, default=DEFAULT_TUNABLES.rows_1d, help="rows_1d")
+    parser.add_argument("--block-k", type=int, default=DEFAULT_TUNABLES.block_k)
+    parser.add_argument("--num-warps", type=int, default=DEFAULT_TUNABLES.num_warps)
+    parser.add_argument("--num-stages", type=int, default=DEFAULT_TUNABLES.num_stages)
+    parser.add_argument("--no-prefetch", action="store_true", help="planar: no software prefetch of chunk i+1")
     parser.add_argument("--shape", default="8192x2048", help="MxK of the bf16 activation")
     parser.add_argument("--out", default=None, help="folder for ttir/ttgir/ptx/sass (default: a temp folder)")
     args = parser.parse_args(argv)
     out = args.out or tempfile.mkdtemp(prefix="triton_sass_")
     os.makedirs(out, exist_ok=True)
     shape = tuple(int(v) for v in args.shape.split("x"))
-    for i, text in enumerate(lower_to_ttir(args.variant, args.layout, shape)):
+    tunables = dataclasses.replace(DEFAULT_TUNABLES, layout=args.layout, rows_1d=args.rows, block_k=args.block_k,
+                                   num_warps=args.num_warps, num_stages=args.num_stages, prefetch=not args.no_prefetch)
+    for i, text in enumerate(lower_to_ttir(args.variant, tunables, shape)):
         path = os.path.join(out, f"kernel{i}.ttir")
         with open(path, "w") as f:
             f.write(text)
-        print(f"{args.variant} {args.layout} kernel{i}:", compile_and_count(path, DEFAULT_TUNABLES.num_warps))
+        print(f"{args.variant} {args.layout} kernel{i}:", compile_and_count(path, tunables.num_warps, tunables.num_stages))
     print("files:", out)
 
 

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 import pallas_kernels
+from fp4rl.formats import ieee
 from fp4rl.formats import nvfp4 as ref
 from pallas_kernels import triton_quant as tq
-from tests.kernels.quant_suite import Impl, KernelQuantSuite, gpu_present, lowered_text
+from tests.kernels.quant_suite import Impl, KernelQuantSuite, assert_tensor_equal, gpu_present, lowered_text
 
 # block_k=32 makes the sweep's K = 48 span two chunks (the second one masked) and rows_1d=4
 # leaves a masked row tail for M = 19: the chunk loop and both masks run at interpret sizes.
@@ -193,3 +194,23 @@ def test_registry_refuses_unknown_and_unavailable_backends(monkeypatch):
     monkeypatch.setitem(pallas_kernels.BACKENDS, "ghost", "pallas_kernels.common")
     with pytest.raises(pallas_kernels.BackendUnavailableError, match="no quantize_ghost"):
         pallas_kernels.quantize(x, ref.NVFP4Config(), backend="ghost", interpret=True)
+
+
+@pytest.mark.parametrize("interpret", [True, pytest.param(False, marks=pytest.mark.gpu)], ids=["interpret", "compiled"])
+@pytest.mark.parametrize("prefetch", [False, True], ids=["no-prefetch", "prefetch"])
+def test_planar_chunk_loop_with_and_without_prefetch(interpret, prefetch):
+    """The planar kernel's two chunk loops (amax, then quantize), with and without carrying the
+    next chunk's loads: K = 80 in chunks of 32 (the last one half masked), M = 19 (a masked row
+    tail), the per-token amax computed in the kernel and given; bytes equal the reference's."""
+    if not interpret and not gpu_present():
+        pytest.skip("needs a CUDA GPU")
+    tunables = tq.TritonQuantTunables(rows_1d=4, block_k=32, prefetch=prefetch)
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((19, 80)) * 3, jnp.bfloat16)
+    config = ref.NVFP4Config(scale="token", four_over_six="mae", fast_error=True)
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True) * 1.5
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu), ieee.native_division_for_cpu():  # the reference's bytes, on the CPU
+        expected = [ref.quantize(jax.device_put(x, cpu), config, amax=a) for a in (None, jax.device_put(amax, cpu))]
+    for given, want in zip((None, amax), expected):
+        got = tq.quantize_triton(x, config, interpret=interpret, amax=given, tunables=tunables)
+        assert_tensor_equal(got, want, f"prefetch={prefetch} amax {'given' if given is not None else 'computed'}")

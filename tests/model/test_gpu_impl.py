@@ -7,6 +7,7 @@ divides through `ieee.rounded_divide` there) and every GEMM receives the same op
 """
 
 import dataclasses
+import time
 
 import jax
 import jax.numpy as jnp
@@ -44,19 +45,32 @@ def test_triton_training_step_equals_reference(name):
     def step(impl):
         return jax.jit(jax.vmap(jax.grad(lambda p: loss(p, impl), has_aux=True)))
 
+    start = time.perf_counter()
+
+    def phase(what):  # printed (pytest -s): where a slow GPU compile spends its time
+        print(f"[{name}] {what}: {time.perf_counter() - start:.1f}s", flush=True)
+
     assert QUANT_NAME in step("auto").lower(seeds).as_text(), "the Triton quantizer is not in the program"
+    phase("lowered")
     # Checked from the innermost piece outwards, so a failure says where the two impls part:
     # the weight sync (quantizers on weights alone), the forward, then the gradients.
     q_tri, _ = jax.jit(lambda p: sync.sync_weights(p, CONFIG, recipe, "triton"))(params)
     q_ref, _ = jax.jit(lambda p: sync.sync_weights(p, CONFIG, recipe, "reference"))(params)
     for (path, a), b in zip(flat_params(q_tri).items(), jax.tree.leaves(q_ref)):
         np.testing.assert_array_equal(np.asarray(a).reshape(-1).view(np.uint8), np.asarray(b).reshape(-1).view(np.uint8), err_msg=path)
+    phase("weight sync equal")
 
     def logits(impl):
         return jax.jit(lambda p: forward(graphdef, p, seqs[:, :-1], recipe, key=KEY, impl=impl)[0])(params)
 
     np.testing.assert_array_equal(np.asarray(logits("triton")), np.asarray(logits("reference")))
-    (g_tri, logits_tri), (g_ref, logits_ref) = step("triton")(seeds), step("reference")(seeds)
+    phase("forward equal")
+    (g_tri, logits_tri) = step("triton")(seeds)
+    phase("triton training step ran")
+    (g_ref, logits_ref) = step("reference")(seeds)
+    phase("reference training step ran")
     np.testing.assert_array_equal(np.asarray(logits_tri), np.asarray(logits_ref))
-    for (path, a), b in zip(flat_params(g_tri).items(), jax.tree.leaves(g_ref)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=path)
+    differing = {path: int(np.sum(np.asarray(a) != np.asarray(b)))  # every differing leaf, not just the first
+                 for (path, a), b in zip(flat_params(g_tri).items(), jax.tree.leaves(g_ref))
+                 if np.asarray(a).tobytes() != np.asarray(b).tobytes()}
+    assert not differing, f"gradients differ (leaf: elements): {differing}"
