@@ -5,7 +5,8 @@ per-block step of the contract (the block max, the sequential 16-element error s
 packing of code pairs) became a reshape/split that it lowers to shared-memory layout
 conversions and shuffles: 2592 sm_90 SASS instructions per 16 elements per thread for
 per-token 4/6 fast (`tools/triton_sass.py`), 1160 in this layout. Here the input is loaded as *planes*: plane j is
-the j-th 32-bit word of every block (`x_words[r, wpb*b + j]`, a strided load), so a block's
+the j-th 32-bit word of every block (`x_words[r, b, j]`; a thread loads its block's words four
+at a time, 16 contiguous bytes, and splits them into planes in its registers), so a block's
 16 elements are 16 separate `[rows, blocks]` tensors that the same thread holds. The block
 max is 15 elementwise maxima, the error sum is the contract's sequential sum as written, and
 the 16 codes of a block pack into two 32-bit words with shifts. No op crosses threads.
