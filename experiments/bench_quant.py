@@ -32,6 +32,10 @@ VARIANTS = {
     "4/6 exact": {"four_over_six": "mae"},
     "4/6 fast": {"four_over_six": "mae", "fast_error": True},
 }
+# Diagnostic rows (activations, Triton and XLA only, not in the targets): plain NVFP4 with the
+# per-token amax given, i.e. without the kernel's amax pass over each row (one read of x
+# instead of two), which tells how much of the plain kernel's time that pass costs.
+AMAX_GIVEN = "nvfp4, amax given"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,18 +64,22 @@ def head(t: nvfp4.NVFP4Tensor, n: int) -> nvfp4.NVFP4Tensor:
     return jax.tree.map(lambda a: a[:n], t)
 
 
-def cpu_reference(x, config: nvfp4.NVFP4Config, experts: bool, n: int) -> nvfp4.NVFP4Tensor:
+def cpu_reference(x, config: nvfp4.NVFP4Config, experts: bool, n: int, amax=None) -> nvfp4.NVFP4Tensor:
     """The contract's bytes for the first n rows / experts, computed by the reference on the CPU."""
     cpu = jax.devices("cpu")[0]
+    amax = None if amax is None else jax.device_put(amax[:n], cpu)
     with ieee.native_division_for_cpu():  # traced here for the CPU, where division is IEEE
-        return quantizer("xla", config, experts)(jax.device_put(x[:n], cpu))
+        return quantizer("xla", config, experts, amax=amax)(jax.device_put(x[:n], cpu))
 
 
-def quantizer(backend: str, config: nvfp4.NVFP4Config, experts: bool, **options):
-    """A jitted quantizer of `backend` ("xla" is the reference); options go to the kernel."""
+def quantizer(backend: str, config: nvfp4.NVFP4Config, experts: bool, amax=None, **options):
+    """A jitted quantizer of `backend` ("xla" is the reference); options go to the kernel.
+    amax: a given per-token amax [M, 1] (activations only), else the quantizer computes it."""
+    if amax is not None:
+        options = {**options, "amax": amax}
     if backend == "xla":
         fn = (lambda w: jax.vmap(lambda m: nvfp4.quantize(m, config))(jnp.swapaxes(w, 1, 2))) if experts else (
-            lambda x: nvfp4.quantize(x, config))
+            lambda x: nvfp4.quantize(x, config, amax=amax))
         return jax.jit(fn)
     import pallas_kernels
 
@@ -126,16 +134,28 @@ def run(config: BenchConfig) -> dict:
             n = config.check_experts if experts else config.check_rows
             reference = cpu_reference(x, qconfig, experts, n)
             for backend in config.backends:
-                row = {"case": name, "variant": variant, "backend": backend}
-                try:
-                    fn = quantizer(backend, qconfig, experts)
-                except Exception as e:  # noqa: BLE001  (an unavailable backend is a table row)
-                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-                else:
-                    row.update(check_then_time(fn, x, reference, n, config.iters, copy_bw))
-                rows.append(row)
-                print(row, flush=True)
+                rows.append(bench_row(name, variant, backend, qconfig, experts, x, reference, n, config, copy_bw))
+        if not experts:
+            qconfig = nvfp4.NVFP4Config(scale=scale)
+            amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
+            reference = cpu_reference(x, qconfig, False, config.check_rows, amax=amax)
+            for backend in ("triton", "xla"):
+                if backend in config.backends:
+                    rows.append(bench_row(name, AMAX_GIVEN, backend, qconfig, False, x, reference,
+                                          config.check_rows, config, copy_bw, amax=amax))
     return {"device": str(jax.devices()[0].device_kind), "copy_gbps_peak": peak_copy / 1e9, "rows": rows}
+
+
+def bench_row(case, variant, backend, qconfig, experts, x, reference, n, config, copy_bw, amax=None) -> dict:
+    row = {"case": case, "variant": variant, "backend": backend}
+    try:
+        fn = quantizer(backend, qconfig, experts, amax=amax)
+    except Exception as e:  # noqa: BLE001  (an unavailable backend is a table row)
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    else:
+        row.update(check_then_time(fn, x, reference, n, config.iters, copy_bw))
+    print(row, flush=True)
+    return row
 
 
 def to_markdown(result: dict) -> str:
@@ -167,7 +187,7 @@ def targets(result: dict) -> list[str]:
     ms = {(r["case"], r["variant"], r["backend"]): r.get("ms") for r in result["rows"]}
     out = []
     for (case, variant, backend), t in sorted(ms.items(), key=str):
-        if backend == "xla" or t is None or variant == "nvfp4":
+        if backend == "xla" or t is None or variant in ("nvfp4", AMAX_GIVEN):
             continue
         plain = ms.get((case, "nvfp4", backend))
         if plain:
@@ -178,7 +198,7 @@ def targets(result: dict) -> list[str]:
                 if ref:
                     out.append(f"- {backend} {case}: XLA reference {ref_variant} / kernel 4/6 fast = {ref / t:.2f}x (target >= 3x)")
     for r in result["rows"]:
-        if r.get("copy_frac") and r["case"].startswith("act") and r["variant"] != "nvfp4" and r["backend"] != "xla":
+        if r.get("copy_frac") and r["case"].startswith("act") and r["variant"] not in ("nvfp4", AMAX_GIVEN) and r["backend"] != "xla":
             out.append(f"- {r['backend']} {r['case']} {r['variant']}: {100 * r['copy_frac']:.0f}% of copy bandwidth (target >= 80% at large shapes)")
     return out
 

@@ -12,7 +12,8 @@ SMALL = bench_quant.BenchConfig(backends=("xla",), activation_shapes=("64x64",),
 
 def test_every_variant_is_checked_then_timed():
     rows = bench_quant.run(SMALL)["rows"]
-    assert len(rows) == 2 * len(bench_quant.VARIANTS)  # activations + expert stack
+    assert len(rows) == 2 * len(bench_quant.VARIANTS) + 1  # activations + expert stack + amax-given diagnostic
+    assert [r["variant"] for r in rows].count(bench_quant.AMAX_GIVEN) == 1
     assert all(r["bit_exact"] and r["ms"] > 0 for r in rows), rows
 
 
