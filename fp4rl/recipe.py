@@ -131,15 +131,16 @@ class PrecisionRecipe:
         return getattr(self, kind)
 
     def forward_only(self) -> "PrecisionRecipe":
-        """The same forward with every site's backward made "dequantized" (name suffixed).
+        """The same forward with every site's backward made "dequantized", named "forward-only".
 
         A forward never depends on the backward mode, but a "quantized" backward makes the
-        forward derive per-site keys; programs that only run the forward (log-probs) use this
-        view so that arms differing only in their backward share one compiled program.
+        forward derive per-site keys; programs that only run the forward (weight sync, sampler,
+        log-probs) use this view. The views of arms that differ only in their backward are
+        equal, name included, so such arms share one jitted program (one trace, one compile).
         """
         sites = {k: dataclasses.replace(getattr(self, k), backward="dequantized") if getattr(self, k).quantized
                  else getattr(self, k) for k in SITE_KINDS}
-        return dataclasses.replace(self, name=f"{self.name} (forward)", **sites)
+        return dataclasses.replace(self, name="forward-only", **sites)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -11,10 +11,14 @@ from fp4rl.recipe import ABLATION_ARMS
 
 pytestmark = pytest.mark.slow
 # Issue 7 asks for the whole smoke matrix in under 3 minutes on CPU. Measured alone on the
-# 2-core machine (session 2, after the trace/compile fixes): 197 s, down from ~300 s; XLA
-# compiling ~30 programs dominates (quantized-backward update programs 4-17 s each). That
-# target is NOT met and is tracked in issue 7; the time is printed here (pytest -s) rather
-# than asserted, so the suite checks behaviour, not a budget.
+# 2-core machine with an empty compilation cache (session 4): 125 s (the whole test: 129 s, down
+# from 184 s before); `python -m experiments.ablation --preset smoke` alone: 124-134 s over 6
+# runs, down from 224-241 s. What it took: arms that share a forward share its programs in
+# process, later arms compile on 2 threads while an arm trains (XLA compiles without the GIL),
+# the reference quantizer is traced once per shape, and the CLI's smoke preset compiles at O0
+# like the suite (conftest). Compiling is still most of the time and the run is CPU-bound, so
+# the time is printed (pytest -s), not asserted: next to another test process (pytest -n 2) it
+# measured 173 s, too close to the 180 s target for a bound that must not flake.
 
 
 def test_smoke_ablation_runs_every_arm_reports_and_resumes(tmp_path, capsys):
@@ -28,7 +32,8 @@ def test_smoke_ablation_runs_every_arm_reports_and_resumes(tmp_path, capsys):
     for arm in ABLATION_ARMS:
         assert (out / arm / "seed0" / "metrics.jsonl").exists(), arm
         assert f"| {arm} " in report or f"| `{arm}` " in report, arm
-    print(f"smoke ablation (9 arms): {elapsed:.0f}s")
+    with capsys.disabled():  # shown with pytest -s (capsys would swallow it)
+        print(f"smoke ablation (9 arms): {elapsed:.0f}s")
 
     capsys.readouterr()
     ablation.main(["--preset", "smoke", f"--out={out}"])  # a rerun trains nothing

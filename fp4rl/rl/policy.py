@@ -111,19 +111,27 @@ class LossConfig:
     kl_coef: float = 0.0  # GRPO only
 
 
-def make_functions(graphdef, recipe: PrecisionRecipe, optimizer: optax.GradientTransformation, loss: LossConfig,
-                   aux_loss_coef: float, prompt_len: int, masks, impl: str = "auto") -> dict[str, Callable]:
-    """Per-seed pure functions: `response_logprobs(params, tokens, valid) -> (logp_NxTr, router_topk)`
-    and `update(params, opt_state, batch, key, skip_nonfinite) -> (params, opt_state, metrics)`."""
+def response_logprobs_fn(graphdef, recipe: PrecisionRecipe, prompt_len: int, impl: str = "auto") -> Callable:
+    """Per seed: `response_logprobs(params, tokens, valid) -> (logp_NxTr, router_topk)`, the
+    forward only (under `recipe.forward_only()`: the backward mode cannot change the values, and
+    without it the program is the same for arms that differ only in their backward)."""
+    forward_recipe = recipe.forward_only()
 
     def response_logprobs(params, tokens_NxL, valid_NxL):
         """Log-probs of the response tokens, and the router's top-k at the positions that
         predicted them (the sampler records the choices of the token it feeds, t - 1)."""
-        # Forward only: the backward mode cannot change the values, and without it the program is
-        # the same for arms that differ only in their backward (one compile for both).
-        logits, aux = transformer.forward(graphdef, params, tokens_NxL, recipe.forward_only(), impl=impl,
-                                          valid=valid_NxL)
+        logits, aux = transformer.forward(graphdef, params, tokens_NxL, forward_recipe, impl=impl, valid=valid_NxL)
         return next_token_logprobs(logits, tokens_NxL)[:, prompt_len - 1 :], aux["router_topk"][:, :, prompt_len - 1 : -1]
+
+    return response_logprobs
+
+
+def make_functions(graphdef, recipe: PrecisionRecipe, optimizer: optax.GradientTransformation, loss: LossConfig,
+                   aux_loss_coef: float, prompt_len: int, masks, impl: str = "auto") -> dict[str, Callable]:
+    """Per-seed pure functions: `response_logprobs(params, tokens, valid) -> (logp_NxTr, router_topk)`
+    (see `response_logprobs_fn`) and `update(params, opt_state, batch, key, skip_nonfinite) ->
+    (params, opt_state, metrics)`."""
+    response_logprobs = response_logprobs_fn(graphdef, recipe, prompt_len, impl)
 
     def loss_fn(params, batch: Batch, key):
         logits, aux = transformer.forward(graphdef, params, batch.tokens_NxL, recipe, key=key, impl=impl, valid=batch.valid_NxL)

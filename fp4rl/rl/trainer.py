@@ -15,10 +15,11 @@ the same steps bit for bit (on CPU) and re-logs nothing twice.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 import jax
 import jax.numpy as jnp
@@ -104,17 +105,47 @@ def _stack(trees):
 
 
 def _committed(tree):
-    """The tree committed to the default device, as every jit output is: the update then sees
-    the same argument shardings on its first call as on every later one (uncommitted initial
-    arrays made it lower and compile a second time: ~15 s per quantized-backward arm on CPU)."""
+    """The tree committed to the default device, as every jit output is. Every argument of the
+    four programs goes through here, so a program sees the same argument shardings on every call
+    (uncommitted initial arrays made the update lower and compile a second time: ~15 s per
+    quantized-backward arm on CPU), and `Trainer.compile_tasks` compiles for exactly these."""
     return jax.device_put(tree, jax.devices()[0])
 
 
+def _abstract(tree):
+    """The abstract (shape, dtype, weak type, sharding) twin of a committed tree's leaves."""
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=getattr(x, "weak_type", False),
+                                                       sharding=sharding), tree)
+
+
+@functools.lru_cache(maxsize=16)
+def _forward_programs(graphdef, model_config: ModelConfig, recipe: PrecisionRecipe, sampler, prompt_len: int, impl: str):
+    """(sync, sample, logprobs): the programs that run the forward only, jitted and vmapped over
+    a leading seed axis. `recipe` is a `forward_only()` view, so arms that differ only in their
+    backward (nvfp4/+dq, +46/full-hp, +hp/full-46, full/full-dq) get the same jitted functions:
+    in one process the second arm of such a pair traces, lowers and compiles none of them."""
+    sample_one = evaluation.sample_fn(graphdef, recipe, sampler, impl)
+
+    def sync(params):
+        return model_sync.sync_weights(params, model_config, recipe, impl)
+
+    def sample(qparams, prompt_ids, prompt_mask, key, temperature):
+        return sample_one(qparams, prompt_ids, prompt_mask, key, temperature)
+
+    logprobs = policy.response_logprobs_fn(graphdef, recipe, prompt_len, impl)
+    return (jax.jit(jax.vmap(sync)), jax.jit(jax.vmap(sample, in_axes=(0, 0, 0, 0, None))),
+            jax.jit(jax.vmap(logprobs)))
+
+
 class Trainer:
-    def __init__(self, config: RLConfig, progress: bool = True):
+    """One arm's run. `warmup`: the `sft.load(config.init)` triple, when the caller has it loaded
+    already (the ablation runner loads it once for every arm)."""
+
+    def __init__(self, config: RLConfig, progress: bool = True, warmup=None):
         self.config, self.progress = config, progress
         self.recipe = PrecisionRecipe.from_name(config.arm)
-        self.graphdef, self.ref_params, self.sft_meta = sft.load(config.init)
+        self.graphdef, self.ref_params, self.sft_meta = sft.load(config.init) if warmup is None else warmup
         self.model_config = ModelConfig(**self.sft_meta["model_config"])
         self.seeds = [config.seed_offset + k for k in range(config.seeds)]
         self.dir = arm_dir(config)
@@ -125,14 +156,14 @@ class Trainer:
         fns = policy.make_functions(self.graphdef, self.recipe, self.optimizer, config.loss, self.model_config.aux_loss_coef,
                                     config.prompt_len, masks, config.impl)
         skip = config.on_nonfinite == "skip"
-        self._logprobs = jax.jit(jax.vmap(fns["response_logprobs"]))
-        # the reference is stacked per seed so that it reuses the policy's compiled program
-        self.ref_params_S = _stack([self.ref_params] * len(self.seeds))
-        self._update = jax.jit(jax.vmap(lambda p, s, b, k: fns["update"](p, s, b, k, skip)))
-        self._sync = jax.jit(jax.vmap(lambda p: model_sync.sync_weights(p, self.model_config, self.recipe, config.impl)))
+
+        def update(params, opt_state, batch, key):
+            return fns["update"](params, opt_state, batch, key, skip)
+
+        self._update = jax.jit(jax.vmap(update))
         scfg = evaluation.sampler_config(config.max_new_tokens, config.temperature, config.top_p)
-        self._sample = jax.jit(jax.vmap(evaluation.sample_fn(self.graphdef, self.recipe, scfg, config.impl),
-                                        in_axes=(0, 0, 0, 0, None)))
+        self._sync, self._sample, self._logprobs = _forward_programs(
+            self.graphdef, self.model_config, self.recipe.forward_only(), scfg, config.prompt_len, config.impl)
         self._eval_batches = (evaluation.held_out_prompts(config.task, config.eval_task_seed, config.eval_prompts,
                                                           config.prompt_len, config.prompts_per_step * config.group_size)
                               if config.eval_every else [])
@@ -142,10 +173,57 @@ class Trainer:
         self.iterators = [data.iterate(data.prompt_batches(records, dcfg(s)), dcfg(s)) for s in self.seeds]
         self.ckpt = Checkpointer(self.dir / "checkpoint")
 
+    @functools.cached_property
+    def ref_params_S(self):
+        """The reference stacked per seed, so that it reuses the policy's compiled log-probs."""
+        return _committed(_stack([self.ref_params] * len(self.seeds)))
+
+    # ------------------------------------------------------------------ compiling ahead
+    def compile_tasks(self) -> list[tuple[tuple, Callable[[], None]]]:
+        """Ahead-of-time compilation of the four programs of `step` and `evaluate`: (key, task) pairs.
+
+        A task lowers and compiles one program for the abstract arguments (shapes, dtypes, weak
+        types) that `step` and `evaluate` pass it, which fills JAX's trace, lowering and executable
+        caches: the first real call only dispatches. Tasks may run on other threads (XLA compiles
+        without holding the GIL): the ablation runner compiles later arms while one trains. Equal
+        keys are the same program (arms sharing a forward): one task per key is enough. Nothing
+        here is needed for correctness; a program that is not compiled ahead compiles on first use.
+        """
+        c = self.config
+        S, R, P, T = len(self.seeds), c.prompts_per_step * c.group_size, c.prompt_len, c.max_new_tokens
+        n = R // c.mini_batches
+        i32, f32 = jnp.int32, jnp.float32
+        spec = lambda shape, dtype: _abstract(jax.ShapeDtypeStruct(shape, dtype))  # noqa: E731
+        state = lambda: _abstract(jax.eval_shape(self._fresh_state))  # noqa: E731
+        keys = lambda: _abstract(jax.eval_shape(lambda: self._step_keys(0, 0)))  # noqa: E731
+
+        def sync():
+            self._sync.lower(state()["params"]).compile()
+
+        def sample():
+            qparams = _abstract(jax.eval_shape(self._sync, state()["params"])[0])
+            self._sample.lower(qparams, spec((S, R, P), i32), spec((S, R, P), bool), keys(), spec((), f32)).compile()
+
+        def logprobs():
+            self._logprobs.lower(state()["params"], spec((S, R, P + T), i32), spec((S, R, P + T), bool)).compile()
+
+        def update():
+            s = state()
+            batch = policy.Batch(spec((S, n, P + T), i32), spec((S, n, P + T), bool), spec((S, n, T), bool),
+                                 spec((S, n, T), f32), spec((S, n, T), f32), spec((S, n, T), f32), spec((S, n), f32))
+            self._update.lower(s["params"], s["opt_state"], batch, keys()).compile()
+
+        shapes = (S, R, P, T)
+        return [((self._sync, shapes), sync), ((self._sample, shapes), sample), ((self._logprobs, shapes), logprobs),
+                ((self._update, shapes, n), update)]
+
     # ------------------------------------------------------------------ state
-    def _initial_state(self):
+    def _fresh_state(self):
         params = _stack([self.ref_params] * len(self.seeds))
-        return _committed({"params": params, "opt_state": jax.vmap(self.optimizer.init)(params)})
+        return {"params": params, "opt_state": jax.vmap(self.optimizer.init)(params)}
+
+    def _initial_state(self):
+        return _committed(self._fresh_state())
 
     def _restore_or_init(self):
         state = self._initial_state()
@@ -165,7 +243,7 @@ class Trainer:
     def _step_keys(self, step: int, stream: int):
         """One key per seed for (step, stream): a pure function of them, so a resumed run
         draws exactly what an uninterrupted one would."""
-        return jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), stream) for s in self.seeds])
+        return _committed(jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), stream) for s in self.seeds]))
 
     def _rollouts(self, qparams, step: int):
         c = self.config
@@ -177,7 +255,8 @@ class Trainer:
             mask = np.stack([np.repeat(x["prompt_mask_BxT"], c.group_size, 0) for x in batches])
             keys = self._step_keys(step, b)
             t0 = time.time()
-            out = jax.device_get(self._sample(qparams, jnp.asarray(ids), jnp.asarray(mask), keys, jnp.float32(c.temperature)))
+            inputs = _committed((ids.astype(np.int32), mask.astype(bool), keys, jnp.float32(c.temperature)))
+            out = jax.device_get(self._sample(qparams, *inputs))
             gen_time += time.time() - t0
             gen_tokens += float(np.sum(out.lengths))
             for k, pool in enumerate(pools):
@@ -195,7 +274,10 @@ class Trainer:
         qparams, sync_stats = self._sync(state["params"])
         pools, gen_batches, gen_time, gen_tokens = self._rollouts(qparams, step)
         arrays = [rollout.training_arrays(p.filled(), c.group_size) for p in pools]
-        stacked = {k: jnp.asarray(np.stack([a[k] for a in arrays])) for k in arrays[0]}
+        # explicit dtypes: the programs were compiled ahead for exactly these (compile_tasks)
+        dtypes = {"tokens": jnp.int32, "valid": bool, "response_mask": bool, "logp_sampler": jnp.float32,
+                  "advantages": jnp.float32}
+        stacked = _committed({k: np.asarray(np.stack([a[k] for a in arrays]), dtypes.get(k)) for k in arrays[0]})
         logp_old, trainer_topk = self._logprobs(state["params"], stacked["tokens"], stacked["valid"])
         logp_ref, _ = self._logprobs(self.ref_params_S, stacked["tokens"], stacked["valid"])
         batch = policy.Batch(stacked["tokens"], stacked["valid"], stacked["response_mask"], logp_old,
@@ -308,7 +390,8 @@ class Trainer:
         for ids, mask, answers in self._eval_batches:
             n = len(self.seeds)
             keys = jnp.stack([jax.random.key(0)] * n)  # greedy: the key is unused
-            out = self._sample(qparams, jnp.asarray(np.stack([ids] * n)), jnp.asarray(np.stack([mask] * n)), keys, jnp.float32(0))
+            inputs = _committed((np.stack([ids] * n).astype(np.int32), np.stack([mask] * n).astype(bool), keys, jnp.float32(0)))
+            out = self._sample(qparams, *inputs)
             tokens = np.asarray(out.tokens)
             for k in range(n):
                 texts = data.tokenizer.decode_batch(tokens[k][: len(answers)])

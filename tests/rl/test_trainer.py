@@ -61,11 +61,13 @@ def test_warmup_writes_checkpoint_config_and_accuracy_table(warmup_dir):
 def test_rl_smoke_logs_every_required_metric_per_seed(warmup_dir, tmp_path):
     config = _smoke(warmup_dir, tmp_path, arm="full", seeds=2)
     run = trainer.Trainer(config, progress=False)
+    names = ("_sync", "_sample", "_logprobs", "_update")
+    before = {name: getattr(run, name)._cache_size() for name in names}  # forward programs are shared
     run.run()
-    # Every program compiled once for the whole run (2 steps, 2 mini-batches, eval, reference
+    # Every program compiled at most once for the whole run (2 steps, 2 mini-batches, eval, reference
     # log-probs): a second entry means a retrace or re-lowering, e.g. from uncommitted inputs.
-    for name in ("_sync", "_sample", "_logprobs", "_update"):
-        assert getattr(run, name)._cache_size() == 1, name
+    for name in names:
+        assert getattr(run, name)._cache_size() - before[name] <= 1, name
     required = ["step", "reward/mean", "accuracy", "grad_norm/global", "mismatch/kl_k1", "mismatch/kl_k3",
                 "mismatch/max_abs_logp_diff", "mismatch/routing_flip", "entropy", "clip_frac/upper", "clip_frac/lower",
                 "kl_ref_k3", "response_length/mean", "quant/map4_frac", "time/step_s", "throughput/rollout_tok_s"]
@@ -81,6 +83,28 @@ def test_rl_smoke_logs_every_required_metric_per_seed(warmup_dir, tmp_path):
     assert (tmp_path / "full" / "config.json").exists() and (tmp_path / "full" / "done.json").exists()
     a, b = (_records(tmp_path / "full" / f"seed{s}" / "metrics.jsonl")[0] for s in (0, 1))
     assert a["reward/mean"] != b["reward/mean"] or a["response_length/mean"] != b["response_length/mean"]
+
+
+def test_compile_tasks_compile_what_the_run_calls(warmup_dir, tmp_path):
+    """After `compile_tasks` (the ablation runner runs them ahead, on other threads), a run with
+    its eval compiles none of the four programs again: the abstract arguments match the real ones."""
+    run = trainer.Trainer(_smoke(warmup_dir, tmp_path, arm="bf16", steps=1), progress=False)
+    tasks = run.compile_tasks()
+    assert len({key for key, _ in tasks}) == 4
+    for _, task in tasks:
+        task()
+    compiled = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(kwargs.get("fun_name"))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        run.run()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert not {"jit(sync)", "jit(sample)", "jit(response_logprobs)", "jit(update)"} & set(compiled), compiled
 
 
 def test_golden_first_step_of_the_smoke_preset(warmup_dir, tmp_path):
