@@ -14,7 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fp4rl.formats import mx, nvfp4
+from fp4rl.formats import ieee, mx, nvfp4
 from fp4rl.recipe import SiteConfig
 
 IMPLS = ("auto", "reference", "triton", "mosaic")
@@ -35,12 +35,15 @@ def resolve_impl(impl: str) -> str:
     return "triton" if jax.default_backend() == "gpu" else "reference"
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _reference_quantize(x, config: nvfp4.NVFP4Config, sr_key) -> nvfp4.NVFP4Tensor:
+@functools.partial(jax.jit, static_argnums=(1, 3))
+def _reference_quantize(x, config: nvfp4.NVFP4Config, sr_key, forced_division) -> nvfp4.NVFP4Tensor:
     """`nvfp4.quantize` as a jitted function of its own. A model quantizes at dozens of sites with
     a few (shape, config) pairs; jit traces each pair once per process, where inlined code was
     traced again at every site of every program (a third of the trace time of an update step).
-    XLA inlines the call, so the compiled programs compute the same bytes."""
+    XLA inlines the call, so the compiled programs compute the same bytes. `forced_division`
+    (`ieee.forced_division()`) keys the cache: a trace made under one division mode must not
+    serve a call made under another."""
+    del forced_division  # only a cache key: `ieee.divide` reads the same thread-local state
     return nvfp4.quantize(x, config, sr_key=sr_key)
 
 
@@ -54,7 +57,7 @@ def nvfp4_quantize(x, config: nvfp4.NVFP4Config, impl: str, *, sr_key=None) -> n
     """
     impl = resolve_impl(impl)
     if impl == "reference" or sr_key is not None:
-        return _reference_quantize(x, config, sr_key)
+        return _reference_quantize(x, config, sr_key, ieee.forced_division())
     import pallas_kernels  # the kernels depend on fp4rl.formats only; imported on demand
 
     if config.block_2d:

@@ -282,3 +282,24 @@ def test_bad_arguments_raise():
         qlinear.qdot(x, w, NVFP4_46, group_sizes=jnp.array([T]))
     with pytest.raises(ValueError, match="multiple of the block"):
         qlinear.qdot(jnp.ones((4, 24)), jnp.ones((24, 16)), NVFP4_46)
+
+
+def test_reference_quantizer_trace_is_keyed_by_the_division_mode():
+    """The model's jitted reference quantizer is traced once per (shape, config) AND division mode:
+    a trace made under `ieee.integer_division_everywhere` (the GPU path) must not serve a plain call."""
+    from fp4rl import operands
+    from fp4rl.formats import ieee
+
+    x = jnp.linspace(-3.0, 3.0, 64, dtype=jnp.float32).reshape(2, 32)
+    config = nvfp4.NVFP4Config(scale="token", four_over_six="mae")  # exact errors: divisions in the trace
+    before = operands._reference_quantize._cache_size()
+    plain = operands.nvfp4_quantize(x, config, "reference")
+    operands.nvfp4_quantize(x, config, "reference")
+    assert operands._reference_quantize._cache_size() == before + 1  # a second call reuses the trace
+    with ieee.integer_division_everywhere():
+        forced = operands.nvfp4_quantize(x, config, "reference")
+        text = jax.jit(lambda v: operands.nvfp4_quantize(v, config, "reference").codes).lower(x).as_text()
+    assert operands._reference_quantize._cache_size() == before + 2
+    assert "divide" not in text.replace("shift_right", "")  # the integer division has no float divide
+    for field in ("codes", "scales", "amax", "map4"):  # normal inputs: both divisions are IEEE on the CPU
+        np.testing.assert_array_equal(np.asarray(getattr(plain, field)), np.asarray(getattr(forced, field)))

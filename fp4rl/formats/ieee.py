@@ -63,6 +63,12 @@ def _forcing(mode: str):
         setattr(_FORCED, mode, _depth(mode) - 1)
 
 
+def forced_division() -> tuple[int, int]:
+    """The calling thread's forcing state (native, integer), which decides how `divide` traces:
+    part of the cache key of any jitted function whose trace calls `divide`."""
+    return _depth("native"), _depth("integer")
+
+
 def integer_division_everywhere():
     """Trace `divide` as `rounded_divide` on the CPU too (tests run the GPU path on the CPU).
 
