@@ -293,31 +293,37 @@ def _planar_quant_kernel(*refs, m, k, rows, nbc, dtype, config, amax_given, pref
         quantize_chunk(chunk0, words)
         return
 
-    # Several chunks: two passes over the row (amax, then quantize). With `prefetch`, chunk i+1's
-    # loads are issued before chunk i is processed (the loop carries them), so a warp has
-    # loads in flight while it computes; the amax loop's last prefetch is the quantize loop's chunk 0.
-    def amax_pass(i, carry):
-        acc, words = carry if prefetch else (carry, load_words(i))
-        nxt = load_words(lax.rem(i + 1, n_chunks)) if prefetch else None
-        acc = jnp.maximum(acc, chunk_max(words))
-        return (acc, nxt) if prefetch else acc
+    # Several chunks: two passes over the row (amax, then quantize).
+    def chunk_loop(process, state, first, wrap):
+        """state = process(i, words of chunk i, state) for every chunk i. With `prefetch`, chunk i+1's
+        loads are issued before chunk i is processed and carried by the loop, so a warp has loads
+        in flight while it computes; after the last chunk the prefetch is chunk 0 if `wrap`, else past the end (all masked, loads nothing).
+        Returns (state, that last prefetch)."""
+        if not prefetch:
+            return lax.fori_loop(0, n_chunks, lambda i, st: process(i, load_words(i), st), state), None
 
-    def quantize_pass(i, words):
-        nxt = load_words(i + 1) if prefetch else None
-        quantize_chunk(i, words if prefetch else load_words(i))
-        return nxt if prefetch else words
+        def body(i, carry):
+            st, words = carry
+            nxt = load_words(lax.rem(i + 1, n_chunks) if wrap else i + 1)
+            return process(i, words, st), nxt
+
+        return lax.fori_loop(0, n_chunks, body, (state, first))
 
     first = load_words(chunk0) if prefetch else None
     if amax_given:
         amax = plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok, other=0.0)
-    else:
-        zeros = jnp.zeros((rows, nbc), jnp.int32)
-        carry = lax.fori_loop(0, n_chunks, amax_pass, (zeros, first) if prefetch else zeros)
-        bits, first = carry if prefetch else (carry, None)
+    else:  # the amax pass's last prefetch is the quantize pass's chunk 0
+        bits, first = chunk_loop(lambda i, words, acc: jnp.maximum(acc, chunk_max(words)),
+                                 jnp.zeros((rows, nbc), jnp.int32), first, wrap=True)
         amax = cm.from_bits(jnp.max(bits, axis=1))
         plgpu_triton.store(amax_out_ref.at[g, pl.ds(r0, rows)], amax, mask=row_ok)
     amax = amax[:, None]  # [rows, 1]
-    lax.fori_loop(0, n_chunks, quantize_pass, first if prefetch else 0)
+
+    def quantize_step(i, words, st):
+        quantize_chunk(i, words)
+        return st
+
+    chunk_loop(quantize_step, 0, first, wrap=False)
 
 
 def _amax_kernel(x_ref, out_ref, *, m, k, rows, chunk, k_major):

@@ -29,6 +29,16 @@ step() {  # step NAME SECONDS CMD...  (never past SESSION_SECONDS, so the result
   echo "=== $name rc=$rc $(date +%T)" | tee -a "$log"
   return $rc
 }
+# The model test compares two compiled training steps bit for bit: GPU scatter-adds (the embedding
+# gradient) use atomics, whose order differs between runs unless XLA is told not to. -v streams one
+# line per test and -s the model test's phase times, so a step cut by its limit says how far it got.
+model_tests() {  # model_tests SECONDS
+  XLA_FLAGS=--xla_gpu_deterministic_ops=true step gpu_tests_model "$1" python -m pytest -v -s -rf --tb=short -m gpu \
+    tests/model/test_gpu_impl.py -k "${MODEL_TESTS:-auto or full}" -p no:cacheprovider
+}
+mosaic_tests() {  # mosaic_tests SECONDS
+  step gpu_tests_mosaic "$1" python -m pytest -v -rf --tb=line -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider
+}
 python -c "import jax; print(jax.devices())" >>"$log" 2>&1
 for mode in "${@:-bench}"; do
 case "$mode" in
@@ -37,12 +47,9 @@ case "$mode" in
     # Ordered by what a short device call must not miss: the default kernel, the model, the
     # benchmark; the Mosaic suite (slow to compile) gets what is left of SESSION_SECONDS.
     step gpu_tests_triton 150 python -m pytest -v -rf --tb=short -m gpu tests/kernels/test_triton.py -p no:cacheprovider
-    # The model test compares two compiled training steps bit for bit: GPU scatter-adds (the
-    # embedding gradient) use atomics, whose order differs between runs unless XLA is told not to.
-    XLA_FLAGS=--xla_gpu_deterministic_ops=true step gpu_tests_model "${MODEL_SECONDS:-300}" python -m pytest -v -s -rf \
-      --tb=short -m gpu tests/model/test_gpu_impl.py -k "${MODEL_TESTS:-auto or full}" -p no:cacheprovider
+    model_tests "${MODEL_SECONDS:-300}"
     step bench_quant 220 python -m experiments.bench_quant --iters=10 ${BENCH_ARGS:-}
-    step gpu_tests_mosaic 200 python -m pytest -v -rf --tb=line -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider
+    mosaic_tests 200
     cp "$log" benchmarks/gpu_check.log
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
@@ -52,12 +59,8 @@ case "$mode" in
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   diagnose)
-    # -v streams one line per test and -s the model test's phase times, so a step cut by its
-    # time limit still says how far it got; JAX_LOG_COMPILES names each slow XLA compile.
-    XLA_FLAGS=--xla_gpu_deterministic_ops=true JAX_LOG_COMPILES=1 step gpu_tests_model "${MODEL_SECONDS:-200}" python -m pytest -v -s -rf --tb=short -m gpu \
-      tests/model/test_gpu_impl.py -k "${MODEL_TESTS:-auto or full}" -p no:cacheprovider
-    step gpu_tests_mosaic "${MOSAIC_SECONDS:-200}" python -m pytest -v -rf --tb=line -m gpu tests/kernels/test_mosaic.py \
-      -p no:cacheprovider
+    JAX_LOG_COMPILES=1 model_tests "${MODEL_SECONDS:-300}"  # names each slow XLA compile
+    mosaic_tests "${MOSAIC_SECONDS:-200}"
     cp "$log" benchmarks/gpu_diagnose.log
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;

@@ -75,18 +75,19 @@ def run(config: AblationConfig, commands: tuple[str, ...] = (), progress: bool =
     pool = concurrent.futures.ThreadPoolExecutor(config.compile_workers) if config.compile_workers and pending else None
     trainers, compiling, tasks = {}, {}, {}
     try:
-        for arm in pending:  # set up in arm order; the pool starts on the first arm's programs at once
+        for arm in pending if pool is not None else ():  # in arm order: the pool starts on the first at once
             trainers[arm] = trainer.Trainer(arm_config(config, arm), progress=progress, warmup=warmup)
-            for key, task in trainers[arm].compile_tasks() if pool is not None else ():
+            for key, task in trainers[arm].compile_tasks():
                 if key not in tasks:  # a program shared with an earlier arm compiles once
                     tasks[key] = pool.submit(task)
                 compiling.setdefault(arm, []).append(tasks[key])
         for i, arm in enumerate(config.arms):
-            if arm not in trainers:
+            if arm not in pending:
                 print(f"[arm {i + 1}/{len(config.arms)}] {arm}: finished earlier, skipped")
                 status[arm] = "skipped"
                 continue
-            run_arm = trainers.pop(arm)
+            run_arm = trainers.pop(arm) if arm in trainers else trainer.Trainer(
+                arm_config(config, arm), progress=progress, warmup=warmup)
             print(f"[arm {i + 1}/{len(config.arms)}] {arm}: {config.seeds} seed(s) x {run_arm.config.steps} steps "
                   f"(elapsed {time.time() - t0:.0f}s)")
             for future in compiling.pop(arm, []):
