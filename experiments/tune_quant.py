@@ -20,13 +20,13 @@ from experiments.bench_quant import VARIANTS, check_then_time, copy_bandwidth, c
 from experiments.gpu_bench import bench_main
 from fp4rl.formats import nvfp4
 
-# (rows_1d, block_k, num_warps, prefetch) of the planar kernel: one 16-element block per thread per
-# step at several program sizes (more rows: fewer programs, more rows resident between the amax
-# and the quantize pass), two blocks per thread, one row per program holding the whole row
-# (K <= 8192: one HBM read, the amax from registers), and the default without prefetch.
-ACT_CANDIDATES = ((4, 512, 4, True), (4, 512, 4, False), (2, 512, 2, True), (8, 512, 8, True),
-                  (2, 1024, 4, True), (1, 2048, 4, True), (8, 256, 4, True), (4, 1024, 4, True),
-                  (1, 8192, 8, True))
+# (rows_1d, block_k, num_warps, prefetch, row_groups) of the planar kernel: K in chunks, two
+# passes over each row (the default shape, the session-4 winners for each size), and a whole row
+# per chunk (K <= 8192: one HBM read, the amax from registers), one row group per program or
+# several (the next group's loads issued while a group is processed), 1-2 rows, 4-8 warps.
+ACT_CANDIDATES = ((4, 512, 4, True, 1), (2, 1024, 4, True, 1), (1, 2048, 4, True, 1),
+                  (1, 8192, 8, True, 1), (1, 8192, 8, True, 4), (1, 8192, 8, True, 16),
+                  (1, 8192, 8, False, 4), (1, 8192, 4, True, 4), (2, 8192, 8, True, 4))
 # (block_k_2d, num_warps) for one 16-row tile row per program
 EXPERT_CANDIDATES = ((128, 4), (256, 4), (256, 8), (512, 8), (1024, 8))
 
@@ -60,8 +60,9 @@ def run(config: TuneConfig) -> dict:
         for variant in config.variants:
             qconfig = nvfp4.NVFP4Config(scale="token", **VARIANTS[variant])
             reference = cpu_reference(x, qconfig, False, config.check_rows)
-            for rows_1d, block_k, num_warps, prefetch in ACT_CANDIDATES:
-                tunables = dict(rows_1d=rows_1d, block_k=block_k, num_warps=num_warps, prefetch=prefetch)
+            for rows_1d, block_k, num_warps, prefetch, row_groups in ACT_CANDIDATES:
+                tunables = dict(rows_1d=rows_1d, block_k=block_k, num_warps=num_warps, prefetch=prefetch,
+                                row_groups=row_groups)
                 row = {"case": f"act {shape}", "variant": variant,
                        **_measure(x, qconfig, False, tunables, reference, config.check_rows, config.iters, copy_bw)}
                 print(row, flush=True)
@@ -87,15 +88,15 @@ def to_markdown(result: dict) -> str:
     lines = ["# Triton quantize launch-shape sweep", "",
              f"Device: {result['device']}. Command: `python -m experiments.tune_quant`. Every timed candidate "
              "matched the CPU reference byte for byte; **bold** = fastest of its case and variant.", "",
-             "| case | variant | rows_1d | block_k | block_k_2d | num_warps | prefetch | ms | copy % |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| case | variant | rows_1d | block_k | block_k_2d | num_warps | prefetch | row_groups | ms | copy % |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     best = {}
     for r in result["rows"]:
         if "ms" in r and r["ms"] < best.get((r["case"], r["variant"]), float("inf")):
             best[(r["case"], r["variant"])] = r["ms"]
     for r in result["rows"]:
         t = r["tunables"]
-        shape = f"| {r['case']} | {r['variant']} | {t['rows_1d']} | {t['block_k']} | {t['block_k_2d']} | {t['num_warps']} | {t['prefetch']} |"
+        shape = f"| {r['case']} | {r['variant']} | {t['rows_1d']} | {t['block_k']} | {t['block_k_2d']} | {t['num_warps']} | {t['prefetch']} | {t.get('row_groups', 1)} |"
         if "error" in r:
             lines.append(f"{shape} error: {r['error']} | |")
         elif not r["bit_exact"]:

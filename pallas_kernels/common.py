@@ -160,6 +160,11 @@ class PlainArith:
         return jnp.abs(a)
 
     @staticmethod
+    def clamp_abs(v, cap):
+        """min(|v|, cap) for non-NaN v (a NaN v may give NaN or cap: callers mask NaN blocks)."""
+        return jnp.minimum(jnp.abs(v), cap)
+
+    @staticmethod
     def fma(a, b, c):
         """fl(a * b + c), used only where a * b is exact (so contracted or not, one rounding);
         behind a barrier so XLA cannot fold a later `- c` into it."""

@@ -108,29 +108,29 @@ def pack_signs(values):
 # C = 2^23 + 2 (ulp 1) for [2, 4): mantissa q + 2 = code 4..6; C = 2^24 + 8 (ulp 2) for [4, 6]:
 # mantissa (8 + q) / 2 = code 6..7. The significand's parity is the code's, so "ties to even"
 # is E2M1's, and fl(a + C) - C = q, the E2M1 magnitude itself (exact).
-_SIX_BITS = np.int32(0x40C00000)  # 6.0f
-_RANGE_OFFSETS = (np.float32(2.0**22), np.float32(2.0**23 + 2), np.float32(2.0**24 + 8))
+# C's bits come from a's biased exponent e without compares: with e' = max(e, 127) (a < 2 is
+# one range), bits(C) = e' * 0x800002 + 0x0AFFFF02 gives 0x4A800000 (2^22), 0x4B000002 and
+# 0x4B800004 (2^24 + 8) for e' = 127, 128, 129: three integer ops and no predicates (the
+# compares + selects they replace made ptxas pack 16 predicates into a register and unpack them).
+_ONE_BITS = np.int32(0x3F800000)  # 1.0f: max(bits(a), bits(1)) >> 23 = max(e, 127)
+_OFFSET_SLOPE, _OFFSET_BASE = np.int32(0x800002), np.int32(0x0AFFFF02)
 
 
-def e2m1_magnitude(ar, v, sf=None):
-    """|E2M1 code| of v (as `common.e2m1_encode`, in the low 3 bits of the result) and, if sf
-    is given, |dec(q)| * sf (exact: <= 6 significant bits).
+def e2m1_magnitude(ar, v, with_value=False):
+    """|E2M1 code| of v (as `common.e2m1_encode`, in the low 3 bits of the result) and, if
+    `with_value`, the code's magnitude |dec(q)| as f32 (exact), else None.
 
     One rounding add instead of seven compares; saturation is the clamp to 6 (NUMERICS s1:
     (5, 6] -> 6, 5 -> 4 by the tie rule). A NaN v (only in blocks whose inv is NaN) gives an
     arbitrary magnitude here: `combine_words` zeroes those blocks.
     """
-    # min(|v|, 6) on the bits (a float min lowers to minnumf in Triton, which the kernels avoid;
-    # a NaN v becomes 6 here, and its block is masked anyway)
-    a = cm.from_bits(jnp.minimum(cm.abs_bits(v), _SIX_BITS))
-    low, mid = a < cm.f32(2.0), a < cm.f32(4.0)
-    offset = jnp.where(low, cm.f32(_RANGE_OFFSETS[0]), jnp.where(mid, cm.f32(_RANGE_OFFSETS[1]),
-                                                                   cm.f32(_RANGE_OFFSETS[2])))
-    u = ar.fma(a, cm.f32(1.0), offset)  # fl(a + C), pinned (XLA would fold (a + C) - C)
+    # min(|v|, 6): one FMNMX compiled (a NaN v may give 6 or NaN; its block is masked anyway)
+    a_bits = lax.bitcast_convert_type(ar.clamp_abs(v, cm.f32(6.0)), jnp.int32)
+    exponent = lax.shift_right_logical(jnp.maximum(a_bits, _ONE_BITS), np.int32(23))
+    offset = cm.from_bits(exponent * _OFFSET_SLOPE + _OFFSET_BASE)
+    u = ar.fma(cm.from_bits(a_bits), cm.f32(1.0), offset)  # fl(a + C), pinned (XLA would fold (a + C) - C)
     mag = lax.bitcast_convert_type(u, jnp.int32)
-    if sf is None:
-        return mag, None
-    return mag, ar.mul(ar.sub(u, offset), sf)
+    return mag, (ar.sub(u, offset) if with_value else None)
 
 
 def combine_words(magnitude_words, sign_words, inv):
@@ -141,26 +141,31 @@ def combine_words(magnitude_words, sign_words, inv):
 
 
 def candidate(ar, xs, sf, s_dec, with_values):
-    """One candidate scale sf: (inv, the scaled values fl(x_i * inv), magnitude words, |dec*sf|)."""
+    """One candidate scale sf: (inv, the scaled values fl(x_i * inv), magnitude words, |dec(q_i)|)."""
     inv = cm.inverse_scale(ar, sf, s_dec)
     vs = [ar.mul(x, inv) for x in xs]
-    mags, values = zip(*(e2m1_magnitude(ar, v, sf if with_values else None) for v in vs))
+    mags, values = zip(*(e2m1_magnitude(ar, v, with_values) for v in vs))
     return inv, vs, pack_magnitudes(list(mags)), values
 
 
-def candidate_error(ar, abs_xs, abs_xs_scaled, dec_sf, amax, config):
+def candidate_error(ar, abs_xs, abs_xs_scaled, dec, sf, amax, config):
     """One 4/6 candidate's block error, the contract's sequential sum over i = 0..15.
 
     On magnitudes: dec(q_i) has the sign of x_i (inv > 0 outside NaN blocks, whose errors
     are NaN anyway), and RNE is symmetric, so |fl(dec*sf - x*S_enc)| = |fl(|dec*sf| - |x|*S_enc)|
-    and likewise for the exact error. abs_xs_scaled: fl(|x_i| * S_enc) (fast error) or None.
+    and likewise for the exact error. dec: |dec(q_i)|; abs_xs_scaled: fl(|x_i| * S_enc) (fast
+    error) or None. |dec(q)| * sf is exact (<= 6 significant bits), so the fast error's
+    fl(fl(dec*sf) - y) is one FMA, fl(dec*sf - y): the same single rounding, one op fewer. It is
+    formed as fl(y - dec*sf) = -fl(dec*sf - y) (RNE is symmetric; |d| and d*d are unchanged),
+    with -sf negated once per block on the bits (a float negation lowers as 0 - x).
     """
     total = None
+    neg_sf = cm.from_bits(lax.bitcast_convert_type(sf, jnp.int32) ^ np.int32(-(2**31)))
     for i, x in enumerate(abs_xs):
         if config.fast_error:
-            d = ar.sub(dec_sf[i], abs_xs_scaled[i])
+            d = ar.fma(dec[i], neg_sf, abs_xs_scaled[i])
         else:
-            d = ar.sub(ar.div(ar.mul(dec_sf[i], amax), cm.f32(6 * config.e4m3_bound)), x)
+            d = ar.sub(ar.div(ar.mul(ar.mul(dec[i], sf), amax), cm.f32(6 * config.e4m3_bound)), x)
         e = ar.abs(d) if config.four_over_six == "mae" else ar.mul(d, d)
         total = e if total is None else ar.add(total, e)
     return total
@@ -186,8 +191,8 @@ def quantize_planes(ar, xs, amax, config):
     abs_xs_scaled = [ar.mul(a, s_enc) for a in abs_xs] if config.fast_error else None
     inv6, vs6, mags6, dec6 = candidate(ar, xs, sf6, s_dec, with_values=True)
     _, _, mags4, dec4 = candidate(ar, xs, sf4, s_dec, with_values=True)
-    err6 = candidate_error(ar, abs_xs, abs_xs_scaled, dec6, amax, config)
-    err4 = candidate_error(ar, abs_xs, abs_xs_scaled, dec4, amax, config)
+    err6 = candidate_error(ar, abs_xs, abs_xs_scaled, dec6, sf6, amax, config)
+    err4 = candidate_error(ar, abs_xs, abs_xs_scaled, dec4, sf4, amax, config)
     map4 = cm.less_nonneg(err4, err6)  # strict: ties go to map-6 (and NaN errors: map-6)
     mags = [jnp.where(map4, m4, m6) for m6, m4 in zip(mags6, mags4)]
     # Signs of candidate 6's fl(x * inv6): x's signs, and the NaN's sign in NaN blocks (map-6 there).

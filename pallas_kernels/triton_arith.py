@@ -51,6 +51,12 @@ class RoundedArith:
         return _asm("abs.f32", a)  # not Triton's fabs, which flushes a subnormal
 
     @staticmethod
+    def clamp_abs(v, cap):
+        """min(|v|, cap): abs.f32 + min.f32, which ptxas folds into one FMNMX |v| (no FTZ; a NaN
+        v gives cap, as PTX's min returns the non-NaN operand)."""
+        return _asm("min.f32", _asm("abs.f32", v), cap)
+
+    @staticmethod
     def fma(a, b, c):
         """fl(a * b + c): used only where a * b is exact (see PlainArith.fma)."""
         return _asm("fma.rn.f32", a, b, c)

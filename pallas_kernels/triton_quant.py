@@ -106,9 +106,12 @@ class TritonQuantTunables:
       owns whole blocks, loaded as word planes (`pallas_kernels.planar`); "tiled": a
       `[rows, blocks, 16]` tile spread over threads. 16x16 tiles and K-major expert stacks
       always use the tiled kernel.
-    prefetch: planar layout, K in several chunks: issue chunk i+1's loads before chunk i is
-      processed (software pipelining in registers; the compiler does not move loads across
-      loop iterations), so memory latency overlaps the per-block arithmetic.
+    prefetch: planar layout, K in several chunks (or several row groups): issue chunk i+1's
+      loads before chunk i is processed (software pipelining in registers; the compiler does not
+      move loads across loop iterations), so memory latency overlaps the per-block arithmetic.
+    row_groups: planar layout, a row in one chunk (K <= block_k): each program quantizes this
+      many consecutive groups of rows_1d rows, loading the next group while it processes one
+      (with `prefetch`): fewer, longer-lived programs whose loads overlap their arithmetic.
     """
 
     rows_1d: int = 4
@@ -118,6 +121,7 @@ class TritonQuantTunables:
     num_stages: int = 1
     layout: str = "planar"
     prefetch: bool = True
+    row_groups: int = 1
 
     def __post_init__(self):
         rows_1d, block = self.rows_1d, cm.BLOCK
@@ -130,6 +134,8 @@ class TritonQuantTunables:
             raise ValueError(f"num_warps={self.num_warps} must be one of 1, 2, 4, 8, 16")
         if self.num_stages < 1:
             raise ValueError(f"num_stages={self.num_stages} must be >= 1")
+        if self.row_groups < 1:
+            raise ValueError(f"row_groups={self.row_groups} must be >= 1")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout={self.layout!r} must be one of {LAYOUTS}")
 
@@ -142,6 +148,23 @@ class TritonQuantTunables:
 
 
 DEFAULT_TUNABLES = TritonQuantTunables()
+# One row per program, walked in one chunk (a power of two >= K): measured best for plain NVFP4.
+_WHOLE_ROW_MAX_K = 8192
+
+
+def default_tunables(config: ref.NVFP4Config, k: int) -> TritonQuantTunables:
+    """The launch shape `quantize_triton` uses when none is given, from the H200 sweep
+    (`benchmarks/tune_quant.md`, session 5). Plain NVFP4 (1x16 blocks, K <= 8192): one row per
+    program in one chunk, so each row is read once and its amax comes from registers, with up to
+    8 warps (one block per thread at K = 4096): 0.086 vs 0.104 ms at 16384x4096, 0.241 vs 0.303 ms
+    at 32768x7168. 4/6 (two candidates: ~97 registers per thread at one block per thread) is
+    fastest with rows of 4 in chunks of 512 (DEFAULT_TUNABLES): a whole row per program holds two
+    blocks per thread at K = 7168 and was 1.9x slower there."""
+    if config.four_over_six is None and not config.block_2d and k <= _WHOLE_ROW_MAX_K:
+        chunk = cm.next_power_of_two(k)
+        warps = max(1, min(8, chunk // cm.BLOCK // 32))  # one block per thread up to 8 warps
+        return TritonQuantTunables(rows_1d=1, block_k=max(chunk, cm.BLOCK), num_warps=warps)
+    return DEFAULT_TUNABLES
 
 
 def _arith(interpret: bool):
@@ -235,30 +258,32 @@ def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, interpr
         lax.fori_loop(0, n_chunks, body, 0)
 
 
-def _planar_quant_kernel(*refs, m, k, rows, nbc, dtype, config, amax_given, prefetch, interpret):
+def _planar_quant_kernel(*refs, m, k, rows, nbc, groups, dtype, config, amax_given, prefetch, interpret):
     """1x16 blocks of a row-major input held as element planes (`pallas_kernels.planar`).
 
     x_ref: uint32 [G, M, K/16, wpb] (the input's bytes, one row of wpb words per block); a program
-    owns `rows` rows and walks them `nbc` blocks at a time. Plane j of a chunk is word j of each of
-    its blocks, loaded four words at a time (`[rows, nbc, 4]`, 16 contiguous bytes per thread:
-    vector loads; the planes are split from them inside the thread). Codes are written as uint32
-    [G, M, K/16, 2] (two words per block), scales/map4 one byte per block.
+    owns `groups` consecutive groups of `rows` rows and walks each `nbc` blocks at a time. Plane j
+    of a chunk is word j of each of its blocks, loaded four words at a time (`[rows, nbc, 4]`, 16
+    contiguous bytes per thread: vector loads; the planes are split from them inside the thread).
+    Codes are written as uint32 [G, M, K/16, 2] (two words per block), scales/map4 one byte per
+    block. `groups` > 1 only when a row is one chunk (see `TritonQuantTunables.row_groups`).
     """
     x_ref, amax_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = _quant_refs(refs, amax_given)
     ar = _arith(interpret)
     g = pl.program_id(0)
-    r0 = pl.program_id(1) * rows
     nblocks = k // cm.BLOCK
     n_chunks = pl.cdiv(nblocks, nbc)
     wpb = planar.words_per_block(dtype)
-    row_ok = (r0 + jnp.arange(rows)) < m
 
-    def mask(b0):
-        return row_ok[:, None] & ((b0 + jnp.arange(nbc)) < nblocks)[None, :]
+    def row_ok(r0):
+        return (r0 + jnp.arange(rows)) < m
 
-    def load_words(i):  # chunk i's word planes; a chunk past the end loads nothing (all masked)
+    def mask(r0, b0):
+        return row_ok(r0)[:, None] & ((b0 + jnp.arange(nbc)) < nblocks)[None, :]
+
+    def load_words(r0, i):  # chunk i's word planes; a chunk past the end loads nothing (all masked)
         b0 = i * nbc
-        quad_ok = jnp.broadcast_to(mask(b0)[:, :, None], (rows, nbc, 4))
+        quad_ok = jnp.broadcast_to(mask(r0, b0)[:, :, None], (rows, nbc, 4))
         words = []
         for q in range(wpb // 4):  # 4 contiguous words (16 bytes) of every block: one 128-bit load per thread
             quad = plgpu_triton.load(x_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc), pl.ds(4 * q, 4)],
@@ -269,61 +294,81 @@ def _planar_quant_kernel(*refs, m, k, rows, nbc, dtype, config, amax_given, pref
     def chunk_max(words):  # [rows, nbc]: reduced across threads once, after the loop
         return planar.max_bits([cm.abs_bits(x) for x in planar.elements_from_words(words, dtype)])
 
-    def quantize_chunk(i, words):
+    def given_amax(r0):
+        return plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok(r0), other=0.0)
+
+    def store_amax(r0, bits):
+        amax = cm.from_bits(bits)
+        plgpu_triton.store(amax_out_ref.at[g, pl.ds(r0, rows)], amax, mask=row_ok(r0))
+        return amax
+
+    def quantize_chunk(r0, i, words, amax):
         b0 = i * nbc
         codes, scale_bytes, map4 = planar.quantize_planes(ar, planar.elements_from_words(words, dtype), amax, config)
-        pair_ok = jnp.broadcast_to(mask(b0)[:, :, None], (rows, nbc, 2))
+        pair_ok = jnp.broadcast_to(mask(r0, b0)[:, :, None], (rows, nbc, 2))
         plgpu_triton.store(codes_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc), pl.ds(0, 2)],
                            jnp.stack(codes, axis=-1), mask=pair_ok)  # the block's two code words: one 64-bit store
         plgpu_triton.store(scales_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc)], scale_bytes.astype(jnp.uint8),
-                           mask=mask(b0))
-        plgpu_triton.store(map4_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc)], map4, mask=mask(b0))
+                           mask=mask(r0, b0))
+        plgpu_triton.store(map4_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc)], map4, mask=mask(r0, b0))
+
+    def pipelined(n, load, process, state, first, wrap):
+        """state = process(i, load(i), state) for i < n. With `prefetch`, load(i+1) is issued before
+        item i is processed and carried by the loop, so a warp has loads in flight while it
+        computes; after the last item the prefetch is load(0) if `wrap`, else load(n) (past the
+        end: all masked, loads nothing). Returns (state, that last prefetch)."""
+        if not prefetch:
+            return lax.fori_loop(0, n, lambda i, st: process(i, load(i), st), state), None
+
+        def body(i, carry):
+            st, item = carry
+            nxt = load(lax.rem(i + 1, n) if wrap else i + 1)
+            return process(i, item, st), nxt
+
+        return lax.fori_loop(0, n, body, (state, first))
 
     # The first chunk's index is traced: a static slice is bounds-checked at trace time as if
     # unmasked, which rejects the masked tail of a chunk wider than the row.
-    chunk0 = pl.program_id(0) * 0
-    if n_chunks == 1:  # one chunk: x is loaded once, for both the amax and the quantization
-        words = load_words(chunk0)
-        if amax_given:
-            amax = plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok, other=0.0)
+    zero = pl.program_id(0) * 0
+    first_row = pl.program_id(1) * (groups * rows)
+    if n_chunks == 1:  # a row is one chunk: loaded once, for both the amax and the quantization
+        def group_start(j):
+            return first_row + j * rows
+
+        def quantize_group(j, words, st):
+            r0 = group_start(j)
+            amax = given_amax(r0) if amax_given else store_amax(r0, jnp.max(chunk_max(words), axis=1))
+            quantize_chunk(r0, zero, words, amax[:, None])
+            return st
+
+        def load_group(j):
+            return load_words(group_start(j), zero)
+
+        if groups == 1:
+            quantize_group(zero, load_group(zero), 0)
         else:
-            amax = cm.from_bits(jnp.max(chunk_max(words), axis=1))
-            plgpu_triton.store(amax_out_ref.at[g, pl.ds(r0, rows)], amax, mask=row_ok)
-        amax = amax[:, None]  # [rows, 1]
-        quantize_chunk(chunk0, words)
+            pipelined(groups, load_group, quantize_group, 0, load_group(zero) if prefetch else None, wrap=False)
         return
 
-    # Several chunks: two passes over the row (amax, then quantize).
-    def chunk_loop(process, state, first, wrap):
-        """state = process(i, words of chunk i, state) for every chunk i. With `prefetch`, chunk i+1's
-        loads are issued before chunk i is processed and carried by the loop, so a warp has loads
-        in flight while it computes; after the last chunk the prefetch is chunk 0 if `wrap`, else past the end (all masked, loads nothing).
-        Returns (state, that last prefetch)."""
-        if not prefetch:
-            return lax.fori_loop(0, n_chunks, lambda i, st: process(i, load_words(i), st), state), None
+    # Several chunks: two passes over the row (amax, then quantize); one row group per program.
+    r0 = first_row
 
-        def body(i, carry):
-            st, words = carry
-            nxt = load_words(lax.rem(i + 1, n_chunks) if wrap else i + 1)
-            return process(i, words, st), nxt
+    def load_chunk(i):
+        return load_words(r0, i)
 
-        return lax.fori_loop(0, n_chunks, body, (state, first))
-
-    first = load_words(chunk0) if prefetch else None
+    first = load_chunk(zero) if prefetch else None
     if amax_given:
-        amax = plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok, other=0.0)
+        amax = given_amax(r0)
     else:  # the amax pass's last prefetch is the quantize pass's chunk 0
-        bits, first = chunk_loop(lambda i, words, acc: jnp.maximum(acc, chunk_max(words)),
-                                 jnp.zeros((rows, nbc), jnp.int32), first, wrap=True)
-        amax = cm.from_bits(jnp.max(bits, axis=1))
-        plgpu_triton.store(amax_out_ref.at[g, pl.ds(r0, rows)], amax, mask=row_ok)
-    amax = amax[:, None]  # [rows, 1]
+        bits, first = pipelined(n_chunks, load_chunk, lambda i, words, acc: jnp.maximum(acc, chunk_max(words)),
+                                jnp.zeros((rows, nbc), jnp.int32), first, wrap=True)
+        amax = store_amax(r0, jnp.max(bits, axis=1))
 
     def quantize_step(i, words, st):
-        quantize_chunk(i, words)
+        quantize_chunk(r0, i, words, amax[:, None])
         return st
 
-    chunk_loop(quantize_step, 0, first, wrap=False)
+    pipelined(n_chunks, load_chunk, quantize_step, 0, first, wrap=False)
 
 
 def _amax_kernel(x_ref, out_ref, *, m, k, rows, chunk, k_major):
@@ -400,10 +445,12 @@ def _row_amax_call(x_g, *, m, k, k_major, tunables, interpret):
 def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
     groups = x_g.shape[0]
     planar_layout = tunables.layout == "planar" and not k_major and not config.block_2d
+    row_groups = 1
     if planar_layout:  # codes written as uint32 word pairs (one per block), read from the input's words
         rows = tunables.rows_1d
+        row_groups = tunables.row_groups if tunables.chunk(k) >= k else 1
         kernel = functools.partial(_planar_quant_kernel, m=m, k=k, rows=rows, nbc=tunables.chunk(k) // cm.BLOCK,
-                                   prefetch=tunables.prefetch,
+                                   groups=row_groups, prefetch=tunables.prefetch,
                                    dtype=x_g.dtype, config=config, amax_given=amax_rows is not None,
                                    interpret=interpret)
         x_in = planar.as_words(x_g).reshape(groups, m, k // cm.BLOCK, planar.words_per_block(x_g.dtype))
@@ -424,7 +471,7 @@ def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
     outs = list(pl.pallas_call(
         kernel,
         out_shape=tuple(out_shape),
-        grid=(groups, pl.cdiv(m, rows)),
+        grid=(groups, pl.cdiv(m, rows * row_groups)),
         compiler_params=_params(tunables),
         interpret=interpret,
         name=QUANT_NAME,
@@ -470,14 +517,17 @@ def _validate(x, config, tunables):
 
 
 def quantize_triton(x, config: ref.NVFP4Config = ref.NVFP4Config(), *, interpret: bool = False,
-                    amax=None, tunables: TritonQuantTunables = DEFAULT_TUNABLES) -> ref.NVFP4Tensor:
+                    amax=None, tunables: TritonQuantTunables | None = None) -> ref.NVFP4Tensor:
     """`fp4rl.formats.nvfp4.quantize(x, config, amax=amax)`, fused in Pallas Triton kernels.
 
     x: float32/bfloat16/float16 [..., K], K a multiple of 16 (2D: rows a multiple of 16).
     amax: optional global amax, `()` per tensor or `[..., 1]` per token (as the reference).
     interpret: run the kernels in Pallas interpret mode (CPU); otherwise a GPU is required.
+    tunables: launch shape; None = `default_tunables(config, K)`.
     """
-    _validate(x, config, tunables)
+    _validate(x, config, DEFAULT_TUNABLES if tunables is None else tunables)
+    if tunables is None:
+        tunables = default_tunables(config, jnp.shape(x)[-1])
     cm.require_gpu(interpret, QUANT_NAME)
     return _quantize_jit(x, None if amax is None else jnp.asarray(amax, jnp.float32), config, interpret, tunables)
 

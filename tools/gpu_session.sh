@@ -6,6 +6,8 @@
 #   bash tools/gpu_session.sh MODE...   # several modes in one device call, in order
 #   bash tools/gpu_session.sh bench     # compiled kernel suite + the four benchmarks
 #   bash tools/gpu_session.sh pilot     # h200 warm-up + the pilot arms (resumable)
+#   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
+#   bash tools/gpu_session.sh probe     # compiled Mosaic bf16 cases vs the NumPy oracle, field by field
 # The image lacks grain/tensorboardX: carried as wheels in .whl/ (see README "GPU runs").
 # Each step has its own time limit and logs to $OUT/log.txt; results are tarred into $OUT.
 set -u
@@ -16,6 +18,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site
 fi
 export PYTHONUNBUFFERED=1
+# The kernel suites compile hundreds of small kernels (CPU-bound): GPU_WORKERS pytest processes
+# share the GPU, each allocating on demand instead of preallocating most of its memory.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+par="-n ${GPU_WORKERS:-4}"
 log="$OUT/log.txt"
 START=$(date +%s)
 step() {  # step NAME SECONDS CMD...  (never past SESSION_SECONDS, so the results are always packed)
@@ -37,7 +43,7 @@ model_tests() {  # model_tests SECONDS
     tests/model/test_gpu_impl.py -k "${MODEL_TESTS:-auto or full}" -p no:cacheprovider
 }
 mosaic_tests() {  # mosaic_tests SECONDS
-  step gpu_tests_mosaic "$1" python -m pytest -v -rf --tb=line -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider
+  step gpu_tests_mosaic "$1" python -m pytest $par -v -rf --tb=line -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider
 }
 python -c "import jax; print(jax.devices())" >>"$log" 2>&1
 for mode in "${@:-bench}"; do
@@ -46,7 +52,7 @@ case "$mode" in
     # one step per suite, no -x: a failure in one backend must not hide the others' results.
     # Ordered by what a short device call must not miss: the default kernel, the model, the
     # benchmark; the Mosaic suite (slow to compile) gets what is left of SESSION_SECONDS.
-    step gpu_tests_triton 150 python -m pytest -v -rf --tb=short -m gpu tests/kernels/test_triton.py -p no:cacheprovider
+    step gpu_tests_triton 150 python -m pytest $par -v -rf --tb=short -m gpu tests/kernels/test_triton.py -p no:cacheprovider
     model_tests "${MODEL_SECONDS:-300}"
     step bench_quant 220 python -m experiments.bench_quant --iters=10 ${BENCH_ARGS:-}
     mosaic_tests 200
@@ -70,6 +76,14 @@ case "$mode" in
     step bench_experts 60 python -m experiments.bench_experts
     step bench_memory 60 python -m experiments.bench_qlinear_memory
     step bench_decode 90 python -m experiments.bench_decode
+    tar czf "$OUT/benchmarks.tgz" benchmarks
+    ;;
+  triton)
+    step gpu_tests_triton "${TRITON_SECONDS:-150}" python -m pytest $par -v -rf --tb=short -m gpu tests/kernels/test_triton.py -p no:cacheprovider
+    ;;
+  probe)
+    PYTHONPATH=.:${PYTHONPATH:-} step mosaic_probe "${PROBE_SECONDS:-120}" python tools/mosaic_probe.py
+    cp "$log" benchmarks/gpu_probe.log
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   pilot)
@@ -100,7 +114,7 @@ case "$mode" in
     tar czf "$OUT/pilot.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/pilot
     ;;
   *)
-    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, pilot" | tee -a "$log"; exit 2
+    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, probe, pilot" | tee -a "$log"; exit 2
     ;;
 esac
 done

@@ -30,18 +30,22 @@ def boundary_values() -> np.ndarray:
 
 def test_magnitude_matches_compare_encoder():
     v = jnp.asarray(boundary_values())
-    mag, dec_sf = planar.e2m1_magnitude(cm.PlainArith, v, cm.f32(1.0))
+    mag, dec = planar.e2m1_magnitude(cm.PlainArith, v, with_value=True)
     expected = np.asarray(cm.e2m1_encode(v)) & 7
     np.testing.assert_array_equal(np.asarray(mag) & 7, expected)
-    np.testing.assert_array_equal(np.asarray(dec_sf), np.asarray(GRID, np.float32)[expected])
+    np.testing.assert_array_equal(np.asarray(dec), np.asarray(GRID, np.float32)[expected])
 
 
 @pytest.mark.parametrize("sf", [2.0**-9, 0.375, 1.0, 448.0])
-def test_dequantized_magnitude_is_exact_times_scale(sf):
+def test_fast_error_fma_is_the_two_roundings(sf):
+    """fl(y - dec*sf) as one FMA equals -fl(fl(dec*sf) - y), the contract's fast error, since
+    dec*sf is exact (what `candidate_error` relies on)."""
     v = jnp.asarray(boundary_values())
-    mag, dec_sf = planar.e2m1_magnitude(cm.PlainArith, v, cm.f32(sf))
-    grid = np.asarray(GRID, np.float32)[np.asarray(mag) & 7]
-    np.testing.assert_array_equal(np.asarray(dec_sf), grid * np.float32(sf))
+    _, dec = planar.e2m1_magnitude(cm.PlainArith, v, with_value=True)
+    y = jnp.asarray(np.random.default_rng(2).uniform(0, 7 * sf, v.shape).astype(np.float32))
+    fused = cm.PlainArith.fma(dec, cm.f32(-sf), y)
+    two_roundings = cm.PlainArith.sub(cm.PlainArith.mul(dec, cm.f32(sf)), y)
+    np.testing.assert_array_equal(np.asarray(fused), -np.asarray(two_roundings))
 
 
 def test_packed_words_match_code_bytes():

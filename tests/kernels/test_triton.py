@@ -198,13 +198,16 @@ def test_registry_refuses_unknown_and_unavailable_backends(monkeypatch):
 
 @pytest.mark.parametrize("interpret", [True, pytest.param(False, marks=pytest.mark.gpu)], ids=["interpret", "compiled"])
 @pytest.mark.parametrize("prefetch", [False, True], ids=["no-prefetch", "prefetch"])
-def test_planar_chunk_loop_with_and_without_prefetch(interpret, prefetch):
-    """The planar kernel's two chunk loops (amax, then quantize), with and without carrying the
-    next chunk's loads: K = 80 in chunks of 32 (the last one half masked), M = 19 (a masked row
-    tail), the per-token amax computed in the kernel and given; bytes equal the reference's."""
+@pytest.mark.parametrize("block_k,row_groups", [(32, 1), (128, 3)], ids=["chunks", "row-groups"])
+def test_planar_loops_with_and_without_prefetch(interpret, prefetch, block_k, row_groups):
+    """The planar kernel's pipelined loops, with and without carrying the next item's loads:
+    "chunks": the two chunk loops (amax, then quantize), K = 80 in chunks of 32 (the last one half
+    masked); "row-groups": a row in one chunk, 3 groups of 4 rows per program (the last program's
+    groups partly and wholly past M). M = 19 (a masked row tail); the per-token amax computed in
+    the kernel and given; bytes equal the reference's."""
     if not interpret and not gpu_present():
         pytest.skip("needs a CUDA GPU")
-    tunables = tq.TritonQuantTunables(rows_1d=4, block_k=32, prefetch=prefetch)
+    tunables = tq.TritonQuantTunables(rows_1d=4, block_k=block_k, prefetch=prefetch, row_groups=row_groups)
     x = jnp.asarray(np.random.default_rng(3).standard_normal((19, 80)) * 3, jnp.bfloat16)
     config = ref.NVFP4Config(scale="token", four_over_six="mae", fast_error=True)
     amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True) * 1.5
@@ -213,4 +216,4 @@ def test_planar_chunk_loop_with_and_without_prefetch(interpret, prefetch):
         expected = [ref.quantize(jax.device_put(x, cpu), config, amax=a) for a in (None, jax.device_put(amax, cpu))]
     for given, want in zip((None, amax), expected):
         got = tq.quantize_triton(x, config, interpret=interpret, amax=given, tunables=tunables)
-        assert_tensor_equal(got, want, f"prefetch={prefetch} amax {'given' if given is not None else 'computed'}")
+        assert_tensor_equal(got, want, f"{tunables} amax {'given' if given is not None else 'computed'}")

@@ -1,0 +1,163 @@
+"""Where the compiled Mosaic GPU quantizer parts from the contract on bf16 input (GPU only).
+
+Session 4's compiled Mosaic suite failed bf16 inputs with M > 128 rows (per token: every config;
+per tensor: one 4/6 config) while f32 and M = 7 passed, and the Mosaic *interpreter* matched the
+NumPy oracle on the CPU. This prints, per case, which output field differs from the NumPy oracle
+(`tests/formats/oracle.py`, which never fuses or flushes), in how many elements and which rows,
+for the kernel with its in-kernel per-token amax, the same kernel given the oracle's amax, and
+the row-amax kernel alone: enough to tell an amax problem from a quantization problem.
+
+    python tools/mosaic_probe.py                # on the H200 (tools/gpu_session.sh probe)
+    JAX_PLATFORMS=cpu python tools/mosaic_probe.py --interpret   # the same on the CPU interpreter
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp4rl.formats import nvfp4 as ref
+from pallas_kernels import mosaic_quant as mq
+from tests.formats import oracle
+from tests.kernels.test_mosaic import CONFIGS, make_input
+
+CASES = [(300, 32), (129, 272), (257, 1024)]  # failed compiled in bf16 (session 4)
+NAMES = ["token-6", "token-mae-256", "tensor-mae-448-fast"]
+
+
+def rows_of(mask) -> str:
+    rows = np.unique(np.argwhere(mask)[:, 0])
+    return f"{len(rows)} rows {rows[:12].tolist()}{'...' if len(rows) > 12 else ''}"
+
+
+def compare(label, got, want, x32):
+    """One line per differing field (codes, scales, map4, amax) against the oracle's bytes."""
+    fields = {
+        "codes": (np.asarray(got.codes), want.codes),
+        "scales": (np.asarray(got.scales).view(np.uint8), want.scales),
+        "map4": (np.asarray(got.map4), want.map4),
+        "amax": (np.asarray(got.amax, np.float32).reshape(np.shape(want.amax)).view(np.uint32),
+                 np.asarray(want.amax, np.float32).view(np.uint32)),
+    }
+    bad = []
+    for name, (g, w) in fields.items():
+        differ = g != w
+        if differ.any():
+            i = tuple(np.argwhere(differ)[0])
+            detail = f"{name}: {int(differ.sum())}/{differ.size} differ, {rows_of(differ) if differ.ndim > 1 else ''}"
+            detail += f" first at {list(map(int, i))}: got {g[i]!r} want {w[i]!r}"
+            if name == "amax" and differ.ndim > 1:
+                r = i[0]
+                detail += f" (row {r}: max|x| = {np.max(np.abs(x32[r])):.9g}, got {g[i].view(np.float32)!r})"
+            bad.append(detail)
+    print(f"  {label}: " + ("EQUAL" if not bad else "\n    " + "\n    ".join(bad)), flush=True)
+
+
+STAGES = ("x", "s_enc", "k", "t", "sf", "sf_s_dec", "inv", "v")
+
+
+def intermediates_call(m, k, dtype, interpret):
+    """Block 0 of every row through the kernel's own helpers (plain map-to-6, amax given per
+    row), every intermediate written out as f32: [len(STAGES), M, 16] (scalars repeated)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from pallas_kernels import common as cm
+
+    block_m = mq.MosaicQuantTiling().block_m
+
+    def kernel(x_ref, amax_ref, out_ref):
+        rows = pl.ds(mq._row_start(m, block_m), block_m)
+        amax = amax_ref.at[rows][...]
+        s_enc, s_dec = cm.scales_from_amax(mq._ExactArith, amax, 448)
+        cols = [mq._load_col(x_ref, rows, i) for i in range(16)]
+        b = cols[0]
+        bits = cm.abs_bits(cols[0])
+        for c in cols[1:]:
+            bits = jnp.maximum(bits, cm.abs_bits(c))
+        b = cm.from_bits(bits)
+        kk = s_enc * mq._f32(cm.ONE_SIXTH)
+        t = cm.min_nan(b * kk, cm.E4M3_MAX)
+        sf, _ = mq._e4m3_round(t)
+        prod = sf * s_dec
+        inv = mq._inv_scale(sf, s_dec)
+        scalars = {"s_enc": s_enc, "k": kk, "t": t, "sf": sf, "sf_s_dec": prod, "inv": inv}
+        for i in range(16):
+            out_ref.at[0, rows, i][...] = cols[i]
+            out_ref.at[len(STAGES) - 1, rows, i][...] = cols[i] * inv
+            for j, name in enumerate(STAGES[1:-1], start=1):
+                out_ref.at[j, rows, i][...] = scalars[name]
+
+    return mq._traced_with_x64(plgpu.kernel(
+        kernel, out_type=jax.ShapeDtypeStruct((len(STAGES), m, 16), jnp.float32), grid=(pl.cdiv(m, block_m),),
+        grid_names=("m",), kernel_name="fp4rl_mosaic_probe", interpret=mq._interpret_param(interpret)))
+
+
+def numpy_intermediates(x32, amax):
+    """The same stages in NumPy f32 (the contract: one IEEE op per fl())."""
+    f = np.float32
+    with np.errstate(all="ignore"):
+        s_enc = np.minimum(f(6 * 448) / amax, f(3.4028235e38)).astype(f)
+        s_enc = np.where((amax == 0) | (s_enc == 0), f(1), s_enc).astype(f)
+        s_dec = (f(1) / s_enc).astype(f)
+        b = np.max(np.abs(x32[:, :16]), axis=1)
+        kk = (s_enc * (f(1) / f(6))).astype(f)
+        t = np.minimum(b * kk, f(448)).astype(f)
+        sf = oracle.e4m3(t).astype(np.float32)
+        prod = (sf * s_dec).astype(f)
+        inv = np.minimum(f(1) / prod, f(3.4028235e38)).astype(f)
+        v = (x32[:, :16] * inv[:, None]).astype(f)
+    rep = lambda a: np.repeat(a[:, None], 16, axis=1)
+    return {"x": x32[:, :16], "s_enc": rep(s_enc), "k": rep(kk), "t": rep(t), "sf": rep(sf),
+            "sf_s_dec": rep(prod), "inv": rep(inv), "v": v}
+
+
+def probe_intermediates(interpret: bool):
+    for m, k in CASES[:2]:
+        for dtype in (jnp.bfloat16, jnp.float32):
+            x = make_input(m, k, dtype, seed=m * k, subnormal=False, nan=False)
+            x32 = np.asarray(x.astype(jnp.float32))
+            amax = np.max(np.abs(x32), axis=1).astype(np.float32)
+            got = np.asarray(intermediates_call(m, k, x.dtype, interpret)(x, jnp.asarray(amax)))
+            want = numpy_intermediates(x32, amax)
+            line = []
+            for j, name in enumerate(STAGES):
+                differ = got[j].view(np.uint32) != want[name].view(np.uint32)
+                if differ.any():
+                    r, c = np.argwhere(differ)[0]
+                    line.append(f"{name}: {int(differ.sum())} differ (rows {rows_of(differ)}), first [{r},{c}] got "
+                                f"{got[j][r, c]!r} want {want[name][r, c]!r}")
+            print(f"== intermediates {m}x{k} {jnp.dtype(dtype).name}: " + ("all EQUAL" if not line else
+                  "\n    " + "\n    ".join(line)), flush=True)
+
+
+def main(interpret: bool):
+    print(jax.devices(), f"{interpret=}", flush=True)
+    probe_intermediates(interpret)
+    for m, k in CASES[:2]:  # the third case repeats the first two's findings (session-5 probe)
+        for dtype in (jnp.bfloat16,):  # f32 input was equal everywhere
+            x = make_input(m, k, dtype, seed=m * k, subnormal=False, nan=False)
+            x32 = np.asarray(x.astype(jnp.float32))
+            row_max = np.max(np.abs(x32), axis=1)
+            got_rows = np.asarray(mq._amax_call(m, k, x.dtype, mq.MosaicQuantTiling(), interpret)(x))
+            n_bad = int(np.sum(got_rows.view(np.uint32) != row_max.view(np.uint32)))
+            print(f"== {m}x{k} {jnp.dtype(dtype).name}: row-amax kernel vs max|x|: {n_bad}/{m} rows differ"
+                  + (f", {rows_of((got_rows != row_max)[:, None])}" if n_bad else ""), flush=True)
+            for name in NAMES:
+                config = CONFIGS[name]
+                want = oracle.quantize_nvfp4(x32, scale=config.scale, four_over_six=config.four_over_six,
+                                             e4m3_max=config.e4m3_max, fast_error=config.fast_error)
+                print(f" {name}:", flush=True)
+                compare("kernel", mq.quantize_mosaic(x, config, interpret=interpret), want, x32)
+                compare("kernel on the exact f32 upcast", mq.quantize_mosaic(jnp.asarray(x32), config, interpret=interpret),
+                        want, x32)
+                compare("kernel, oracle amax given", mq.quantize_mosaic(x, config, amax=jnp.asarray(want.amax), interpret=interpret),
+                        want, x32)
+                compare(f"XLA reference ({jax.default_backend()})", ref.quantize(x, config), want, x32)
+
+
+if __name__ == "__main__":
+    main(interpret="--interpret" in sys.argv[1:])
