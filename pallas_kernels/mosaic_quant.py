@@ -60,6 +60,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from fp4rl.formats import nvfp4 as ref
 from pallas_kernels import common as cm
+from pallas_kernels import int_division
 
 BLOCK = 16
 WARPGROUP = 128  # CUDA threads of one Mosaic GPU "thread" (a warpgroup) = rows per 128
@@ -102,28 +103,20 @@ def _f32(c):
 
 
 def _div(a, b):
-    """IEEE f32 division fl(a / b), correctly rounded.
+    """IEEE f32 division fl(a / b), correctly rounded, from integer operations.
 
-    Mosaic GPU compiles an f32 `arith.divf` to `div.full.f32` (and 1/x to `rcp.approx.f32`),
-    which are approximate (seen in the dumped PTX on the H200). We divide in f64 (`div.rn.f64`)
-    and round to f32 (`cvt.rn.f32.f64`): double rounding through a format with >= 2p+2 bits
-    (53 >= 2*24+2) is innocuous for division (Figueroa 1995), so this is exactly fl(a/b),
-    Inf/NaN/zero/overflow/subnormal cases included. Needs x64 while tracing (`_x64`).
+    Mosaic GPU compiles an f32 `arith.divf` to `div.full.f32` (approximate, seen in the dumped
+    PTX), and the float64 detour this kernel used before (divide in f64, round to f32) was one
+    ulp off in compiled kernels too (`tools/mosaic_probe.py`, session 5): see
+    `pallas_kernels.int_division`. NaN results come from the platform's own division.
     """
-    a = jnp.asarray(a, jnp.float32).astype(jnp.float64)
-    b = jnp.asarray(b, jnp.float32).astype(jnp.float64)
-    return (a / b).astype(jnp.float32)
+    return int_division.divide(a, b, lambda x, y: x / y)
 
 
 class _ExactArith(cm.PlainArith):
     """`cm.PlainArith` with the correctly rounded division above."""
 
     div = staticmethod(_div)
-
-
-def _x64():
-    """Kernel bodies use f64 for `_div`; jax only keeps float64 with x64 on while tracing."""
-    return jax.enable_x64(True)
 
 
 def _no_fma(v):
@@ -213,17 +206,6 @@ def _pack_pair(lo, hi):
 # ----------------------------------------------------------------------------------------
 # Kernel bodies
 # ----------------------------------------------------------------------------------------
-
-
-def _traced_with_x64(fn):
-    """Trace (and lower) a kernel call with x64 on, so `_div`'s float64 stays float64."""
-
-    @functools.wraps(fn)
-    def call(*args):
-        with _x64():
-            return fn(*args)
-
-    return call
 
 
 def _row_start(m_total: int, block_m: int):
@@ -316,14 +298,14 @@ def _quant_call(m_total, k, dtype, config, amax_mode, tiling: MosaicQuantTiling,
     if amax_mode == "compute":
         out_type.append(jax.ShapeDtypeStruct((m_total,), jnp.float32))
     body = _make_quant_body(m_total, k, block_m, block_k, config, amax_mode)
-    return _traced_with_x64(plgpu.kernel(
+    return plgpu.kernel(
         body,
         out_type=tuple(out_type),
         grid=(pl.cdiv(m_total, block_m), k // block_k),
         grid_names=("m", "k"),
         kernel_name=QUANT_KERNEL_NAME,
         interpret=_interpret_param(interpret),
-    ))
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -334,14 +316,14 @@ def _amax_call(m_total, k, dtype, tiling: MosaicQuantTiling, interpret: bool):
         rows = pl.ds(_row_start(m_total, block_m), block_m)
         amax_out_ref.at[rows][...] = cm.from_bits(_row_amax_bits(x_ref, rows, k))
 
-    return _traced_with_x64(plgpu.kernel(
+    return plgpu.kernel(
         kernel,
         out_type=jax.ShapeDtypeStruct((m_total,), jnp.float32),
         grid=(pl.cdiv(m_total, block_m),),
         grid_names=("m",),
         kernel_name=AMAX_KERNEL_NAME,
         interpret=_interpret_param(interpret),
-    ))
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -366,14 +348,14 @@ def _dequant_call(m_total, k, out_dtype, e4m3_bound, tiling: MosaicQuantTiling, 
 
         lax.fori_loop(np.int32(0), np.int32(k // BLOCK), body, np.int32(0))
 
-    return _traced_with_x64(plgpu.kernel(
+    return plgpu.kernel(
         kernel,
         out_type=jax.ShapeDtypeStruct((m_total, k), out_dtype),
         grid=(pl.cdiv(m_total, block_m),),
         grid_names=("m",),
         kernel_name=DEQUANT_KERNEL_NAME,
         interpret=_interpret_param(interpret),
-    ))
+    )
 
 
 # ----------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@
 #   bash tools/gpu_session.sh bench     # compiled kernel suite + the four benchmarks
 #   bash tools/gpu_session.sh pilot     # h200 warm-up + the pilot arms (resumable)
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
+#   bash tools/gpu_session.sh mosaic    # the compiled Mosaic GPU kernel suite alone
+#   bash tools/gpu_session.sh quant     # bench_quant alone (BENCH_ARGS)
 #   bash tools/gpu_session.sh probe     # compiled Mosaic bf16 cases vs the NumPy oracle, field by field
 # The image lacks grain/tensorboardX: carried as wheels in .whl/ (see README "GPU runs").
 # Each step has its own time limit and logs to $OUT/log.txt; results are tarred into $OUT.
@@ -81,6 +83,13 @@ case "$mode" in
   triton)
     step gpu_tests_triton "${TRITON_SECONDS:-150}" python -m pytest $par -v -rf --tb=short -m gpu tests/kernels/test_triton.py -p no:cacheprovider
     ;;
+  mosaic)
+    mosaic_tests "${MOSAIC_SECONDS:-200}"
+    ;;
+  quant)
+    step bench_quant "${BENCH_SECONDS:-200}" python -m experiments.bench_quant --iters=10 ${BENCH_ARGS:-}
+    tar czf "$OUT/benchmarks.tgz" benchmarks
+    ;;
   probe)
     PYTHONPATH=.:${PYTHONPATH:-} step mosaic_probe "${PROBE_SECONDS:-120}" python tools/mosaic_probe.py
     cp "$log" benchmarks/gpu_probe.log
@@ -114,7 +123,7 @@ case "$mode" in
     tar czf "$OUT/pilot.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/pilot
     ;;
   *)
-    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, probe, pilot" | tee -a "$log"; exit 2
+    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, quant, probe, pilot" | tee -a "$log"; exit 2
     ;;
 esac
 done

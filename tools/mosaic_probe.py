@@ -91,9 +91,9 @@ def intermediates_call(m, k, dtype, interpret):
             for j, name in enumerate(STAGES[1:-1], start=1):
                 out_ref.at[j, rows, i][...] = scalars[name]
 
-    return mq._traced_with_x64(plgpu.kernel(
+    return plgpu.kernel(
         kernel, out_type=jax.ShapeDtypeStruct((len(STAGES), m, 16), jnp.float32), grid=(pl.cdiv(m, block_m),),
-        grid_names=("m",), kernel_name="fp4rl_mosaic_probe", interpret=mq._interpret_param(interpret)))
+        grid_names=("m",), kernel_name="fp4rl_mosaic_probe", interpret=mq._interpret_param(interpret))
 
 
 def numpy_intermediates(x32, amax):
