@@ -45,7 +45,7 @@ model_tests() {  # model_tests SECONDS
     tests/model/test_gpu_impl.py -k "${MODEL_TESTS:-auto or full}" -p no:cacheprovider
 }
 mosaic_tests() {  # mosaic_tests SECONDS
-  step gpu_tests_mosaic "$1" python -m pytest $par -v -rf --tb=line -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider
+  step gpu_tests_mosaic "$1" python -m pytest $par -v -rf --tb=line -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider ${MOSAIC_ARGS:-}
 }
 python -c "import jax; print(jax.devices())" >>"$log" 2>&1
 for mode in "${@:-bench}"; do
@@ -91,7 +91,7 @@ case "$mode" in
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   probe)
-    PYTHONPATH=.:${PYTHONPATH:-} step mosaic_probe "${PROBE_SECONDS:-120}" python tools/mosaic_probe.py
+    PYTHONPATH=.:${PYTHONPATH:-} step mosaic_probe "${PROBE_SECONDS:-120}" python tools/mosaic_probe.py ${PROBE_ARGS:-}
     cp "$log" benchmarks/gpu_probe.log
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;

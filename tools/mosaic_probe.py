@@ -7,7 +7,7 @@ NumPy oracle on the CPU. This prints, per case, which output field differs from 
 for the kernel with its in-kernel per-token amax, the same kernel given the oracle's amax, and
 the row-amax kernel alone: enough to tell an amax problem from a quantization problem.
 
-    python tools/mosaic_probe.py                # on the H200 (tools/gpu_session.sh probe)
+    python tools/mosaic_probe.py [--mse]        # on the H200 (tools/gpu_session.sh probe)
     JAX_PLATFORMS=cpu python tools/mosaic_probe.py --interpret   # the same on the CPU interpreter
 """
 
@@ -134,30 +134,43 @@ def probe_intermediates(interpret: bool):
                   "\n    " + "\n    ".join(line)), flush=True)
 
 
-def main(interpret: bool):
+def probe_outputs(cases, names, interpret: bool):
+    """Kernel (amax computed, given; bf16 and its f32 upcast) and the XLA reference (default
+    device and host CPU) against the NumPy oracle, field by field, for bf16 inputs."""
+    cpu = jax.devices("cpu")[0]
+    for m, k in cases:
+        x = make_input(m, k, jnp.bfloat16, seed=m * k, subnormal=False, nan=False)  # as test_gpu_matches_reference
+        x32 = np.asarray(x.astype(jnp.float32))
+        row_max = np.max(np.abs(x32), axis=1)
+        padded = mq._pad_rows(x, mq.MosaicQuantTiling().block_m)  # as quantize_mosaic does for M < 128
+        got_rows = np.asarray(mq._amax_call(padded.shape[0], k, x.dtype, mq.MosaicQuantTiling(), interpret)(padded))[:m]
+        n_bad = int(np.sum(got_rows.view(np.uint32) != row_max.view(np.uint32)))
+        print(f"== {m}x{k} bfloat16: row-amax kernel vs max|x|: {n_bad}/{m} rows differ"
+              + (f", {rows_of((got_rows != row_max)[:, None])}" if n_bad else ""), flush=True)
+        for name in names:
+            config = CONFIGS[name]
+            want = oracle.quantize_nvfp4(x32, scale=config.scale, four_over_six=config.four_over_six,
+                                         e4m3_max=config.e4m3_max, fast_error=config.fast_error)
+            print(f" {name}:", flush=True)
+            compare("kernel", mq.quantize_mosaic(x, config, interpret=interpret), want, x32)
+            compare("kernel on the exact f32 upcast", mq.quantize_mosaic(jnp.asarray(x32), config, interpret=interpret),
+                    want, x32)
+            compare("kernel, oracle amax given", mq.quantize_mosaic(x, config, amax=jnp.asarray(want.amax), interpret=interpret),
+                    want, x32)
+            compare(f"XLA reference ({jax.default_backend()})", ref.quantize(x, config), want, x32)
+            with jax.default_device(cpu):
+                compare("XLA reference (host CPU)", ref.quantize(jax.device_put(x, cpu), config), want, x32)
+
+
+def main(argv):
+    interpret = "--interpret" in argv
     print(jax.devices(), f"{interpret=}", flush=True)
+    if "--mse" in argv:  # session 5, after the division fix: the two bf16 MSE cases still failing
+        probe_outputs([(129, 272), (33, 8192)], ["token-mse-256", "token-mse-448-fast"], interpret)
+        return
     probe_intermediates(interpret)
-    for m, k in CASES[:2]:  # the third case repeats the first two's findings (session-5 probe)
-        for dtype in (jnp.bfloat16,):  # f32 input was equal everywhere
-            x = make_input(m, k, dtype, seed=m * k, subnormal=False, nan=False)
-            x32 = np.asarray(x.astype(jnp.float32))
-            row_max = np.max(np.abs(x32), axis=1)
-            got_rows = np.asarray(mq._amax_call(m, k, x.dtype, mq.MosaicQuantTiling(), interpret)(x))
-            n_bad = int(np.sum(got_rows.view(np.uint32) != row_max.view(np.uint32)))
-            print(f"== {m}x{k} {jnp.dtype(dtype).name}: row-amax kernel vs max|x|: {n_bad}/{m} rows differ"
-                  + (f", {rows_of((got_rows != row_max)[:, None])}" if n_bad else ""), flush=True)
-            for name in NAMES:
-                config = CONFIGS[name]
-                want = oracle.quantize_nvfp4(x32, scale=config.scale, four_over_six=config.four_over_six,
-                                             e4m3_max=config.e4m3_max, fast_error=config.fast_error)
-                print(f" {name}:", flush=True)
-                compare("kernel", mq.quantize_mosaic(x, config, interpret=interpret), want, x32)
-                compare("kernel on the exact f32 upcast", mq.quantize_mosaic(jnp.asarray(x32), config, interpret=interpret),
-                        want, x32)
-                compare("kernel, oracle amax given", mq.quantize_mosaic(x, config, amax=jnp.asarray(want.amax), interpret=interpret),
-                        want, x32)
-                compare(f"XLA reference ({jax.default_backend()})", ref.quantize(x, config), want, x32)
+    probe_outputs(CASES[:2], NAMES, interpret)  # the third case repeated the first two's findings
 
 
 if __name__ == "__main__":
-    main(interpret="--interpret" in sys.argv[1:])
+    main(sys.argv[1:])
