@@ -20,9 +20,12 @@ Bit-exactness details
 ---------------------
 * Mosaic GPU emits f32 add/sub/mul with the `contract` fast-math flag (FMA allowed,
   `mosaic/gpu/fragmented_array.py`). Every product that feeds an add/sub in the contract and
-  is *not* exact (`x * S_enc` of the fast 4/6 error, `d * d` of MSE) goes through
-  `lax.optimization_barrier`, which Mosaic lowers to opaque inline asm, so no FMA can form.
-  Products that are exact (`dec(q) * sf`, `t * 512`) give the same result fused or not.
+  is *not* exact (`x * S_enc` of the fast 4/6 error) goes through `lax.optimization_barrier`,
+  which Mosaic lowers to opaque inline asm, so no FMA can form. Products that are exact
+  (`dec(q) * sf`, `t * 512`) give the same result fused or not.
+* Division and the MSE square are computed from integer ops (`pallas_kernels.int_arith`): the
+  compiled kernel's f32 divisions (also via f64) were one ulp off in about a third of the rows
+  and its MSE squares disagreed in rare blocks (`tools/mosaic_probe.py`, session 5, H200).
 * f32 max/min lower to `max.NaN`/`min.NaN` (NaN-propagating like jnp); block and row maxima
   are taken on the integer bits of |x| (NaN sorts above Inf), as in `pallas_kernels.common`.
 * E4M3 rounding is integer RNE on the f32 bits (normals) and the 2^23 trick (subnormals);
@@ -39,11 +42,11 @@ The 16x16 (2D) weight form is not implemented in this backend (raises NotImpleme
 Interpret mode: jax 0.11.2 has a Mosaic GPU interpreter (`plgpu.InterpretGPUParams`) that runs
 on CPU; `interpret=True` uses it.
 
-Status (H200, jax 0.11.2, last GPU run): bit-exact vs the reference for map-to-6 (per token
-and per tensor, bf16 and f32, NaN/Inf/zero/huge/subnormal rows) and for every 4/6 config on
-f32 input; bf16 input under 4/6 disagreed with the reference evaluated by XLA:CPU on the GPU
-host (unresolved, see tests/kernels/test_mosaic.py::test_gpu_bf16_input_equals_its_f32_upcast).
-Slow: one thread per row with strided scalar loads (~2-4% of HBM bandwidth).
+Status (H200, jax 0.11.2): session 4 found bf16 inputs failing (1-ulp divisions that only
+bf16's short significands put on rounding boundaries often); with the integer division every
+map-to-6 and MAE case of the compiled suite passed and two bf16 MSE cases still failed (rare
+blocks), which the integer square addresses: see benchmarks/README.md for the last GPU run.
+Slow: one thread per row with strided scalar loads (~4-7% of the copy bandwidth).
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from fp4rl.formats import nvfp4 as ref
 from pallas_kernels import common as cm
-from pallas_kernels import int_division
+from pallas_kernels import int_arith
 
 BLOCK = 16
 WARPGROUP = 128  # CUDA threads of one Mosaic GPU "thread" (a warpgroup) = rows per 128
@@ -108,9 +111,9 @@ def _div(a, b):
     Mosaic GPU compiles an f32 `arith.divf` to `div.full.f32` (approximate, seen in the dumped
     PTX), and the float64 detour this kernel used before (divide in f64, round to f32) was one
     ulp off in compiled kernels too (`tools/mosaic_probe.py`, session 5): see
-    `pallas_kernels.int_division`. NaN results come from the platform's own division.
+    `pallas_kernels.int_arith`. NaN results come from the platform's own division.
     """
-    return int_division.divide(a, b, lambda x, y: x / y)
+    return int_arith.divide(a, b, lambda x, y: x / y)
 
 
 class _ExactArith(cm.PlainArith):
@@ -161,7 +164,9 @@ def _element_error(x, inv, sf, amax, s_enc, config: ref.NVFP4Config):
         d = dec_sf - _no_fma(x * s_enc)
     else:
         d = _div(dec_sf * amax, _f32(6 * config.e4m3_bound)) - x
-    return cm.fabs(d) if config.four_over_six == "mae" else _no_fma(d * d)
+    # MSE: the square from integer ops (`int_arith.square`): the float product, even behind a
+    # barrier, disagreed with the contract in rare compiled blocks (session-5 probe).
+    return cm.fabs(d) if config.four_over_six == "mae" else int_arith.square(d, lambda v: v * v)
 
 
 def _fold16(load, first, step):

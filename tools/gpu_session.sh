@@ -44,8 +44,8 @@ model_tests() {  # model_tests SECONDS
   XLA_FLAGS=--xla_gpu_deterministic_ops=true step gpu_tests_model "$1" python -m pytest -v -s -rf --tb=short -m gpu \
     tests/model/test_gpu_impl.py -k "${MODEL_TESTS:-auto or full}" -p no:cacheprovider
 }
-mosaic_tests() {  # mosaic_tests SECONDS
-  step gpu_tests_mosaic "$1" python -m pytest $par -v -rf --tb=line -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider ${MOSAIC_ARGS:-}
+mosaic_tests() {  # mosaic_tests SECONDS  (MOSAIC_K: a pytest -k selection)
+  step gpu_tests_mosaic "$1" python -m pytest $par -v -rf --tb=line -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider ${MOSAIC_K:+-k "$MOSAIC_K"}
 }
 python -c "import jax; print(jax.devices())" >>"$log" 2>&1
 for mode in "${@:-bench}"; do

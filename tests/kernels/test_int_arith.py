@@ -1,4 +1,4 @@
-"""`pallas_kernels.int_division.divide` (the Mosaic kernels' division) vs IEEE f32 division, bit
+"""`pallas_kernels.int_arith.divide` (the Mosaic kernels' division) vs IEEE f32 division, bit
 for bit: NumPy divides with the host's IEEE `divss` (no FTZ/DAZ), the contract's fl(a / b).
 
 Covers random operands over the whole exponent range (normal and subnormal quotients, overflow,
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import int_division
+from pallas_kernels import int_arith
 
 
 def _random_floats(rng, n, lo_exp, hi_exp):
@@ -30,7 +30,7 @@ def _specials():
     return a.ravel(), b.ravel()
 
 
-_divide = jax.jit(lambda a, b: int_division.divide(a, b, lambda x, y: x / y))
+_divide = jax.jit(lambda a, b: int_arith.divide(a, b, lambda x, y: x / y))
 
 
 def _check(a, b):
@@ -88,3 +88,39 @@ def test_power_of_two_divisors_round_the_dropped_bits():
     ties = (np.arange(1, 4097, dtype=np.float32) * np.float32(2.0**-149))  # m * 2^-149 / 2, / 4, / 8
     for k in (2.0, 4.0, 8.0):
         _check(ties, np.full_like(ties, k))
+
+
+_square = jax.jit(lambda d: int_arith.square(d, lambda x: x * x))
+
+
+def _check_square(d):
+    d = np.asarray(d, np.float32)
+    with np.errstate(all="ignore"):
+        want = d * d
+    got = np.asarray(_square(jnp.asarray(d)))
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    bad = np.flatnonzero(got[~nan].view(np.uint32) != want[~nan].view(np.uint32))
+    assert bad.size == 0, [(float(x), float(g), float(w)) for x, g, w in zip(d[~nan][bad[:5]], got[~nan][bad[:5]], want[~nan][bad[:5]])]
+
+
+def test_square_matches_ieee_multiplication():
+    """fl(d * d) over the whole range: subnormal operands (squares flush to 0 only by rounding),
+    squares in the subnormal range (gradual underflow, ties included), overflow to Inf, short
+    (bf16-like) significands, specials."""
+    rng = np.random.default_rng(17)
+    _check_square(_random_floats(rng, 500_000, -149, 128))
+    _check_square(_random_floats(rng, 200_000, -80, -60))  # squares around 2^-126..2^-149
+    _check_square(_random_floats(rng, 100_000, 60, 66))  # squares around FLT_MAX
+    _check_square(_random_floats(rng, 200_000, -40, 40).astype(jnp.bfloat16).astype(np.float32))
+    _check_square(np.arange(1, 1 << 16, dtype=np.float32) * np.float32(2.0**-75))  # exact squares, subnormal ties
+    _check_square(_specials()[0])
+
+
+def test_square_rounding_ties_exhaustive_short_significands():
+    """Every integer t < 2^15 squared (t^2 needs up to 30 bits: 1-6 bits rounded off, exact
+    ties included), at unit scale and scaled into the subnormal result range."""
+    t = np.arange(1, 1 << 15, dtype=np.float32)
+    _check_square(t)
+    _check_square(t * np.float32(2.0**-80))
+    _check_square(t * np.float32(2.0**-70))

@@ -1,4 +1,4 @@
-"""IEEE f32 division, correctly rounded, from integer operations only (for Mosaic GPU kernels).
+"""IEEE f32 division and square, correctly rounded, from integer operations only (Mosaic GPU).
 
 Why: compiled Mosaic GPU kernels do not divide correctly rounded. `tools/mosaic_probe.py` on the
 H200 (session 5, `benchmarks/gpu_probe.log`) found `fl(6E / A)`, `fl(1 / S_enc)` and
@@ -17,7 +17,8 @@ platform, so the quotient is computed here as schoolbook long division of the si
 Zeros and infinities follow IEEE 754 (x/0 = Inf, x/Inf = 0, 0/x = 0, Inf/x = Inf, signed). The
 NaN results (NaN operand, 0/0, Inf/Inf) are `nan_division(a, b)`, the platform's own division,
 so their payload and sign are the platform's, as in the reference. Each op is elementwise on any
-shape; `tests/kernels/test_int_division.py` compares it with NumPy's IEEE division bit for bit.
+shape; `tests/kernels/test_int_arith.py` compares it with NumPy's IEEE division bit for bit.
+`square` does the same for fl(d * d) (the 4/6 MSE error), from an exact significand product.
 """
 
 from __future__ import annotations
@@ -63,6 +64,45 @@ def _round_shifted(q, sticky, shift):
     return kept + jnp.where(up, np.int32(1), np.int32(0))
 
 
+def _assemble(q, sticky, e):
+    """|result| bits from q = floor(significand * 2^24) in [2^24, 2^25) (24 bits + the rounding
+    bit), `sticky` (the bits below q were nonzero) and the biased exponent e (any int32).
+
+    Normal result (e >= 1): q / 2 rounded, plus (e - 1) << 23 (a rounding carry lands in the
+    exponent, up to Inf). Subnormal (e <= 0): q / 2^(2 - e) rounded, exponent field 0."""
+    shift = jnp.where(e >= 1, np.int32(1), jnp.minimum(np.int32(2) - e, np.int32(31)))
+    rounded = _round_shifted(q, sticky, shift)
+    e_field = jnp.clip(e, np.int32(1), np.int32(255)) - np.int32(1)
+    finite = jnp.where(e >= 1, lax.shift_left(e_field, np.int32(23)) + rounded, rounded)
+    return jnp.minimum(finite, _INF_BITS)
+
+
+def square(d, nan_square):
+    """fl(d * d) for an f32 array, IEEE round-to-nearest-even, subnormals kept, from integer ops.
+
+    Why: in compiled Mosaic GPU kernels the 4/6 MSE error's squares (or their sums) came out
+    different from the contract in rare blocks even behind an optimization barrier (session 5
+    probe), while every other op matched. The significand s < 2^24 is split as h * 2^12 + l so
+    s^2 = h^2 2^24 + 2hl 2^12 + l^2 is formed exactly in int32 pieces. nan_square(d): the
+    platform's d * d, used only for a NaN d."""
+    d = jnp.asarray(d, jnp.float32)
+    mag = _bits(d) & ~_SIGN
+    sig, e = _normalised(mag)
+    hi, lo = lax.shift_right_logical(sig, np.int32(12)), sig & np.int32(0xFFF)
+    mid = hi * lo * np.int32(2)  # < 2^25
+    low = lax.shift_left(mid & np.int32(0x3FF), np.int32(12)) + lo * lo  # < 2^25
+    q = hi * hi * np.int32(4) + lax.shift_right_logical(mid, np.int32(10)) + lax.shift_right_logical(low, np.int32(22))
+    sticky = (low & np.int32(0x3FFFFF)) != 0  # q = floor(s^2 / 2^22) in [2^24, 2^26)
+    wide = q >= np.int32(1 << 25)  # s^2 / 2^46 in [2, 4): one more bit goes to the sticky
+    sticky = sticky | (wide & ((q & np.int32(1)) != 0))
+    q = jnp.where(wide, lax.shift_right_logical(q, np.int32(1)), q)
+    # value = s * 2^(e - 150), so value^2 = (q / 2^24) * 2^(2e - 254 [+1 if wide]): biased 2e - 127.
+    magnitude = _assemble(q, sticky, e * np.int32(2) - np.int32(127) + jnp.where(wide, np.int32(1), np.int32(0)))
+    magnitude = jnp.where(mag == 0, np.int32(0), jnp.where(mag == _INF_BITS, _INF_BITS, magnitude))
+    result = lax.bitcast_convert_type(magnitude, jnp.float32)
+    return jnp.where(mag > _INF_BITS, nan_square(d), result)
+
+
 def divide(a, b, nan_division):
     """fl(a / b) for f32 arrays a, b (broadcast), IEEE round-to-nearest-even, subnormals kept.
 
@@ -85,14 +125,7 @@ def divide(a, b, nan_division):
         return lax.shift_left(q, np.int32(1)) | jnp.where(bit, np.int32(1), np.int32(0)), lax.shift_left(rem, np.int32(1))
 
     q, rem = lax.fori_loop(np.int32(0), np.int32(_STEPS), step, (jnp.zeros_like(r), r))  # q = floor(ratio * 2^24) in [2^24, 2^25)
-    sticky = rem != 0
-    # Normal result (e >= 1): q / 2 rounded, plus (e - 1) << 23 (a rounding carry lands in the
-    # exponent, up to Inf). Subnormal (e <= 0): q / 2^(2 - e) rounded, exponent field 0.
-    shift = jnp.where(e >= 1, np.int32(1), jnp.minimum(np.int32(2) - e, np.int32(31)))
-    rounded = _round_shifted(q, sticky, shift)
-    e_field = jnp.clip(e, np.int32(1), np.int32(255)) - np.int32(1)
-    finite = jnp.where(e >= 1, lax.shift_left(e_field, np.int32(23)) + rounded, rounded)
-    magnitude = jnp.minimum(finite, _INF_BITS)
+    magnitude = _assemble(q, rem != 0, e)
     # IEEE special operands (NaN cases go to the platform below).
     a_zero, b_zero = abs_a == 0, abs_b == 0
     a_inf, b_inf = abs_a == _INF_BITS, abs_b == _INF_BITS
