@@ -23,7 +23,7 @@ Bit-exactness details
   is *not* exact (`x * S_enc` of the fast 4/6 error) goes through `lax.optimization_barrier`,
   which Mosaic lowers to opaque inline asm, so no FMA can form. Products that are exact
   (`dec(q) * sf`, `t * 512`) give the same result fused or not.
-* Division and the MSE square are computed from integer ops (`pallas_kernels.int_arith`): the
+* Division and the MSE square are computed from integer ops (`fp4rl.formats.ieee.integer_divide` / `integer_square`): the
   compiled kernel's f32 divisions (also via f64) were one ulp off in about a third of the rows
   and its MSE squares disagreed in rare blocks (`tools/mosaic_probe.py`, session 5, H200).
 * f32 max/min lower to `max.NaN`/`min.NaN` (NaN-propagating like jnp); block and row maxima
@@ -61,9 +61,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from fp4rl.formats import ieee
 from fp4rl.formats import nvfp4 as ref
 from pallas_kernels import common as cm
-from pallas_kernels import int_arith
 
 BLOCK = 16
 WARPGROUP = 128  # CUDA threads of one Mosaic GPU "thread" (a warpgroup) = rows per 128
@@ -110,10 +110,11 @@ def _div(a, b):
 
     Mosaic GPU compiles an f32 `arith.divf` to `div.full.f32` (approximate, seen in the dumped
     PTX), and the float64 detour this kernel used before (divide in f64, round to f32) was one
-    ulp off in compiled kernels too (`tools/mosaic_probe.py`, session 5): see
-    `pallas_kernels.int_arith`. NaN results come from the platform's own division.
+    ulp off in compiled kernels too (`tools/mosaic_probe.py`, session 5). So the quotient comes
+    from integer operations (`ieee.integer_divide`, the XLA:GPU reference's division too); NaN
+    results from the platform's own division (their payload and sign are the platform's).
     """
-    return int_arith.divide(a, b, lambda x, y: x / y)
+    return ieee.integer_divide(a, b, lambda x, y: x / y, unroll=False)
 
 
 class _ExactArith(cm.PlainArith):
@@ -164,9 +165,9 @@ def _element_error(x, inv, sf, amax, s_enc, config: ref.NVFP4Config):
         d = dec_sf - _no_fma(x * s_enc)
     else:
         d = _div(dec_sf * amax, _f32(6 * config.e4m3_bound)) - x
-    # MSE: the square from integer ops (`int_arith.square`): the float product, even behind a
+    # MSE: the square from integer ops (`ieee.integer_square`): the float product, even behind a
     # barrier, disagreed with the contract in rare compiled blocks (session-5 probe).
-    return cm.fabs(d) if config.four_over_six == "mae" else int_arith.square(d, lambda v: v * v)
+    return cm.fabs(d) if config.four_over_six == "mae" else ieee.integer_square(d, lambda v: v * v)
 
 
 def _fold16(load, first, step):

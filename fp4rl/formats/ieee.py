@@ -16,6 +16,8 @@ A fourth, on XLA:GPU only: its f32 division is PTX `div.full.f32`, an approximat
 2 ulp; openxla/xla#37181: a / a != 1), which changed 4/6-exact choices on the H200
 (benchmarks/gpu_reference_check.log). `divide` therefore computes the correctly rounded
 quotient with integer arithmetic on every platform but the CPU, whose division is IEEE.
+The same integer division (and `integer_square`) serves the compiled Mosaic GPU quantizer,
+whose float divisions (even through float64) and MSE squares were off by an ulp (session 5).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import threading
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 
@@ -89,60 +92,135 @@ def reciprocal(x):
     return divide(jnp.ones_like(jnp.asarray(x, jnp.float32)), x)
 
 
-_SIGN, _MANT, _IMPLICIT = (jnp.uint32(v) for v in (0x80000000, 0x7FFFFF, 0x800000))
+# IEEE f32 division and square from integer operations (exact on every platform).
+_STEPS = 25  # quotient bits: 1 integer + 23 fraction + 1 rounding bit
+_SIGN = np.int32(-(2**31))
+_EXP_MASK = np.int32(0xFF)
+_FRAC_MASK = np.int32(0x7FFFFF)
+_HIDDEN = np.int32(0x800000)
+_INF_BITS = np.int32(0x7F800000)
+_CANONICAL_NAN = np.float32(np.nan)  # 0x7FC00000
 
 
-def _unpack(bits):
-    """(significand with its leading 1 at bit 23, unbiased-plus-127 exponent) of a nonzero finite
-    f32, subnormals normalised (their exponent drops below 1)."""
-    e = ((bits >> 23) & jnp.uint32(0xFF)).astype(jnp.int32)
-    f = bits & _MANT
-    shift = jnp.where(e == 0, lax.clz(f).astype(jnp.int32) - 8, 0)  # bring the top bit to bit 23
-    m = jnp.where(e == 0, f << shift.astype(jnp.uint32), f | _IMPLICIT)
-    return m, jnp.where(e == 0, 1 - shift, e)
+def _bits(x):
+    return lax.bitcast_convert_type(x, jnp.int32)
+
+
+def _normalised(bits):
+    """(significand in [2^23, 2^24), unbiased-exponent-like e) with value = sig * 2^(e - 150).
+
+    Normals: e = biased exponent. Subnormals (exponent field 0, fraction f > 0): the top bit of f
+    is at p = exponent of f32(f) - 127 (f < 2^23 converts exactly), f << (23 - p) is normalised
+    and e = 1 - (23 - p). Zero gives garbage here (callers override zeros)."""
+    exp = lax.shift_right_logical(bits, np.int32(23)) & _EXP_MASK
+    frac = bits & _FRAC_MASK
+    top = lax.shift_right_logical(_bits(frac.astype(jnp.float32)), np.int32(23)) - np.int32(127)
+    shift = jnp.maximum(np.int32(23) - top, np.int32(0))
+    subnormal = exp == 0
+    sig = jnp.where(subnormal, lax.shift_left(frac, shift), frac | _HIDDEN)
+    e = jnp.where(subnormal, np.int32(1) - shift, exp)
+    return sig, e
+
+
+def _round_shifted(q, sticky, shift):
+    """round-to-nearest-even of q / 2^shift (shift in [1, 31]) with `sticky` = lower bits were nonzero."""
+    kept = lax.shift_right_logical(q, shift)
+    half = lax.shift_right_logical(q, shift - np.int32(1)) & np.int32(1)
+    below = (q & (lax.shift_left(np.int32(1), shift - np.int32(1)) - np.int32(1))) != 0
+    up = (half == 1) & (below | sticky | ((kept & np.int32(1)) == 1))
+    return kept + jnp.where(up, np.int32(1), np.int32(0))
+
+
+def _assemble(q, sticky, e):
+    """|result| bits from q = floor(significand * 2^24) in [2^24, 2^25) (24 bits + the rounding
+    bit), `sticky` (the bits below q were nonzero) and the biased exponent e (any int32).
+
+    Normal result (e >= 1): q / 2 rounded, plus (e - 1) << 23 (a rounding carry lands in the
+    exponent, up to Inf). Subnormal (e <= 0): q / 2^(2 - e) rounded, exponent field 0."""
+    shift = jnp.where(e >= 1, np.int32(1), jnp.minimum(np.int32(2) - e, np.int32(31)))
+    rounded = _round_shifted(q, sticky, shift)
+    e_field = jnp.clip(e, np.int32(1), np.int32(255)) - np.int32(1)
+    finite = jnp.where(e >= 1, lax.shift_left(e_field, np.int32(23)) + rounded, rounded)
+    return jnp.minimum(finite, _INF_BITS)
+
+
+def integer_square(d, nan_square=None):
+    """fl(d * d) for an f32 array, IEEE round-to-nearest-even, subnormals kept, from integer ops.
+
+    Why: in compiled Mosaic GPU kernels the 4/6 MSE error's squares (or their sums) came out
+    different from the contract in rare blocks even behind an optimization barrier (session 5
+    probe), while every other op matched. The significand s < 2^24 is split as h * 2^12 + l so
+    s^2 = h^2 2^24 + 2hl 2^12 + l^2 is formed exactly in int32 pieces. nan_square(d) gives the
+    result for a NaN d (None: the canonical quiet NaN)."""
+    d = jnp.asarray(d, jnp.float32)
+    mag = _bits(d) & ~_SIGN
+    sig, e = _normalised(mag)
+    hi, lo = lax.shift_right_logical(sig, np.int32(12)), sig & np.int32(0xFFF)
+    mid = hi * lo * np.int32(2)  # < 2^25
+    low = lax.shift_left(mid & np.int32(0x3FF), np.int32(12)) + lo * lo  # < 2^25
+    q = hi * hi * np.int32(4) + lax.shift_right_logical(mid, np.int32(10)) + lax.shift_right_logical(low, np.int32(22))
+    sticky = (low & np.int32(0x3FFFFF)) != 0  # q = floor(s^2 / 2^22) in [2^24, 2^26)
+    wide = q >= np.int32(1 << 25)  # s^2 / 2^46 in [2, 4): one more bit goes to the sticky
+    sticky = sticky | (wide & ((q & np.int32(1)) != 0))
+    q = jnp.where(wide, lax.shift_right_logical(q, np.int32(1)), q)
+    # value = s * 2^(e - 150), so value^2 = (q / 2^24) * 2^(2e - 254 [+1 if wide]): biased 2e - 127.
+    magnitude = _assemble(q, sticky, e * np.int32(2) - np.int32(127) + jnp.where(wide, np.int32(1), np.int32(0)))
+    magnitude = jnp.where(mag == 0, np.int32(0), jnp.where(mag == _INF_BITS, _INF_BITS, magnitude))
+    result = lax.bitcast_convert_type(magnitude, jnp.float32)
+    return jnp.where(mag > _INF_BITS, _CANONICAL_NAN if nan_square is None else nan_square(d), result)
+
+
+def integer_divide(a, b, nan_division=None, *, unroll: bool = True):
+    """fl(a / b) for f32 arrays a, b (broadcast), IEEE round-to-nearest-even, subnormals kept,
+    from integer operations only (used where the native division is not IEEE: XLA:GPU, whose
+    f32 division is `div.full.f32`, and compiled Mosaic GPU kernels, see the module docstring).
+
+    Schoolbook long division of the significands (normalised to [2^23, 2^24), subnormals by
+    locating their top bit through an exact int -> f32 conversion), one quotient bit per step
+    (25 steps: 24 significant bits and the rounding bit), the remainder as the sticky bit, round
+    to nearest even, then the exponent (with rounding carry, overflow to Inf, gradual underflow).
+    nan_division(a, b) gives the NaN results (None: the canonical quiet NaN 0x7FC00000).
+    unroll: the steps as straight-line code (XLA fuses it); False: a `fori_loop` (a smaller
+    Mosaic GPU kernel body)."""
+    a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+    ia, ib = _bits(a), _bits(b)
+    sign = (ia ^ ib) & _SIGN
+    abs_a, abs_b = ia & ~_SIGN, ib & ~_SIGN
+    ma, ea = _normalised(abs_a)
+    mb, eb = _normalised(abs_b)
+    # ma / mb in [1/2, 2): bring it to [1, 2) by doubling ma (still < 2^25).
+    low = ma < mb
+    r = jnp.where(low, lax.shift_left(ma, np.int32(1)), ma)
+    e = ea - eb + np.int32(127) - jnp.where(low, np.int32(1), np.int32(0))  # biased result exponent
+
+    def step(_, carry):
+        q, rem = carry
+        bit = rem >= mb
+        rem = jnp.where(bit, rem - mb, rem)
+        return lax.shift_left(q, np.int32(1)) | jnp.where(bit, np.int32(1), np.int32(0)), lax.shift_left(rem, np.int32(1))
+
+    carry = (jnp.zeros_like(r), r)
+    if unroll:
+        for i in range(_STEPS):
+            carry = step(i, carry)
+    else:
+        carry = lax.fori_loop(np.int32(0), np.int32(_STEPS), step, carry)
+    q, rem = carry  # q = floor(ratio * 2^24) in [2^24, 2^25)
+    magnitude = _assemble(q, rem != 0, e)
+    # IEEE special operands (NaN cases go to the platform below).
+    a_zero, b_zero = abs_a == 0, abs_b == 0
+    a_inf, b_inf = abs_a == _INF_BITS, abs_b == _INF_BITS
+    magnitude = jnp.where(a_inf | b_zero, _INF_BITS, magnitude)
+    magnitude = jnp.where(a_zero | b_inf, np.int32(0), magnitude)
+    result = lax.bitcast_convert_type(magnitude | sign, jnp.float32)
+    is_nan = (abs_a > _INF_BITS) | (abs_b > _INF_BITS) | (a_zero & b_zero) | (a_inf & b_inf)
+    return jnp.where(is_nan, _CANONICAL_NAN if nan_division is None else nan_division(a, b), result)
 
 
 def rounded_divide(a, b):
-    """IEEE-754 binary32 a / b, round-to-nearest-even, subnormals kept, from integer operations only.
-
-    Long division of the 24-bit significands gives 26 quotient bits (24 kept, a guard bit, one
-    more) and a sticky remainder; the rounding then shifts in the exponent's underflow. Same
-    shapes in, NaN out is the canonical quiet NaN. Used where the native division is not IEEE.
-    """
-    a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
-    ua, ub = lax.bitcast_convert_type(a, jnp.uint32), lax.bitcast_convert_type(b, jnp.uint32)
-    sign = (ua ^ ub) & _SIGN
-    ma, ea = _unpack(ua)
-    mb, eb = _unpack(ub)
-    smaller = ma < mb  # then the quotient is in [1/2, 1): take one more numerator bit
-    r = jnp.where(smaller, ma << 1, ma)
-    e = ea - eb + 127 - smaller.astype(jnp.int32)  # biased exponent of a quotient in [1, 2)
-    q = jnp.zeros_like(ua)
-    for _ in range(26):  # restoring division: q = floor(r * 2^25 / mb), r < 2 mb < 2^25
-        bit = r >= mb
-        r = jnp.where(bit, r - mb, r) << 1
-        q = (q << 1) | bit.astype(jnp.uint32)
-    sticky = r != 0
-    # Drop 2 bits (normal) or 2 + (1 - e) (subnormal result), rounding to nearest even.
-    drop = jnp.clip(jnp.where(e >= 1, 2, 3 - e), 2, 31).astype(jnp.uint32)
-    kept = q >> drop
-    guard = (q >> (drop - 1)) & 1
-    below = ((q & ((jnp.uint32(1) << (drop - 1)) - 1)) != 0) | sticky
-    kept = kept + (guard & (below | (kept & 1) != 0).astype(jnp.uint32))
-    # The exponent field adds to the significand's implicit bit (a carry out of rounding moves it).
-    magnitude = (jnp.maximum(e, 1) - 1).astype(jnp.uint32) * jnp.uint32(1 << 23) + kept
-    overflow = (e >= 255) | (magnitude >= 0x7F800000)
-    magnitude = jnp.where(overflow, jnp.uint32(0x7F800000), magnitude)
-
-    # Classes from the bits: a float compare would see a subnormal as 0 where denormals are flushed.
-    abs_a, abs_b = ua & ~_SIGN, ub & ~_SIGN
-    inf = jnp.uint32(0x7F800000)
-    zero_a, zero_b, inf_a, inf_b = abs_a == 0, abs_b == 0, abs_a == inf, abs_b == inf
-    nan = (abs_a > inf) | (abs_b > inf) | (zero_a & zero_b) | (inf_a & inf_b)
-    out = jnp.where(zero_a | inf_b, sign, sign | magnitude)
-    out = jnp.where(inf_a | zero_b, sign | inf, out)
-    out = jnp.where(nan, jnp.uint32(0x7FC00000), out)
-    return lax.bitcast_convert_type(out, jnp.float32)
+    """IEEE-754 binary32 a / b, round-to-nearest-even, subnormals kept, from integer operations
+    only; NaN out is the canonical quiet NaN. Used where the native division is not IEEE."""
+    return integer_divide(a, b)
 
 
 def as_stored(x):

@@ -207,7 +207,7 @@ def test_gpu_bf16_input_equals_its_f32_upcast(name):
     Why bf16 matters: its 8-bit significands put quantities on E4M3/E2M1 rounding boundaries
     often, so a one-ulp arithmetic error shows up in the bytes (session 5: the compiled kernel's
     divisions were one ulp off in ~1/3 of the rows, bf16 cases failed, f32 ones passed; fixed by
-    `pallas_kernels.int_arith`). Upcast and bf16 must agree, and both must equal the oracle.
+    `ieee.integer_divide`). Upcast and bf16 must agree, and both must equal the oracle.
     """
     from tests.formats import oracle
 

@@ -1,5 +1,6 @@
-"""`pallas_kernels.int_arith.divide` (the Mosaic kernels' division) vs IEEE f32 division, bit
-for bit: NumPy divides with the host's IEEE `divss` (no FTZ/DAZ), the contract's fl(a / b).
+"""`ieee.integer_divide` / `integer_square` (the XLA:GPU reference's and the Mosaic kernels'
+division, the Mosaic MSE square) vs IEEE f32 division and product, bit for bit, in both forms
+(straight-line, and the `fori_loop` of the Mosaic kernel): NumPy divides with the host's IEEE `divss` (no FTZ/DAZ), the contract's fl(a / b).
 
 Covers random operands over the whole exponent range (normal and subnormal quotients, overflow,
 gradual underflow to zero), subnormal operands, quotients near the normal/subnormal boundary,
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import int_arith
+from fp4rl.formats import ieee
 
 
 def _random_floats(rng, n, lo_exp, hi_exp):
@@ -30,19 +31,21 @@ def _specials():
     return a.ravel(), b.ravel()
 
 
-_divide = jax.jit(lambda a, b: int_arith.divide(a, b, lambda x, y: x / y))
+_DIVIDES = {unroll: jax.jit(lambda a, b, u=unroll: ieee.integer_divide(a, b, lambda x, y: x / y, unroll=u))
+            for unroll in (True, False)}
 
 
 def _check(a, b):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     with np.errstate(all="ignore"):
         want = a / b
-    got = np.asarray(_divide(jnp.asarray(a), jnp.asarray(b)))
     nan = np.isnan(want)
-    np.testing.assert_array_equal(np.isnan(got), nan)
-    bad = np.flatnonzero(got[~nan].view(np.uint32) != want[~nan].view(np.uint32))
-    assert bad.size == 0, [(float(x), float(y), float(g), float(w)) for x, y, g, w in
-                           zip(a[~nan][bad[:5]], b[~nan][bad[:5]], got[~nan][bad[:5]], want[~nan][bad[:5]])]
+    for unroll, divide in _DIVIDES.items():
+        got = np.asarray(divide(jnp.asarray(a), jnp.asarray(b)))
+        np.testing.assert_array_equal(np.isnan(got), nan)
+        bad = np.flatnonzero(got[~nan].view(np.uint32) != want[~nan].view(np.uint32))
+        assert bad.size == 0, (unroll, [(float(x), float(y), float(g), float(w)) for x, y, g, w in
+                                        zip(a[~nan][bad[:5]], b[~nan][bad[:5]], got[~nan][bad[:5]], want[~nan][bad[:5]])])
 
 
 def test_special_operands():
@@ -90,7 +93,7 @@ def test_power_of_two_divisors_round_the_dropped_bits():
         _check(ties, np.full_like(ties, k))
 
 
-_square = jax.jit(lambda d: int_arith.square(d, lambda x: x * x))
+_square = jax.jit(lambda d: ieee.integer_square(d, lambda x: x * x))
 
 
 def _check_square(d):
