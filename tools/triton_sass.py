@@ -11,7 +11,10 @@ ptxas, and its cuobjdump lists the SASS.
     JAX_PLATFORMS=cpu python tools/triton_sass.py --variant 4/6-fast [--layout planar] [--out DIR]
 
 Prints the number of convert_layout ops in the TTGIR, shared memory, and SASS instruction
-counts (total and the most frequent opcodes). Files (ttir, ttgir, ptx, sass) go to --out.
+counts (total, up to the first EXIT, and the most frequent opcodes). With a whole row in one chunk
+(`--rows 1 --block-k K --num-warps 8` for K = 4096) the kernel has no loop, so the count up to the
+first EXIT is what a thread executes for its 16 elements (the division slow paths lie after it):
+the basis of the issue-rate floor in benchmarks/README.md. Files (ttir, ttgir, ptx, sass) go to --out.
 """
 
 from __future__ import annotations
@@ -82,13 +85,16 @@ def compile_and_count(ttir_path: str, num_warps: int, num_stages: int) -> dict:
                            check=True).stdout
     registers, local = (int(re.search(rf"{key}:(\d+)", usage).group(1)) for key in ("REG", "LOCAL"))
     ops = collections.Counter()
+    to_exit = None  # instructions up to the first EXIT: a loop-free kernel's main path (slow paths after it)
     for line in sass.splitlines():
         match = re.match(r"\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
         if match:
             ops[match.group(1)] += 1
+            if to_exit is None and match.group(1) == "EXIT":
+                to_exit = sum(ops.values())
     return {"registers": registers, "spill_bytes": local,  # LOCAL > 0: registers spilled to local memory
             "convert_layout": kernel.asm["ttgir"].count("convert_layout"), "shared_bytes": kernel.metadata.shared,
-            "sass_total": sum(ops.values()), "top": dict(ops.most_common(12))}
+            "sass_total": sum(ops.values()), "to_first_exit": to_exit, "top": dict(ops.most_common(12))}
 
 
 def main(argv=None) -> None:
