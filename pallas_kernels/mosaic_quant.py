@@ -23,9 +23,10 @@ Bit-exactness details
   is *not* exact (`x * S_enc` of the fast 4/6 error) goes through `lax.optimization_barrier`,
   which Mosaic lowers to opaque inline asm, so no FMA can form. Products that are exact
   (`dec(q) * sf`, `t * 512`) give the same result fused or not.
-* Division and the MSE square are computed from integer ops (`fp4rl.formats.ieee.integer_divide` / `integer_square`): the
-  compiled kernel's f32 divisions (also via f64) were one ulp off in about a third of the rows
-  and its MSE squares disagreed in rare blocks (`tools/mosaic_probe.py`, session 5, H200).
+* Division and the MSE square are computed from integer ops (`fp4rl.formats.ieee`:
+  `integer_divide`, `integer_square`): the compiled kernel's f32 divisions (also via f64) were
+  one ulp off in about a third of the rows and its MSE squares disagreed in rare blocks
+  (`tools/mosaic_probe.py`, session 5, H200).
 * f32 max/min lower to `max.NaN`/`min.NaN` (NaN-propagating like jnp); block and row maxima
   are taken on the integer bits of |x| (NaN sorts above Inf), as in `pallas_kernels.common`.
 * E4M3 rounding is integer RNE on the f32 bits (normals) and the 2^23 trick (subnormals);
@@ -42,10 +43,11 @@ The 16x16 (2D) weight form is not implemented in this backend (raises NotImpleme
 Interpret mode: jax 0.11.2 has a Mosaic GPU interpreter (`plgpu.InterpretGPUParams`) that runs
 on CPU; `interpret=True` uses it.
 
-Status (H200, jax 0.11.2): session 4 found bf16 inputs failing (1-ulp divisions that only
-bf16's short significands put on rounding boundaries often); with the integer division every
-map-to-6 and MAE case of the compiled suite passed and two bf16 MSE cases still failed (rare
-blocks), which the integer square addresses: see benchmarks/README.md for the last GPU run.
+Status (H200, jax 0.11.2, session 5): the bf16 failures of session 4 were 1-ulp divisions that
+bf16's short significands put on rounding boundaries often. With the integer division every
+map-to-6 and MAE case of the compiled suite passed and two bf16 MSE cases failed in single
+blocks; with the integer square those and every other compiled test that ran passed (which
+tests did not run on the final code: benchmarks/README.md).
 Slow: one thread per row with strided scalar loads (~4-7% of the copy bandwidth).
 """
 

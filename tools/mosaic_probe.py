@@ -155,8 +155,8 @@ def probe_outputs(cases, names, interpret: bool):
             compare("kernel", mq.quantize_mosaic(x, config, interpret=interpret), want, x32)
             compare("kernel on the exact f32 upcast", mq.quantize_mosaic(jnp.asarray(x32), config, interpret=interpret),
                     want, x32)
-            compare("kernel, oracle amax given", mq.quantize_mosaic(x, config, amax=jnp.asarray(want.amax), interpret=interpret),
-                    want, x32)
+            given = mq.quantize_mosaic(x, config, amax=jnp.asarray(want.amax), interpret=interpret)
+            compare("kernel, oracle amax given", given, want, x32)
             compare(f"XLA reference ({jax.default_backend()})", ref.quantize(x, config), want, x32)
             with jax.default_device(cpu):
                 compare("XLA reference (host CPU)", ref.quantize(jax.device_put(x, cpu), config), want, x32)

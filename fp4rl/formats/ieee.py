@@ -197,7 +197,8 @@ def integer_divide(a, b, nan_division=None, *, unroll: bool = True):
         q, rem = carry
         bit = rem >= mb
         rem = jnp.where(bit, rem - mb, rem)
-        return lax.shift_left(q, np.int32(1)) | jnp.where(bit, np.int32(1), np.int32(0)), lax.shift_left(rem, np.int32(1))
+        q = lax.shift_left(q, np.int32(1)) | jnp.where(bit, np.int32(1), np.int32(0))
+        return q, lax.shift_left(rem, np.int32(1))
 
     carry = (jnp.zeros_like(r), r)
     if unroll:
