@@ -85,7 +85,7 @@ def quantizer(backend: str, config: nvfp4.NVFP4Config, experts: bool, amax=None,
     import pallas_kernels
 
     if backend == "triton-tiled":  # the Triton kernel with its earlier [rows, blocks, 16] layout
-        from pallas_kernels.triton_quant import TritonQuantTunables
+        from pallas_kernels.triton_tunables import TritonQuantTunables
 
         backend, options = "triton", {**options, "tunables": TritonQuantTunables(layout="tiled")}
     if experts:

@@ -43,7 +43,7 @@ class TuneConfig:
 
 
 def _measure(x, qconfig, experts, tunables, reference, n, iters, copy_bw):
-    from pallas_kernels.triton_quant import TritonQuantTunables
+    from pallas_kernels.triton_tunables import TritonQuantTunables
 
     tunables = TritonQuantTunables(**tunables)
     fn = quantizer("triton", qconfig, experts, tunables=tunables)

@@ -125,10 +125,10 @@ def e2m1_magnitude(ar, v, with_value=False):
     arbitrary magnitude here: `combine_words` zeroes those blocks.
     """
     # min(|v|, 6): one FMNMX compiled (a NaN v may give 6 or NaN; its block is masked anyway)
-    a_bits = lax.bitcast_convert_type(ar.clamp_abs(v, cm.f32(6.0)), jnp.int32)
-    exponent = lax.shift_right_logical(jnp.maximum(a_bits, _ONE_BITS), np.int32(23))
+    a = ar.clamp_abs(v, cm.f32(6.0))
+    exponent = lax.shift_right_logical(jnp.maximum(lax.bitcast_convert_type(a, jnp.int32), _ONE_BITS), np.int32(23))
     offset = cm.from_bits(exponent * _OFFSET_SLOPE + _OFFSET_BASE)
-    u = ar.fma(cm.from_bits(a_bits), cm.f32(1.0), offset)  # fl(a + C), pinned (XLA would fold (a + C) - C)
+    u = ar.fma(a, cm.f32(1.0), offset)  # fl(a + C), pinned (XLA would fold (a + C) - C)
     mag = lax.bitcast_convert_type(u, jnp.int32)
     return mag, (ar.sub(u, offset) if with_value else None)
 

@@ -73,7 +73,6 @@ NVIDIA GPUs return the canonical +NaN), which is why the GPU tests use positive 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -87,88 +86,11 @@ from fp4rl.formats import nvfp4 as ref
 from pallas_kernels import common as cm
 from pallas_kernels import planar
 from pallas_kernels.triton_arith import RoundedArith
+from pallas_kernels.triton_tunables import DEFAULT_TUNABLES, TritonQuantTunables, default_tunables
 
 QUANT_NAME = "fp4rl_nvfp4_quant_triton"
 AMAX_NAME = "fp4rl_nvfp4_amax_triton"
 DEQUANT_NAME = "fp4rl_nvfp4_dequant_triton"
-
-
-LAYOUTS = ("planar", "tiled")
-
-
-@dataclasses.dataclass(frozen=True)
-class TritonQuantTunables:
-    """Launch shape of the Triton kernels (validated before tracing).
-
-    rows_1d: rows per program for 1x16 blocks (2D blocks always use one 16-row tile row).
-    block_k: K columns per inner step for 1x16 blocks (and the amax/dequantize kernels);
-      a power of two >= 16, capped at next_pow2(K).
-    block_k_2d: the same for 16x16 blocks, whose program holds 16 rows (so a smaller chunk
-      keeps the per-thread register footprint of the two 4/6 candidates comparable).
-    num_warps, num_stages: Triton launch parameters.
-    layout: how a program holds the 1x16 blocks of a row-major input. "planar": each thread
-      owns whole blocks, loaded as word planes (`pallas_kernels.planar`); "tiled": a
-      `[rows, blocks, 16]` tile spread over threads. 16x16 tiles and K-major expert stacks
-      always use the tiled kernel.
-    prefetch: planar layout, K in several chunks (or several row groups): issue chunk i+1's
-      loads before chunk i is processed (software pipelining in registers; the compiler does not
-      move loads across loop iterations), so memory latency overlaps the per-block arithmetic.
-    row_groups: planar layout, a row in one chunk (K <= block_k): each program quantizes this
-      many consecutive groups of rows_1d rows, loading the next group while it processes one
-      (with `prefetch`): fewer, longer-lived programs whose loads overlap their arithmetic.
-    """
-
-    rows_1d: int = 4
-    block_k: int = 512
-    block_k_2d: int = 128
-    num_warps: int = 4
-    num_stages: int = 1
-    layout: str = "planar"
-    prefetch: bool = True
-    row_groups: int = 1
-
-    def __post_init__(self):
-        rows_1d, block = self.rows_1d, cm.BLOCK
-        if not cm.is_power_of_two(rows_1d):
-            raise ValueError(f"{rows_1d=} must be a power of two (Triton tensor sizes)")
-        for name, block_k in (("block_k", self.block_k), ("block_k_2d", self.block_k_2d)):
-            if not cm.is_power_of_two(block_k) or block_k % block:
-                raise ValueError(f"{name}={block_k} must be a power of two and a multiple of {block=}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"num_warps={self.num_warps} must be one of 1, 2, 4, 8, 16")
-        if self.num_stages < 1:
-            raise ValueError(f"num_stages={self.num_stages} must be >= 1")
-        if self.row_groups < 1:
-            raise ValueError(f"row_groups={self.row_groups} must be >= 1")
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"layout={self.layout!r} must be one of {LAYOUTS}")
-
-    def chunk(self, k: int, config: ref.NVFP4Config | None = None) -> int:
-        block_k = self.block_k_2d if config is not None and config.block_2d else self.block_k
-        return min(block_k, cm.next_power_of_two(k))
-
-    def rows(self, config: ref.NVFP4Config) -> int:
-        return cm.BLOCK if config.block_2d else self.rows_1d
-
-
-DEFAULT_TUNABLES = TritonQuantTunables()
-# One row per program, walked in one chunk (a power of two >= K): measured best for plain NVFP4.
-_WHOLE_ROW_MAX_K = 8192
-
-
-def default_tunables(config: ref.NVFP4Config, k: int) -> TritonQuantTunables:
-    """The launch shape `quantize_triton` uses when none is given, from the H200 sweep
-    (`benchmarks/tune_quant.md`, session 5). Plain NVFP4 (1x16 blocks, K <= 8192): one row per
-    program in one chunk, so each row is read once and its amax comes from registers, with up to
-    8 warps (one block per thread at K = 4096): 0.086 vs 0.104 ms at 16384x4096, 0.241 vs 0.303 ms
-    at 32768x7168. 4/6 (two candidates: ~97 registers per thread at one block per thread) is
-    fastest with rows of 4 in chunks of 512 (DEFAULT_TUNABLES): a whole row per program holds two
-    blocks per thread at K = 7168 and was 1.9x slower there."""
-    if config.four_over_six is None and not config.block_2d and k <= _WHOLE_ROW_MAX_K:
-        chunk = cm.next_power_of_two(k)
-        warps = max(1, min(8, chunk // cm.BLOCK // 32))  # one block per thread up to 8 warps
-        return TritonQuantTunables(rows_1d=1, block_k=max(chunk, cm.BLOCK), num_warps=warps)
-    return DEFAULT_TUNABLES
 
 
 def _arith(interpret: bool):

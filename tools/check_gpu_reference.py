@@ -3,7 +3,7 @@
     python tools/check_gpu_reference.py   # on a GPU machine; prints mismatch counts vs the NumPy oracle
 
 The oracle (`tests/formats/oracle.py`, NumPy float32 + ml_dtypes) is the independent judge.
-Before `ieee.rounded_divide` the XLA:GPU reference differed on 4/6-exact activations (its f32
+Before `ieee.integer_divide` the XLA:GPU reference differed on 4/6-exact activations (its f32
 division is approximate there); the expert-stack rows check the vmapped 2D form as well.
 """
 

@@ -44,6 +44,9 @@ model_tests() {  # model_tests SECONDS
   XLA_FLAGS=--xla_gpu_deterministic_ops=true step gpu_tests_model "$1" python -m pytest -v -s -rf --tb=short -m gpu \
     tests/model/test_gpu_impl.py -k "${MODEL_TESTS:-auto or full}" -p no:cacheprovider
 }
+triton_tests() {  # triton_tests SECONDS
+  step gpu_tests_triton "$1" python -m pytest $par -v -rf --tb=short -m gpu tests/kernels/test_triton.py -p no:cacheprovider
+}
 mosaic_tests() {  # mosaic_tests SECONDS  (MOSAIC_K: a pytest -k selection)
   step gpu_tests_mosaic "$1" python -m pytest $par -v -rf --tb=line -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider ${MOSAIC_K:+-k "$MOSAIC_K"}
 }
@@ -54,7 +57,7 @@ case "$mode" in
     # one step per suite, no -x: a failure in one backend must not hide the others' results.
     # Ordered by what a short device call must not miss: the default kernel, the model, the
     # benchmark; the Mosaic suite (slow to compile) gets what is left of SESSION_SECONDS.
-    step gpu_tests_triton 150 python -m pytest $par -v -rf --tb=short -m gpu tests/kernels/test_triton.py -p no:cacheprovider
+    triton_tests 150
     model_tests "${MODEL_SECONDS:-300}"
     step bench_quant 220 python -m experiments.bench_quant --iters=10 ${BENCH_ARGS:-}
     mosaic_tests 200
@@ -81,7 +84,7 @@ case "$mode" in
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   triton)
-    step gpu_tests_triton "${TRITON_SECONDS:-150}" python -m pytest $par -v -rf --tb=short -m gpu tests/kernels/test_triton.py -p no:cacheprovider
+    triton_tests "${TRITON_SECONDS:-150}"
     ;;
   mosaic)
     mosaic_tests "${MOSAIC_SECONDS:-200}"

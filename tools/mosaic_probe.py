@@ -74,7 +74,6 @@ def intermediates_call(m, k, dtype, interpret):
         amax = amax_ref.at[rows][...]
         s_enc, s_dec = cm.scales_from_amax(mq._ExactArith, amax, 448)
         cols = [mq._load_col(x_ref, rows, i) for i in range(16)]
-        b = cols[0]
         bits = cm.abs_bits(cols[0])
         for c in cols[1:]:
             bits = jnp.maximum(bits, cm.abs_bits(c))
@@ -97,19 +96,16 @@ def intermediates_call(m, k, dtype, interpret):
 
 
 def numpy_intermediates(x32, amax):
-    """The same stages in NumPy f32 (the contract: one IEEE op per fl())."""
+    """The same stages from the NumPy oracle's helpers (the contract: one IEEE op per fl())."""
     f = np.float32
-    with np.errstate(all="ignore"):
-        s_enc = np.minimum(f(6 * 448) / amax, f(3.4028235e38)).astype(f)
-        s_enc = np.where((amax == 0) | (s_enc == 0), f(1), s_enc).astype(f)
-        s_dec = (f(1) / s_enc).astype(f)
-        b = np.max(np.abs(x32[:, :16]), axis=1)
-        kk = (s_enc * (f(1) / f(6))).astype(f)
-        t = np.minimum(b * kk, f(448)).astype(f)
-        sf = oracle.e4m3(t).astype(np.float32)
-        prod = (sf * s_dec).astype(f)
-        inv = np.minimum(f(1) / prod, f(3.4028235e38)).astype(f)
-        v = (x32[:, :16] * inv[:, None]).astype(f)
+    s_enc, s_dec = oracle.global_scales(amax, 448)
+    b = np.max(np.abs(x32[:, :16]), axis=1)
+    kk = (s_enc * (f(1) / f(6))).astype(f)
+    t = np.minimum(b * kk, f(448)).astype(f)
+    sf = oracle.e4m3(t).astype(np.float32)
+    prod = (sf * s_dec).astype(f)
+    inv = oracle._inv_scale(sf, s_dec)
+    v = (x32[:, :16] * inv[:, None]).astype(f)
     rep = lambda a: np.repeat(a[:, None], 16, axis=1)
     return {"x": x32[:, :16], "s_enc": rep(s_enc), "k": rep(kk), "t": rep(t), "sf": rep(sf),
             "sf_s_dec": rep(prod), "inv": rep(inv), "v": v}

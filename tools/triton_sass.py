@@ -100,7 +100,7 @@ def compile_and_count(ttir_path: str, num_warps: int, num_stages: int) -> dict:
 def main(argv=None) -> None:
     import dataclasses
 
-    from pallas_kernels.triton_quant import DEFAULT_TUNABLES, LAYOUTS, TritonQuantTunables
+    from pallas_kernels.triton_tunables import DEFAULT_TUNABLES, LAYOUTS, TritonQuantTunables
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="4/6-fast")

@@ -46,7 +46,7 @@ def divide(numerator, denominator):
     # correct everywhere (only slower). `lax.platform_dependent` would put a cond around every
     # division, which made tracing a vmapped quantized backward ~4x slower.
     if not _depth("native") and (_depth("integer") or jax.default_backend() != "cpu"):
-        return rounded_divide(numerator, denominator)
+        return integer_divide(numerator, denominator)
     return numerator / denominator
 
 
@@ -73,7 +73,7 @@ def forced_division() -> tuple[int, int]:
 
 
 def integer_division_everywhere():
-    """Trace `divide` as `rounded_divide` on the CPU too (tests run the GPU path on the CPU).
+    """Trace `divide` as `integer_divide` on the CPU too (tests run the GPU path on the CPU).
 
     Thread-local: a process-wide flag leaked out of the block when two threads used it at once.
     """
@@ -216,12 +216,6 @@ def integer_divide(a, b, nan_division=None, *, unroll: bool = True):
     result = lax.bitcast_convert_type(magnitude | sign, jnp.float32)
     is_nan = (abs_a > _INF_BITS) | (abs_b > _INF_BITS) | (a_zero & b_zero) | (a_inf & b_inf)
     return jnp.where(is_nan, _CANONICAL_NAN if nan_division is None else nan_division(a, b), result)
-
-
-def rounded_divide(a, b):
-    """IEEE-754 binary32 a / b, round-to-nearest-even, subnormals kept, from integer operations
-    only; NaN out is the canonical quiet NaN. Used where the native division is not IEEE."""
-    return integer_divide(a, b)
 
 
 def as_stored(x):

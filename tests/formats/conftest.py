@@ -19,7 +19,7 @@ def _reference_quantize(x, config):
 
 
 def _reference_integer_division(x, config):
-    """The reference as XLA:GPU runs it: every division through `ieee.rounded_divide`."""
+    """The reference as XLA:GPU runs it: every division through `ieee.integer_divide`."""
     from fp4rl.formats import ieee, nvfp4
 
     with ieee.integer_division_everywhere():

@@ -1,18 +1,23 @@
-"""`ieee.rounded_divide` (the integer-only division used off CPU) is IEEE binary32 division,
-compared bit for bit with NumPy's (the host FPU's correctly rounded divss, no denormal flushing).
+"""`ieee.integer_divide` (the integer-only division used off CPU) is IEEE binary32 division,
+compared bit for bit with NumPy's (the host FPU's correctly rounded divss, no denormal flushing),
+in both forms: straight-line (the XLA:GPU reference) and a `fori_loop` (the Mosaic GPU kernels).
+`ieee.integer_square` likewise against NumPy's product.
 
-XLA:GPU's own f32 division is `div.full.f32` (approximate), which is why the reference needs it.
+XLA:GPU's own f32 division is `div.full.f32` (approximate), which is why the reference needs it;
+compiled Mosaic GPU kernels were one ulp off even through float64, and their MSE squares too.
 """
 
 import threading
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fp4rl.formats import ieee
 
-DIVIDE = jax.jit(ieee.rounded_divide)
+DIVIDES = {unroll: jax.jit(lambda a, b, u=unroll: ieee.integer_divide(a, b, unroll=u)) for unroll in (True, False)}
+SQUARE = jax.jit(ieee.integer_square)
 
 
 def _bits(x):
@@ -23,11 +28,13 @@ def _check(a, b):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     with np.errstate(all="ignore"):
         want = a / b
-    got = np.asarray(DIVIDE(a, b))
     nan = np.isnan(want)
-    np.testing.assert_array_equal(np.isnan(got), nan)
-    bad = np.flatnonzero((_bits(got) != _bits(want)) & ~nan)
-    assert bad.size == 0, f"{bad.size} wrong, e.g. {a[bad[:3]]} / {b[bad[:3]]} = {got[bad[:3]]}, want {want[bad[:3]]}"
+    for unroll, divide in DIVIDES.items():
+        got = np.asarray(divide(a, b))
+        np.testing.assert_array_equal(np.isnan(got), nan)
+        bad = np.flatnonzero((_bits(got) != _bits(want)) & ~nan)
+        assert bad.size == 0, (f"{unroll=}: {bad.size} wrong, e.g. {a[bad[:3]]} / {b[bad[:3]]} = {got[bad[:3]]}, "
+                               f"want {want[bad[:3]]}")
 
 
 def _random_bits(rng, n):
@@ -64,6 +71,46 @@ def test_overflow_boundary():
     b = np.array([1.0, 0.5, np.nextafter(np.float32(1), np.float32(0)), 2.0**-126, 1e-45, 0.999999], np.float32)
     _check(np.full_like(b, big), b)
     _check(np.full_like(b, -big), b)
+
+
+def test_short_significand_quotients():
+    """bf16-like operands (8 significant bits), where exact quotients and near-ties are common
+    (the Mosaic kernel's bf16 failures), and the kernels' 6E / A and 1 / A."""
+    rng = np.random.default_rng(11)
+    a, b = (np.ldexp(rng.uniform(1, 2, (2, 200_000)), rng.integers(-20, 20, (2, 200_000)))
+            .astype(np.float32).astype(jnp.bfloat16).astype(np.float32))
+    _check(a, b)
+    _check(np.full_like(a, 2688.0), a)
+    _check(np.ones_like(a), a)
+
+
+def _check_square(d):
+    d = np.asarray(d, np.float32)
+    with np.errstate(all="ignore"):
+        want = d * d
+    got = np.asarray(SQUARE(d))
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    bad = np.flatnonzero((_bits(got) != _bits(want)) & ~nan)
+    assert bad.size == 0, f"{bad.size} wrong, e.g. {d[bad[:3]]}^2 = {got[bad[:3]]}, want {want[bad[:3]]}"
+
+
+def test_square_matches_ieee_multiplication():
+    """fl(d * d): every class (random bit patterns), squares around the subnormal range and
+    FLT_MAX, short significands."""
+    rng = np.random.default_rng(17)
+    _check_square(_random_bits(rng, 1_000_000))
+    for lo, hi in ((-80, -60), (60, 66)):
+        _check_square(np.ldexp(rng.uniform(1, 2, 200_000), rng.integers(lo, hi, 200_000)).astype(np.float32))
+    _check_square(rng.normal(size=200_000).astype(np.float32).astype(jnp.bfloat16).astype(np.float32))
+
+
+def test_square_rounding_ties_exhaustive_short_significands():
+    """Every integer t < 2^15 squared (t^2 needs up to 30 bits: 1-6 bits rounded off, exact
+    ties included), at unit scale and scaled into the subnormal result range."""
+    t = np.arange(1, 1 << 15, dtype=np.float32)
+    for scale in (1.0, 2.0**-80, 2.0**-70):
+        _check_square(t * np.float32(scale))
 
 
 def test_divide_on_cpu_is_the_native_division():
