@@ -100,6 +100,16 @@ def amax_rows(amax, config: ref.NVFP4Config, lead_shape, groups: int):
     return jnp.broadcast_to(amax[:, None], (groups, rows))
 
 
+def expert_stack_dims(w, contraction_axis: int):
+    """(E, N, K) of an expert stack w: [E, K, N] (contraction_axis=1) or [E, N, K] (2)."""
+    if contraction_axis not in (1, 2):
+        raise ValueError(f"{contraction_axis=} must be 1 (w is [E, K, N]) or 2 (w is [E, N, K])")
+    if jnp.ndim(w) != 3:
+        raise ValueError(f"an expert stack is [E, K, N] or [E, N, K], got shape {jnp.shape(w)}")
+    e, d1, d2 = jnp.shape(w)
+    return (e, d2, d1) if contraction_axis == 1 else (e, d1, d2)
+
+
 def dequant_amax_rows(t: ref.NVFP4Tensor):
     """The amax of a quantized tensor -> float32 [rows] (rows = prod(codes.shape[:-1])).
 

@@ -1,20 +1,25 @@
 """Fused NVFP4 (+ Four-Over-Six) quantizer as a Pallas **Mosaic GPU** kernel (Hopper, sm_90a).
 
 Reproduces `fp4rl.formats.nvfp4.quantize` byte for byte (NUMERICS.md s1-s3, s8): packed E2M1
-codes (uint8 [M, K/2], element 2j in the low nibble), E4M3 block scales (float8_e4m3fn
-[M, K/16]), the global amax (f32 `()` per tensor, `[M, 1]` per token) and the 4/6 choice.
+codes (uint8 [..., K/2], element 2j in the low nibble), E4M3 block scales (float8_e4m3fn
+[..., K/16]), the global amax (f32 `()` per tensor, `[..., 1]` per token) and the 4/6 choice;
+1x16 blocks and 16x16 weight tiles, and expert stacks `[E, K, N]` / `[E, N, K]`
+(`quantize_experts_mosaic`, each expert its own tensor, as `jax.vmap` of the reference).
 
 Kernel shape (why it looks like this)
 -------------------------------------
 Mosaic GPU arrays live in registers with a *layout*; cross-thread reductions are tree
 shaped and reshapes of a register array are limited. The contract, however, fixes a
 *sequential* f32 sum over the 16 elements of a block (s3), so a reduction over a lane axis
-is not allowed. We therefore use one CUDA thread per row: a program owns `block_m` rows
-(a multiple of the 128 threads of a warpgroup), and every array in the body is a 1D
-`[block_m]` array in the strided layout (one element per thread). A block of 16 elements is
-16 such arrays (the 16 K-columns of the block, loaded from a strided GMEM view), so every
+is not allowed. We therefore use one CUDA thread per *unit*: a row (1x16 blocks) or a band
+of 16 rows (16x16 tiles: the tile max, the 16 row errors and their tree sum stay in one
+thread). A program owns `block_m` units (a multiple of the 128 threads of a warpgroup) of
+one group (expert), and every array in the body is a 1D `[block_m]` array in the strided
+layout (one element per thread). A block's column i of row r is one such array, loaded
+from a strided GMEM view (`_View`; K-major expert stacks give coalesced loads), so every
 reduction of the contract (block max, error sum, per-token amax) is a per-thread chain of
-elementwise ops in exactly the contract's order. A `fori_loop` walks the K/16 blocks.
+elementwise ops in exactly the contract's order. `fori_loop`s walk the K/16 blocks and the
+16 columns.
 
 Bit-exactness details
 ---------------------
@@ -34,27 +39,25 @@ Bit-exactness details
 
 Kernels (each has a name that appears in the lowered program):
 * `fp4rl_mosaic_nvfp4_quant`  the quantizer (per-token amax computed in-kernel, or given).
-* `fp4rl_mosaic_nvfp4_amax`   per-row amax, used for a per-tensor amax that is not given
-  (the max over the M row maxima is then one tiny XLA reduce).
+* `fp4rl_mosaic_nvfp4_amax`   per-unit amax, used for a per-tensor amax that is not given
+  (the max over the unit maxima of each group is then one tiny XLA reduce).
 * `fp4rl_mosaic_nvfp4_dequant` dequantization (s2 order `fl(fl(dec(q)*sf)*S_dec)`).
-
-The 16x16 (2D) weight form is not implemented in this backend (raises NotImplementedError).
 
 Interpret mode: jax 0.11.2 has a Mosaic GPU interpreter (`plgpu.InterpretGPUParams`) that runs
 on CPU; `interpret=True` uses it.
 
-Status (H200, jax 0.11.2, session 5): the bf16 failures of session 4 were 1-ulp divisions that
-bf16's short significands put on rounding boundaries often. With the integer division every
-map-to-6 and MAE case of the compiled suite passed and two bf16 MSE cases failed in single
-blocks; with the integer square those and every other compiled test that ran passed (which
-tests did not run on the final code: benchmarks/README.md).
-Slow: one thread per row with strided scalar loads (~4-7% of the copy bandwidth).
+Status (H200, jax 0.11.2, session 6): the compiled shared suite and the Mosaic-specific GPU
+tests pass, every form (1D, 16x16 tiles, expert stacks row- and K-major), byte for byte
+(`benchmarks/gpu_session6_{2,3,4}_*.log`). Slow: one thread per unit with strided scalar loads
+(~4-7% of the copy bandwidth for row-major activations); a 2D 4/6 kernel takes ~1-2 min to
+compile.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -181,14 +184,40 @@ def _fold16(load, first, step):
     return lax.fori_loop(np.int32(1), np.int32(BLOCK), lambda i, acc: step(acc, load(i)), first(load(np.int32(0))))
 
 
-def _quantize_block(load, amax, s_enc, s_dec, config: ref.NVFP4Config):
-    """One block (load(i) -> column i as f32 [block_m]) -> (inv, scale byte, map4 or None).
+def _tree_sum16(r):
+    """Pairwise tree sum of the 16 row errors of a 2D tile (s3): r[0:8]+r[8:16], then 4, 2, 1."""
+    for half in (8, 4, 2, 1):
+        r = [r[i] + r[i + half] for i in range(half)]
+    return r[0]
 
-    The codes are then E2M1(fl(x_i * inv)) with the chosen candidate's inv: selecting inv
-    and re-encoding gives the same codes as selecting between q4 and q6.
+
+def _for_rows(band: int, body, init):
+    """carry = body(r, carry) for the rows r of a unit: a `fori_loop` over a 16-row band (a
+    Python-unrolled band made 2D 4/6 programs that took minutes to compile on the H200), a
+    direct call for a single row (the 1D program stays loop-free)."""
+    if band == 1:
+        return body(np.int32(0), init)
+    return lax.fori_loop(np.int32(0), np.int32(band), body, init)
+
+
+def _block_max_bits(load, band: int):
+    """Integer max of |x| bits over a block's rows (load(r, i)): NaN-propagating, exact."""
+
+    def row(r):
+        return _fold16(lambda i: load(r, i), cm.abs_bits, lambda m, x: jnp.maximum(m, cm.abs_bits(x)))
+
+    first = row(np.int32(0))
+    return first if band == 1 else _for_rows(band, lambda r, m: jnp.maximum(m, row(r)), first)
+
+
+def _quantize_block(load, band: int, amax, s_enc, s_dec, config: ref.NVFP4Config):
+    """One block -> (inv, scale byte, map4 or None), on [block_u] arrays.
+
+    load(r, i) -> column i of row r of the block as f32 (band = 1 row for 1x16 blocks, 16 for
+    a 16x16 tile). The codes are then E2M1(fl(x_i * inv)) with the chosen candidate's inv:
+    selecting inv and re-encoding gives the same codes as selecting between q4 and q6.
     """
-    bits = _fold16(load, cm.abs_bits, lambda m, x: jnp.maximum(m, cm.abs_bits(x)))
-    b = cm.from_bits(bits)  # integer max of |x| bits: NaN-propagating, exact
+    b = cm.from_bits(_block_max_bits(load, band))
     cap = cm.E4M3_MAX
     if config.four_over_six is None:
         k = s_enc * _f32(cm.ONE_SIXTH)
@@ -202,7 +231,27 @@ def _quantize_block(load, amax, s_enc, s_dec, config: ref.NVFP4Config):
     def errs(x):
         return (_element_error(x, inv6, sf6, amax, s_enc, config), _element_error(x, inv4, sf4, amax, s_enc, config))
 
-    err6, err4 = _fold16(load, errs, lambda acc, x: tuple(a + e for a, e in zip(acc, errs(x))))
+    def row_errors(r):  # (err6, err4) of row r: the sequential sum over its 16 elements
+        return _fold16(lambda i: load(r, i), errs, lambda acc, x: tuple(a + e for a, e in zip(acc, errs(x))))
+
+    if band == 1:
+        err6, err4 = row_errors(np.int32(0))
+    else:
+        # A tile's error is the tree sum of its 16 row errors, so the row loop carries all of
+        # them: row r's pair is written into slots r and 16 + r by selects. The row number is
+        # carried as an array too: a select on the scalar loop index needs an implicit
+        # broadcast, which Mosaic GPU does not lower ("not implemented with warpgroup
+        # semantics", H200, session 6).
+        def body(r, carry):
+            row, slots = carry
+            e6, e4 = row_errors(r)
+            new = (e6,) * BLOCK + (e4,) * BLOCK
+            slots = tuple(jnp.where(row == np.int32(i % BLOCK), e, s) for i, (e, s) in enumerate(zip(new, slots)))
+            return row + np.int32(1), slots
+
+        init = (jnp.zeros_like(cm.abs_bits(b)), (jnp.zeros_like(b),) * (2 * BLOCK))  # int32 row, f32 slots
+        _, slots = lax.fori_loop(np.int32(0), np.int32(band), body, init)
+        err6, err4 = _tree_sum16(list(slots[:BLOCK])), _tree_sum16(list(slots[BLOCK:]))
     map4 = err4 < err6  # strict: ties go to map-6
     return jnp.where(map4, inv4, inv6), jnp.where(map4, byte4, byte6), map4
 
@@ -212,63 +261,111 @@ def _pack_pair(lo, hi):
 
 
 # ----------------------------------------------------------------------------------------
+# How a kernel sees its input
+# ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _View:
+    """G groups (experts; 1 for a plain tensor) of M rows x K, quantized along K.
+
+    One CUDA thread per *unit*: a row (band=1, 1x16 blocks) or a band of 16 rows (band=16,
+    16x16 tiles: the tile's max, error tree sum and scale stay inside one thread). The
+    input is read row-major `[G, M/band, band, K]` or K-major `[G, K, M/band, band]` (an
+    expert stack [E, K, N] as it is stored: thread t then loads w[e, k, t], consecutive
+    threads consecutive addresses, no transposed copy). Outputs are row-major. The band
+    axis is left out of the refs when band == 1, which keeps the 1D views two-level.
+    """
+
+    groups: int
+    m: int
+    k: int
+    band: int
+    k_major: bool
+
+    @property
+    def units(self) -> int:
+        return self.m // self.band
+
+    def _unit_shape(self):
+        return (self.units,) if self.band == 1 else (self.units, self.band)
+
+    def x_shape(self):
+        g, k = self.groups, self.k
+        return (g, k, *self._unit_shape()) if self.k_major else (g, *self._unit_shape(), k)
+
+    def out_shape(self, cols: int):
+        return (self.groups, *self._unit_shape(), cols)
+
+    def _unit_index(self, units, r):
+        return (units,) if self.band == 1 else (units, r)
+
+    def load(self, x_ref, g, units, r, c):
+        """Column c of row r of each unit, as f32 [block_u] (one element per thread)."""
+        idx = (g, c, *self._unit_index(units, r)) if self.k_major else (g, *self._unit_index(units, r), c)
+        return x_ref.at[idx][...].astype(jnp.float32)
+
+    def out_at(self, ref, g, units, r, c):
+        return ref.at[(g, *self._unit_index(units, r), c)]
+
+
+def _unit_start(units_total: int, block_u: int):
+    # The last program overlaps the previous one instead of reading past the end (the wrapper
+    # pads to at least block_u units): overlapping units are recomputed to identical bytes.
+    return jnp.minimum(lax.axis_index("m") * block_u, units_total - block_u)
+
+
+def _program_units(view: _View, block_u: int):
+    return lax.axis_index("g"), pl.ds(_unit_start(view.units, block_u), block_u)
+
+
+# ----------------------------------------------------------------------------------------
 # Kernel bodies
 # ----------------------------------------------------------------------------------------
 
 
-def _row_start(m_total: int, block_m: int):
-    # The last program overlaps the previous one instead of reading past M (M >= block_m
-    # is guaranteed by the wrapper): overlapping rows are recomputed to identical bytes.
-    return jnp.minimum(lax.axis_index("m") * block_m, m_total - block_m)
-
-
-def _load_col(x_ref, rows, c):
-    return x_ref.at[rows, c][...].astype(jnp.float32)
-
-
-def _row_amax_bits(x_ref, rows, k: int):
-    """Per-row max|x| over all K columns as int32 bits (each thread walks its own row)."""
+def _unit_amax_bits(view: _View, x_ref, g, units):
+    """max|x| over each unit's rows and all K columns as int32 bits (one thread per unit)."""
 
     def block_bits(j):
-        return _fold16(
-            lambda i: _load_col(x_ref, rows, j * BLOCK + i), cm.abs_bits, lambda m, x: jnp.maximum(m, cm.abs_bits(x))
-        )
+        return _block_max_bits(lambda r, i: view.load(x_ref, g, units, r, j * BLOCK + i), view.band)
 
-    def body(j, m):
-        return jnp.maximum(m, block_bits(j))
-
-    first = block_bits(np.int32(0))
-    return lax.fori_loop(np.int32(1), np.int32(k // BLOCK), body, first)
+    return lax.fori_loop(np.int32(1), np.int32(view.k // BLOCK), lambda j, m: jnp.maximum(m, block_bits(j)),
+                         block_bits(np.int32(0)))
 
 
-def _make_quant_body(m_total, k, block_m, block_k, config: ref.NVFP4Config, amax_mode: str):
-    """amax_mode: "compute" (per token, in-kernel) or "token" (given per row [M]; a per-tensor
-    amax comes broadcast to every row)."""
+def _make_quant_body(view: _View, block_u, block_k, config: ref.NVFP4Config, amax_mode: str):
+    """amax_mode: "compute" (per token, in-kernel) or "given" (one value per unit, [G, U]; a
+    per-tensor amax comes broadcast to every unit)."""
     nblk = block_k // BLOCK
-    six_e_bound = config.e4m3_bound
+    band = view.band
 
-    def quantize_cols(x_ref, codes_ref, scales_ref, map4_ref, rows, amax):
-        s_enc, s_dec = cm.scales_from_amax(_ExactArith, amax, six_e_bound)
+    def quantize_cols(x_ref, codes_ref, scales_ref, map4_ref, g, units, amax):
+        s_enc, s_dec = cm.scales_from_amax(_ExactArith, amax, config.e4m3_bound)
         k0 = lax.axis_index("k") * nblk  # first block of this program
 
         def body(j, carry):
             blk = k0 + j
 
-            def load(i):
-                return _load_col(x_ref, rows, blk * BLOCK + i)
+            def load(r, i):
+                return view.load(x_ref, g, units, r, blk * BLOCK + i)
 
-            inv, byte, map4 = _quantize_block(load, amax, s_enc, s_dec, config)
+            inv, byte, map4 = _quantize_block(load, band, amax, s_enc, s_dec, config)
+            flag = jnp.zeros_like(byte) if map4 is None else jnp.where(map4, np.int32(1), np.int32(0))
 
-            def pack(p, c):
-                codes_ref.at[rows, blk * (BLOCK // 2) + p][...] = _pack_pair(
-                    _encode(load(2 * p), inv), _encode(load(2 * p + 1), inv)
-                )
+            def store_row(r, c):  # a tile's rows share its scale byte and choice
+                def pack(p, c):
+                    view.out_at(codes_ref, g, units, r, blk * (BLOCK // 2) + p)[...] = _pack_pair(
+                        _encode(load(r, 2 * p), inv), _encode(load(r, 2 * p + 1), inv)
+                    )
+                    return c
+
+                lax.fori_loop(np.int32(0), np.int32(BLOCK // 2), pack, np.int32(0))
+                view.out_at(scales_ref, g, units, r, blk)[...] = byte.astype(jnp.uint8)
+                view.out_at(map4_ref, g, units, r, blk)[...] = flag.astype(jnp.uint8)
                 return c
 
-            lax.fori_loop(np.int32(0), np.int32(BLOCK // 2), pack, np.int32(0))
-            scales_ref.at[rows, blk][...] = byte.astype(jnp.uint8)
-            flag = jnp.zeros_like(byte) if map4 is None else jnp.where(map4, np.int32(1), np.int32(0))
-            map4_ref.at[rows, blk][...] = flag.astype(jnp.uint8)
+            _for_rows(band, store_row, np.int32(0))
             return carry
 
         lax.fori_loop(np.int32(0), np.int32(nblk), body, np.int32(0))
@@ -276,59 +373,54 @@ def _make_quant_body(m_total, k, block_m, block_k, config: ref.NVFP4Config, amax
     if amax_mode == "compute":
 
         def kernel(x_ref, codes_ref, scales_ref, map4_ref, amax_out_ref):
-            rows = pl.ds(_row_start(m_total, block_m), block_m)
+            g, units = _program_units(view, block_u)
             # max(., 0) is `max.NaN.f32` on the GPU: a NaN amax comes out as the canonical NaN
             # 0x7FFFFFFF, as XLA's reduce in the reference, not with the input's payload.
-            amax = jnp.maximum(cm.from_bits(_row_amax_bits(x_ref, rows, k)), _f32(0))
-            amax_out_ref.at[rows][...] = amax
-            quantize_cols(x_ref, codes_ref, scales_ref, map4_ref, rows, amax)
+            amax = jnp.maximum(cm.from_bits(_unit_amax_bits(view, x_ref, g, units)), _f32(0))
+            amax_out_ref.at[g, units][...] = amax
+            quantize_cols(x_ref, codes_ref, scales_ref, map4_ref, g, units, amax)
 
     else:
 
         def kernel(x_ref, amax_ref, codes_ref, scales_ref, map4_ref):
-            rows = pl.ds(_row_start(m_total, block_m), block_m)
-            quantize_cols(x_ref, codes_ref, scales_ref, map4_ref, rows, amax_ref.at[rows][...])
+            g, units = _program_units(view, block_u)
+            quantize_cols(x_ref, codes_ref, scales_ref, map4_ref, g, units, amax_ref.at[g, units][...])
 
     return kernel
 
 
 @functools.lru_cache(maxsize=None)
-def _quant_call(m_total, k, dtype, config, amax_mode, tiling: MosaicQuantTiling, interpret: bool):
-    block_m = tiling.block_m
+def _quant_call(view: _View, dtype, config, amax_mode, tiling: MosaicQuantTiling, interpret: bool):
+    block_u, k = tiling.block_m, view.k
     block_k = k if (tiling.block_k is None or amax_mode == "compute") else tiling.block_k
     if k % block_k:
         raise ValueError(f"{k=} must be a multiple of block_k={block_k}")
-    out_type = [
-        jax.ShapeDtypeStruct((m_total, k // 2), jnp.uint8),
-        jax.ShapeDtypeStruct((m_total, k // BLOCK), jnp.uint8),
-        jax.ShapeDtypeStruct((m_total, k // BLOCK), jnp.uint8),
-    ]
+    out_type = [jax.ShapeDtypeStruct(view.out_shape(cols), jnp.uint8) for cols in (k // 2, k // BLOCK, k // BLOCK)]
     if amax_mode == "compute":
-        out_type.append(jax.ShapeDtypeStruct((m_total,), jnp.float32))
-    body = _make_quant_body(m_total, k, block_m, block_k, config, amax_mode)
+        out_type.append(jax.ShapeDtypeStruct((view.groups, view.units), jnp.float32))
     return plgpu.kernel(
-        body,
+        _make_quant_body(view, block_u, block_k, config, amax_mode),
         out_type=tuple(out_type),
-        grid=(pl.cdiv(m_total, block_m), k // block_k),
-        grid_names=("m", "k"),
+        grid=(view.groups, pl.cdiv(view.units, block_u), k // block_k),
+        grid_names=("g", "m", "k"),
         kernel_name=QUANT_KERNEL_NAME,
         interpret=_interpret_param(interpret),
     )
 
 
 @functools.lru_cache(maxsize=None)
-def _amax_call(m_total, k, dtype, tiling: MosaicQuantTiling, interpret: bool):
-    block_m = tiling.block_m
+def _amax_call(view: _View, dtype, tiling: MosaicQuantTiling, interpret: bool):
+    block_u = tiling.block_m
 
     def kernel(x_ref, amax_out_ref):
-        rows = pl.ds(_row_start(m_total, block_m), block_m)
-        amax_out_ref.at[rows][...] = cm.from_bits(_row_amax_bits(x_ref, rows, k))
+        g, units = _program_units(view, block_u)
+        amax_out_ref.at[g, units][...] = cm.from_bits(_unit_amax_bits(view, x_ref, g, units))
 
     return plgpu.kernel(
         kernel,
-        out_type=jax.ShapeDtypeStruct((m_total,), jnp.float32),
-        grid=(pl.cdiv(m_total, block_m),),
-        grid_names=("m",),
+        out_type=jax.ShapeDtypeStruct((view.groups, view.units), jnp.float32),
+        grid=(view.groups, pl.cdiv(view.units, block_u)),
+        grid_names=("g", "m"),
         kernel_name=AMAX_KERNEL_NAME,
         interpret=_interpret_param(interpret),
     )
@@ -339,11 +431,8 @@ def _dequant_call(m_total, k, out_dtype, e4m3_bound, tiling: MosaicQuantTiling, 
     block_m = tiling.block_m
 
     def kernel(codes_ref, scales_ref, amax_ref, out_ref):
-        rows = pl.ds(_row_start(m_total, block_m), block_m)
-        amax = amax_ref.at[rows][...]
-        _, s_dec = cm.scales_from_amax(_ExactArith, amax, e4m3_bound)
-        finite = cm.abs_bits(amax) < np.int32(0x7F800000)
-        s_dec = jnp.where(finite, s_dec, _f32(np.nan))  # s8: a non-finite amax -> NaN
+        rows = pl.ds(jnp.minimum(lax.axis_index("m") * block_m, m_total - block_m), block_m)
+        s_dec = cm.dequant_s_dec(_ExactArith, amax_ref.at[rows][...], e4m3_bound)  # NaN if amax is not finite
 
         def body(j, carry):
             sf = cm.e4m3_decode(scales_ref.at[rows, j][...].astype(jnp.int32))
@@ -371,17 +460,56 @@ def _dequant_call(m_total, k, out_dtype, e4m3_bound, tiling: MosaicQuantTiling, 
 # ----------------------------------------------------------------------------------------
 
 
-def _check_2d(shape, what):
-    if len(shape) != 2:
-        raise ValueError(f"{what} takes a 2D array [M, K], got shape {shape}")
-
-
-def _pad_rows(a, block_m):
-    """Pad rows up to one program (tiny inputs only; larger M uses overlapping last tiles)."""
-    m = a.shape[0]
-    if m >= block_m:
+def _pad_rows(a, block_m, axis=0):
+    """Pad `axis` up to one program (tiny inputs only; larger ones use overlapping last tiles)."""
+    n = a.shape[axis]
+    if n >= block_m:
         return a
-    return jnp.pad(a, [(0, block_m - m)] + [(0, 0)] * (a.ndim - 1))
+    pad = [(0, 0)] * a.ndim
+    pad[axis] = (0, block_m - n)
+    return jnp.pad(a, pad)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def _quantize_groups(x, amax, view: _View, config: ref.NVFP4Config, tiling: MosaicQuantTiling, interpret: bool):
+    """x [G, M, K] (or [G, K, M] K-major) -> codes, scale bytes, map4 ([G, M, .]) and the amax.
+
+    amax: None (computed: per token [G, M] from the quantizer, per tensor [G] from the
+    amax kernel), [G, M] (given per token) or [G] (given per tensor).
+    """
+    g, m, k = view.groups, view.m, view.k
+    pad_to = tiling.block_m * view.band  # at least one program of units in every group
+    padded = dataclasses.replace(view, m=max(m, pad_to))
+    xk = _pad_rows(x, pad_to, axis=2 if view.k_major else 1).reshape(padded.x_shape())
+    units = view.units
+    if config.scale == "token" and amax is None:
+        codes, scales, map4, amax_units = _quant_call(padded, x.dtype, config, "compute", tiling, interpret)(xk)
+        amax_out = amax_units[:, :m]
+    else:
+        if amax is None:  # per tensor (each group its own tensor): max over the unit maxima
+            amax = jnp.max(_amax_call(padded, x.dtype, tiling, interpret)(xk)[:, :units], axis=1)
+        amax_out = amax
+        if config.scale == "token":
+            amax_units = _pad_rows(amax, tiling.block_m, axis=1)
+        else:
+            # The per-tensor amax reaches the kernel as one value per unit: a scalar read from a
+            # ref fails to lower in Mosaic GPU ("Scalars must be represented by non-vector
+            # types", seen compiled on the H200); the per-unit vector form lowers.
+            amax_units = jnp.broadcast_to(amax[:, None], (g, padded.units))
+        codes, scales, map4 = _quant_call(padded, x.dtype, config, "given", tiling, interpret)(xk, amax_units)
+
+    def rows(a):
+        return a.reshape(g, padded.m, a.shape[-1])[:, :m]
+
+    return rows(codes), rows(scales), rows(map4) != 0, amax_out
+
+
+def _validate(x, config: ref.NVFP4Config):
+    cm.check_input(x, config)
+    if jnp.result_type(x) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        raise TypeError(f"the Mosaic GPU quantizer takes float32 or bfloat16 input, got {jnp.result_type(x)}")
+    if math.prod(jnp.shape(x)[:-1]) == 0:
+        raise ValueError(f"the Mosaic GPU quantizer needs at least one row, got shape {jnp.shape(x)}")
 
 
 def quantize_mosaic(
@@ -394,50 +522,61 @@ def quantize_mosaic(
 ) -> ref.NVFP4Tensor:
     """`fp4rl.formats.nvfp4.quantize(x, config, amax=amax)` as a Mosaic GPU kernel (same bytes).
 
-    x: float32 or bfloat16 [M, K], K a multiple of 16. amax: optional global amax, `()` per
-    tensor or `[M, 1]` per token; by default computed from x (per token: inside the quantizer
-    kernel; per tensor: row maxima in `fp4rl_mosaic_nvfp4_amax`, then their max).
+    x: float32 or bfloat16 [..., K], K a multiple of 16 (2D blocks: the second-to-last axis a
+    multiple of 16 too; tiles never straddle two leading-axis slices, so the leading axes
+    flatten into rows). amax: optional global amax, `()` per tensor or `[..., 1]` per token;
+    by default computed from x (per token: inside the quantizer kernel; per tensor: unit
+    maxima in `fp4rl_mosaic_nvfp4_amax`, then their max).
     interpret=True runs the Mosaic GPU interpreter (CPU); interpret=False needs a CUDA GPU
     (Hopper or newer) and raises otherwise.
     """
     cm.require_gpu(interpret, "quantize_mosaic")
-    cm.check_input(x, config)
-    _check_2d(jnp.shape(x), "quantize_mosaic")
-    if config.block_2d:
-        raise NotImplementedError("quantize_mosaic: the 16x16 (2D) weight form is not implemented in the Mosaic backend")
-    x = jnp.asarray(x)
-    if x.dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
-        raise TypeError(f"quantize_mosaic takes float32 or bfloat16 input, got {x.dtype}")
-    m, k = x.shape
-    if m == 0:
-        raise ValueError("quantize_mosaic needs at least one row (M >= 1)")
-    xp = _pad_rows(x, tiling.block_m)
-    mp = xp.shape[0]
-    if config.scale == "token":
-        if amax is None:
-            codes, scales, map4, amax_rows = _quant_call(mp, k, xp.dtype, config, "compute", tiling, interpret)(xp)
-            amax_out = amax_rows[:m, None]
-        else:
-            amax_out = jnp.asarray(amax, jnp.float32)
-            if amax_out.shape != (m, 1):
-                raise ValueError(f"a per-token amax must have shape {(m, 1)}, got {amax_out.shape}")
-            codes, scales, map4 = _quant_call(mp, k, xp.dtype, config, "token", tiling, interpret)(
-                xp, _pad_rows(amax_out[:, 0], tiling.block_m)
-            )
+    _validate(x, config)
+    *lead, k = jnp.shape(x)
+    m = math.prod(lead)
+    amax_g = None if amax is None else cm.amax_rows(amax, config, tuple(lead), 1)
+    if amax_g is not None and config.scale == "tensor":
+        amax_g = amax_g[:, 0]
+    view = _View(groups=1, m=m, k=k, band=BLOCK if config.block_2d else 1, k_major=False)
+    codes, scales, map4, amax_out = _quantize_groups(jnp.asarray(x).reshape(1, m, k), amax_g, view, config, tiling,
+                                                     interpret)
+    if amax is not None:
+        amax_out = jnp.asarray(amax, jnp.float32)
     else:
-        if amax is None:
-            rows_amax = _amax_call(mp, k, xp.dtype, tiling, interpret)(xp)
-            amax_out = jnp.max(rows_amax[:m])
-        else:
-            amax_out = jnp.asarray(amax, jnp.float32)
-            if amax_out.shape != ():
-                raise ValueError(f"a per-tensor amax must have shape (), got {amax_out.shape}")
-        # The per-tensor amax reaches the kernel as one value per row: a scalar read from a ref
-        # fails to lower in Mosaic GPU ("Scalars must be represented by non-vector types", seen
-        # compiled on the H200), the per-row vector form is the "token" kernel's, which lowers.
-        amax_rows = jnp.broadcast_to(amax_out.reshape(1), (mp,))
-        codes, scales, map4 = _quant_call(mp, k, xp.dtype, config, "token", tiling, interpret)(xp, amax_rows)
-    return cm.assemble(codes[:m], scales[:m], map4[:m] != 0, amax_out, config, (m,), k)
+        amax_out = amax_out.reshape(*lead, 1) if config.scale == "token" else amax_out.reshape(())
+    return cm.assemble(codes, scales, map4, amax_out, config, tuple(lead), k)
+
+
+def quantize_experts_mosaic(
+    w,
+    config: ref.NVFP4Config = ref.NVFP4Config(),
+    *,
+    contraction_axis: int = 1,
+    amax=None,
+    interpret: bool = False,
+    tiling: MosaicQuantTiling = MosaicQuantTiling(),
+) -> ref.NVFP4Tensor:
+    """Quantize an expert stack, each expert on its own: `jax.vmap(reference.quantize)`.
+
+    w: [E, K, N] (contraction_axis=1, the qdot weight layout; read K-major in the kernel, no
+    transposed copy) or [E, N, K] (contraction_axis=2). The result is laid out [E, N, K/2] /
+    [E, N, K/16] with amax `[E]` per expert (per tensor) or `[E, N, 1]` (per token), as
+    `jax.vmap(lambda v: quantize(v, config))` of the stack laid out [E, N, K].
+    amax: optional, `[E]` per tensor or `[E, N, 1]` per token.
+    """
+    e, n, k = cm.expert_stack_dims(w, contraction_axis)
+    cm.require_gpu(interpret, "quantize_experts_mosaic")
+    _validate(jax.ShapeDtypeStruct((e, n, k), jnp.result_type(w)), config)
+    amax_g = None if amax is None else cm.amax_rows(amax, config, (e, n), e)
+    if amax_g is not None and config.scale == "tensor":
+        amax_g = amax_g[:, 0]
+    view = _View(groups=e, m=n, k=k, band=BLOCK if config.block_2d else 1, k_major=contraction_axis == 1)
+    codes, scales, map4, amax_out = _quantize_groups(jnp.asarray(w), amax_g, view, config, tiling, interpret)
+    if amax is not None:
+        amax_out = jnp.asarray(amax, jnp.float32)
+    elif config.scale == "token":
+        amax_out = amax_out.reshape(e, n, 1)
+    return cm.assemble(codes, scales, map4, amax_out, config, (e, n), k)
 
 
 def dequantize_mosaic(
@@ -449,17 +588,20 @@ def dequantize_mosaic(
 ):
     """`fl(fl(dec(q) * f32(sf)) * S_dec)` cast to `dtype`, as a Mosaic GPU kernel (s2, s8).
 
-    Same values as `fp4rl.formats.nvfp4.dequantize(t, dtype)` for 1D-block tensors [M, K].
+    Same values as `fp4rl.formats.nvfp4.dequantize(t, dtype)` for tensors [..., K] (1D or 2D
+    blocks: a 2D tile's scale is stored on each of its rows), and as `jax.vmap` of it for
+    the `[E]`-amax tensors of `quantize_experts_mosaic`.
     """
+    if not isinstance(t, ref.NVFP4Tensor):
+        raise TypeError(f"dequantize takes an NVFP4Tensor, got {type(t).__name__}")
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        raise TypeError(f"dequantize writes float32, bfloat16 or float16, got {dtype}")
     cm.require_gpu(interpret, "dequantize_mosaic")
-    _check_2d(t.codes.shape, "dequantize_mosaic")
-    m, half = t.codes.shape
-    k = 2 * half
-    amax_rows = jnp.broadcast_to(jnp.asarray(t.amax, jnp.float32).reshape(-1), (m,)) if t.config.scale == "tensor" \
-        else jnp.asarray(t.amax, jnp.float32).reshape(m)
-    scale_bytes = lax.bitcast_convert_type(t.scales, jnp.uint8)
-    call = _dequant_call(max(m, tiling.block_m), k, jnp.dtype(dtype), t.config.e4m3_bound, tiling, interpret)
-    out = call(
-        _pad_rows(t.codes, tiling.block_m), _pad_rows(scale_bytes, tiling.block_m), _pad_rows(amax_rows, tiling.block_m)
-    )
-    return out[:m]
+    *lead, half = t.codes.shape
+    m, k = math.prod(lead), 2 * half
+    amax_rows = cm.dequant_amax_rows(t)
+    scale_bytes = lax.bitcast_convert_type(t.scales, jnp.uint8).reshape(m, k // BLOCK)
+    call = _dequant_call(max(m, tiling.block_m), k, dtype, t.config.e4m3_bound, tiling, interpret)
+    out = call(*(_pad_rows(a, tiling.block_m) for a in (t.codes.reshape(m, half), scale_bytes, amax_rows)))
+    return out[:m].reshape(*lead, k)

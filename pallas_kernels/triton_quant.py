@@ -488,12 +488,7 @@ def quantize_experts_triton(w, config: ref.NVFP4Config = ref.NVFP4Config(), *, c
     transposed inside the kernel; no transposed copy of w is made.
     amax: optional, `[E]` per tensor or `[E, N, 1]` per token.
     """
-    if contraction_axis not in (1, 2):
-        raise ValueError(f"{contraction_axis=} must be 1 (w is [E, K, N]) or 2 (w is [E, N, K])")
-    if jnp.ndim(w) != 3:
-        raise ValueError(f"an expert stack is [E, K, N] or [E, N, K], got shape {jnp.shape(w)}")
-    e, d1, d2 = jnp.shape(w)
-    n, k = (d2, d1) if contraction_axis == 1 else (d1, d2)
+    e, n, k = cm.expert_stack_dims(w, contraction_axis)
     _validate(jax.ShapeDtypeStruct((n, k), jnp.result_type(w)), config, tunables)
     cm.require_gpu(interpret, QUANT_NAME)
     amax = None if amax is None else jnp.asarray(amax, jnp.float32)

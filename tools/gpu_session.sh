@@ -8,6 +8,7 @@
 #   bash tools/gpu_session.sh pilot     # h200 warm-up + the pilot arms (resumable)
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
 #   bash tools/gpu_session.sh mosaic    # the compiled Mosaic GPU kernel suite alone
+#   bash tools/gpu_session.sh model     # the model GPU test alone (Triton impl == reference, bitwise)
 #   bash tools/gpu_session.sh quant     # bench_quant alone (BENCH_ARGS)
 #   bash tools/gpu_session.sh probe     # compiled Mosaic bf16 cases vs the NumPy oracle, field by field
 # The image lacks grain/tensorboardX: carried as wheels in .whl/ (see README "GPU runs").
@@ -47,8 +48,11 @@ model_tests() {  # model_tests SECONDS
 triton_tests() {  # triton_tests SECONDS
   step gpu_tests_triton "$1" python -m pytest $par -v -rf --tb=short -m gpu tests/kernels/test_triton.py -p no:cacheprovider
 }
-mosaic_tests() {  # mosaic_tests SECONDS  (MOSAIC_K: a pytest -k selection)
-  step gpu_tests_mosaic "$1" python -m pytest $par -v -rf --tb=line -m gpu tests/kernels/test_mosaic.py -p no:cacheprovider ${MOSAIC_K:+-k "$MOSAIC_K"}
+mosaic_tests() {  # mosaic_tests SECONDS  (MOSAIC_K: a pytest -k selection; MOSAIC_IDS: a file of test ids)
+  local tests=tests/kernels/test_mosaic.py
+  [ -n "${MOSAIC_IDS:-}" ] && tests=$(cat "$MOSAIC_IDS")
+  # shellcheck disable=SC2086  # the ids are words
+  step gpu_tests_mosaic "$1" python -m pytest $par -v -rf --tb=line -m gpu $tests -p no:cacheprovider ${MOSAIC_K:+-k "$MOSAIC_K"}
 }
 python -c "import jax; print(jax.devices())" >>"$log" 2>&1
 for mode in "${@:-bench}"; do
@@ -89,6 +93,9 @@ case "$mode" in
   mosaic)
     mosaic_tests "${MOSAIC_SECONDS:-200}"
     ;;
+  model)
+    model_tests "${MODEL_SECONDS:-300}"
+    ;;
   quant)
     step bench_quant "${BENCH_SECONDS:-200}" python -m experiments.bench_quant --iters=10 ${BENCH_ARGS:-}
     tar czf "$OUT/benchmarks.tgz" benchmarks
@@ -126,7 +133,7 @@ case "$mode" in
     tar czf "$OUT/pilot.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/pilot
     ;;
   *)
-    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, quant, probe, pilot" | tee -a "$log"; exit 2
+    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, probe, pilot" | tee -a "$log"; exit 2
     ;;
 esac
 done

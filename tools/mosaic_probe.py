@@ -69,11 +69,13 @@ def intermediates_call(m, k, dtype, interpret):
 
     block_m = mq.MosaicQuantTiling().block_m
 
+    view = mq._View(groups=1, m=m, k=k, band=1, k_major=False)
+
     def kernel(x_ref, amax_ref, out_ref):
-        rows = pl.ds(mq._row_start(m, block_m), block_m)
-        amax = amax_ref.at[rows][...]
+        g, rows = mq._program_units(view, block_m)
+        amax = amax_ref.at[g, rows][...]
         s_enc, s_dec = cm.scales_from_amax(mq._ExactArith, amax, 448)
-        cols = [mq._load_col(x_ref, rows, i) for i in range(16)]
+        cols = [view.load(x_ref, g, rows, 0, i) for i in range(16)]
         bits = cm.abs_bits(cols[0])
         for c in cols[1:]:
             bits = jnp.maximum(bits, cm.abs_bits(c))
@@ -91,8 +93,8 @@ def intermediates_call(m, k, dtype, interpret):
                 out_ref.at[j, rows, i][...] = scalars[name]
 
     return plgpu.kernel(
-        kernel, out_type=jax.ShapeDtypeStruct((len(STAGES), m, 16), jnp.float32), grid=(pl.cdiv(m, block_m),),
-        grid_names=("m",), kernel_name="fp4rl_mosaic_probe", interpret=mq._interpret_param(interpret))
+        kernel, out_type=jax.ShapeDtypeStruct((len(STAGES), m, 16), jnp.float32), grid=(1, pl.cdiv(m, block_m)),
+        grid_names=("g", "m"), kernel_name="fp4rl_mosaic_probe", interpret=mq._interpret_param(interpret))
 
 
 def numpy_intermediates(x32, amax):
@@ -117,7 +119,7 @@ def probe_intermediates(interpret: bool):
             x = make_input(m, k, dtype, seed=m * k, subnormal=False, nan=False)
             x32 = np.asarray(x.astype(jnp.float32))
             amax = np.max(np.abs(x32), axis=1).astype(np.float32)
-            got = np.asarray(intermediates_call(m, k, x.dtype, interpret)(x, jnp.asarray(amax)))
+            got = np.asarray(intermediates_call(m, k, x.dtype, interpret)(x[None], jnp.asarray(amax)[None]))
             want = numpy_intermediates(x32, amax)
             line = []
             for j, name in enumerate(STAGES):
@@ -139,7 +141,8 @@ def probe_outputs(cases, names, interpret: bool):
         x32 = np.asarray(x.astype(jnp.float32))
         row_max = np.max(np.abs(x32), axis=1)
         padded = mq._pad_rows(x, mq.MosaicQuantTiling().block_m)  # as quantize_mosaic does for M < 128
-        got_rows = np.asarray(mq._amax_call(padded.shape[0], k, x.dtype, mq.MosaicQuantTiling(), interpret)(padded))[:m]
+        view = mq._View(groups=1, m=padded.shape[0], k=k, band=1, k_major=False)
+        got_rows = np.asarray(mq._amax_call(view, x.dtype, mq.MosaicQuantTiling(), interpret)(padded[None]))[0, :m]
         n_bad = int(np.sum(got_rows.view(np.uint32) != row_max.view(np.uint32)))
         print(f"== {m}x{k} bfloat16: row-amax kernel vs max|x|: {n_bad}/{m} rows differ"
               + (f", {rows_of((got_rows != row_max)[:, None])}" if n_bad else ""), flush=True)

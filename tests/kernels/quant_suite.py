@@ -29,10 +29,11 @@ Adding a backend (registered in `pallas_kernels.BACKENDS`): write
 sweeps. The expert-stack tests need `quantize_experts_<backend>`; a backend without it gets
 `BackendUnavailableError` there (say so by overriding those tests with a reasoned skip).
 
-Compile budget (2 CPU cores, < 3 minutes for tests/kernels): interpret-mode compiles cost
-about a second per kernel instance, so each group of cases below is run as ONE jitted
-program (all configs, value cases through `lax.map`) and cached for the session; the
-parametrized tests only compare the cached results.
+Compile budget: each kernel instance is compiled once (interpret mode: about a second; a
+compiled Mosaic GPU kernel: several seconds), so each config / shape / expert case is one
+jitted program (its value cases through `lax.map`), cached for the session, and the
+parametrized tests only compare the cached results. One program per case, not one per
+group: under `pytest -n N` each worker then compiles only the cases of its own tests.
 """
 
 from __future__ import annotations
@@ -282,23 +283,15 @@ def _cached(key, compute):
     return _CACHE[key]
 
 
-def config_sweep(impl: Impl):
-    """{config: NVFP4Tensor stacked over the 4 value cases} for all 45 configs (host arrays)."""
+def config_result(impl: Impl, config: ref.NVFP4Config):
+    """One config on its 5 value cases (stacked by lax.map; host arrays)."""
 
     def compute():
-        xs1, xs2 = value_cases(*SWEEP_SHAPE_1D), value_cases(*SWEEP_SHAPE_2D, seed=2)
-        opts = impl.small_k_options
-
-        @jax.jit
-        def run(xs1, xs2):
-            return [jax.lax.map(lambda x, c=c: impl.quantize(x, c, options=opts), xs2 if c.block_2d else xs1)
-                    for c in ALL_CONFIGS]
-
+        quantize = jax.jit(lambda xs: jax.lax.map(lambda x: impl.quantize(x, config, options=impl.small_k_options), xs))
         with _on_cpu_if_reference(impl):
-            outs = _host(run(xs1, xs2))
-        return dict(zip(ALL_CONFIGS, outs))
+            return _host(quantize(sweep_inputs(config)))
 
-    return _cached((impl, "configs"), compute)
+    return _cached((impl, "configs", config), compute)
 
 
 def sweep_inputs(config) -> np.ndarray:
@@ -313,60 +306,39 @@ def shape_inputs(case) -> np.ndarray:
     return x.astype(dtype)
 
 
-def shape_sweep(impl: Impl):
+def shape_result(impl: Impl, case):
+    """One shape case, run with the backend's default options."""
+
     def compute():
-        xs = [shape_inputs(c) for c in SHAPE_CASES]
-
-        @jax.jit
-        def run(xs):
-            return [impl.quantize(x, c[0]) for x, c in zip(xs, SHAPE_CASES)]
-
         with _on_cpu_if_reference(impl):
-            return dict(zip(SHAPE_CASES, _host(run(xs))))
+            return _host(jax.jit(lambda x: impl.quantize(x, case[0]))(shape_inputs(case)))
 
-    return _cached((impl, "shapes"), compute)
+    return _cached((impl, "shapes", case), compute)
 
 
-def expert_sweep(impl: Impl):
+def expert_result(impl: Impl, case):
     def compute():
+        cfg, axis = case
         w = expert_stack()
-
-        @jax.jit
-        def run(w):
-            outs = []
-            for cfg, axis in EXPERT_CASES:
-                w_in = w if axis == 1 else jnp.swapaxes(w, 1, 2)
-                outs.append(impl.quantize_experts(w_in, cfg, axis, options=impl.small_k_options))
-            return outs
-
+        w_in = w if axis == 1 else np.swapaxes(w, 1, 2)
         with _on_cpu_if_reference(impl):
-            return dict(zip(EXPERT_CASES, _host(run(w))))
+            return _host(jax.jit(lambda w: impl.quantize_experts(w, cfg, axis, options=impl.small_k_options))(w_in))
 
-    return _cached((impl, "experts"), compute)
-
-
-def dequant_inputs():
-    """Reference-quantized tensors (stacked over the 4 value cases) for DEQUANT_CONFIGS."""
-    sweep = config_sweep(REFERENCE)
-    return {c: sweep[c] for c in DEQUANT_CONFIGS}
+    return _cached((impl, "experts", case), compute)
 
 
-def dequant_sweep(impl: Impl):
+def dequant_input(config):
+    """The reference-quantized tensor (stacked over the value cases) of a DEQUANT_CONFIGS entry."""
+    return config_result(REFERENCE, config)
+
+
+def dequant_result(impl: Impl, config, dtype):
     def compute():
-        ts = dequant_inputs()
-
-        keys = [(c, d) for c in DEQUANT_CONFIGS for d in DEQUANT_DTYPES]
-
-        @jax.jit
-        def run(ts):  # ts: list aligned with DEQUANT_CONFIGS (configs are not sortable pytree keys)
-            by_config = dict(zip(DEQUANT_CONFIGS, ts))
-            return [jax.lax.map(lambda t, d=d: impl.dequantize(t, d), by_config[c]) for c, d in keys]
-
         with _on_cpu_if_reference(impl):
-            outs = _host(run([ts[c] for c in DEQUANT_CONFIGS]))
-        return {(c, jnp.dtype(d).name): o for (c, d), o in zip(keys, outs)}
+            dequantize = jax.jit(lambda ts: jax.lax.map(lambda t: impl.dequantize(t, dtype), ts))
+            return _host(dequantize(dequant_input(config)))
 
-    return _cached((impl, "dequant"), compute)
+    return _cached((impl, "dequant", config, jnp.dtype(dtype).name), compute)
 
 
 # ----------------------------------------------------------------------------------------
@@ -467,7 +439,7 @@ class QuantSuite:
 
     @pytest.mark.parametrize("config", ALL_CONFIGS, ids=config_id)
     def test_configs_match_oracle(self, config):
-        out = config_sweep(self.impl)[config]
+        out = config_result(self.impl, config)
         xs = sweep_inputs(config)
 
         def check():
@@ -478,13 +450,13 @@ class QuantSuite:
 
     @pytest.mark.parametrize("case", SHAPE_CASES, ids=shape_case_id)
     def test_shapes_match_oracle(self, case):
-        out = shape_sweep(self.impl)[case]
+        out = shape_result(self.impl, case)
         assert_tensor_equal(_as_dict(out), oracle_for(shape_inputs(case), case[0]), shape_case_id(case))
 
     @pytest.mark.parametrize("case", EXPERT_CASES, ids=expert_case_id)
     def test_experts_match_oracle(self, case):
         cfg, _ = case
-        out = expert_sweep(self.impl)[case]
+        out = expert_result(self.impl, case)
         w_enk = np.swapaxes(expert_stack(), 1, 2)
 
         def check():
@@ -496,8 +468,8 @@ class QuantSuite:
     @pytest.mark.parametrize("dtype", DEQUANT_DTYPES, ids=lambda d: jnp.dtype(d).name)
     @pytest.mark.parametrize("config", DEQUANT_CONFIGS, ids=config_id)
     def test_dequantize_matches_oracle(self, config, dtype):
-        out = dequant_sweep(self.impl)[(config, jnp.dtype(dtype).name)]
-        t = dequant_inputs()[config]
+        out = dequant_result(self.impl, config, dtype)
+        t = dequant_input(config)
         for i in compared_cases(self.impl):
             case = CASE_NAMES[i]
             expected = oracle.dequantize(t.codes[i], _scale_bytes(t.scales[i]), t.amax[i], config.e4m3_bound,
@@ -507,13 +479,13 @@ class QuantSuite:
     def test_nonfinite_input_never_turns_finite(self):
         """NUMERICS.md s8: a NaN block dequantizes to NaN; a non-finite amax poisons its scope."""
         tok = ref.NVFP4Config(scale="token", four_over_six="mae")
-        out = dequant_sweep(self.impl)[(tok, "float32")][CASE_NAMES.index("nonfinite")]
+        out = dequant_result(self.impl, tok, jnp.float32)[CASE_NAMES.index("nonfinite")]
         x = sweep_inputs(tok)[CASE_NAMES.index("nonfinite")].astype(np.float32)
         bad_rows = ~np.all(np.isfinite(x), axis=1)
         assert bad_rows.sum() >= 3
         assert np.all(np.isnan(out[bad_rows])), "a row with a non-finite amax must dequantize to NaN"
         assert np.all(np.isfinite(out[~bad_rows])), "per-token scales must keep other rows finite"
-        per_tensor = dequant_sweep(self.impl)[(DEQUANT_CONFIGS[0], "float32")][CASE_NAMES.index("nonfinite")]
+        per_tensor = dequant_result(self.impl, DEQUANT_CONFIGS[0], jnp.float32)[CASE_NAMES.index("nonfinite")]
         assert np.all(np.isnan(per_tensor)), "a non-finite per-tensor amax makes the whole tensor NaN"
 
     def test_hand_vectors(self):
@@ -580,7 +552,7 @@ class KernelQuantSuite(QuantSuite):
 
     @pytest.mark.parametrize("config", ALL_CONFIGS, ids=config_id)
     def test_configs_match_reference(self, config):
-        out, expected = config_sweep(self.impl)[config], config_sweep(REFERENCE)[config]
+        out, expected = config_result(self.impl, config), config_result(REFERENCE, config)
 
         def check():
             for i in compared_cases(REFERENCE):
@@ -590,26 +562,26 @@ class KernelQuantSuite(QuantSuite):
 
     @pytest.mark.parametrize("case", SHAPE_CASES, ids=shape_case_id)
     def test_shapes_match_reference(self, case):
-        out, expected = shape_sweep(self.impl)[case], shape_sweep(REFERENCE)[case]
+        out, expected = shape_result(self.impl, case), shape_result(REFERENCE, case)
         assert_tensor_equal(_as_dict(out), _as_dict(expected), shape_case_id(case))
 
     @pytest.mark.parametrize("case", EXPERT_CASES, ids=expert_case_id)
     def test_experts_match_vmapped_reference(self, case):
-        out, expected = expert_sweep(self.impl)[case], expert_sweep(REFERENCE)[case]
+        out, expected = expert_result(self.impl, case), expert_result(REFERENCE, case)
         check_against_reference("experts", expert_case_id(case),
                                 lambda: assert_tensor_equal(_as_dict(out), _as_dict(expected), expert_case_id(case)))
 
     @pytest.mark.parametrize("dtype", DEQUANT_DTYPES, ids=lambda d: jnp.dtype(d).name)
     @pytest.mark.parametrize("config", DEQUANT_CONFIGS, ids=config_id)
     def test_dequantize_matches_reference(self, config, dtype):
-        key = (config, jnp.dtype(dtype).name)
-        out, expected = dequant_sweep(self.impl)[key], dequant_sweep(REFERENCE)[key]
+        out, expected = dequant_result(self.impl, config, dtype), dequant_result(REFERENCE, config, dtype)
         for i in compared_cases(REFERENCE):
-            assert_float_bits_equal(out[i], expected[i], f"dequantize {config_id(config)} {key[1]} {CASE_NAMES[i]}")
+            assert_float_bits_equal(out[i], expected[i],
+                                    f"dequantize {config_id(config)} {jnp.dtype(dtype).name} {CASE_NAMES[i]}")
 
     def test_expert_dequantize_matches_vmapped_reference(self):
         cfg, axis = EXPERT_CASES[0]
-        t = expert_sweep(REFERENCE)[(cfg, axis)]
+        t = expert_result(REFERENCE, (cfg, axis))
         with _on_cpu_if_reference(REFERENCE):
             expected = np.asarray(reference_dequantize(t, jnp.bfloat16))
         out = np.asarray(self.impl.dequantize(t, jnp.bfloat16))
@@ -618,7 +590,7 @@ class KernelQuantSuite(QuantSuite):
     def test_expert_dequantize_nan_expert_only(self):
         """s8 for stacks: the kernel's own quantized stack; the NaN expert alone is NaN."""
         cfg, axis = EXPERT_CASES[0]
-        t = expert_sweep(self.impl)[(cfg, axis)]
+        t = expert_result(self.impl, (cfg, axis))
         out = np.asarray(self.impl.dequantize(t, jnp.float32))
         w_enk = np.swapaxes(expert_stack(), 1, 2)
         for e in range(w_enk.shape[0]):
@@ -648,23 +620,18 @@ class KernelQuantSuite(QuantSuite):
         b = _host(self.impl.quantize(x, cfg, options=self.impl.small_k_options))
         assert_tensor_equal(_as_dict(a), _as_dict(b), "rerun")
 
-    def test_configs_subnormal_ieee(self):
+    @pytest.mark.parametrize("config", ALL_CONFIGS, ids=config_id)
+    def test_configs_subnormal_ieee(self, config):
         """The "subnormal" value case, IEEE (NumPy oracle), for compiled kernels only.
 
-        Kept last among the sweep checks: it probes the GPU's subnormal handling (no FTZ),
-        which nothing on XLA:CPU can reproduce (see `compared_cases`).
+        It probes the GPU's subnormal handling (no FTZ), which nothing on XLA:CPU can
+        reproduce (see `compared_cases`).
         """
         if not self.impl.ieee_subnormals:
             pytest.skip("XLA:CPU flushes f32 subnormals (DAZ/FTZ): only a compiled kernel can be IEEE here")
-        sweep = config_sweep(self.impl)
-        failures = []
-        for config in ALL_CONFIGS:
-            x = sweep_inputs(config)[SUBNORMAL]
-            try:
-                assert_tensor_equal(_index(sweep[config], SUBNORMAL), oracle_for(x, config), config_id(config))
-            except AssertionError as e:
-                failures.append(str(e).splitlines()[1] if len(str(e).splitlines()) > 1 else str(e))
-        assert not failures, f"{len(failures)} configs differ from IEEE on subnormal input: {failures[:5]}"
+        x = sweep_inputs(config)[SUBNORMAL]
+        assert_tensor_equal(_index(config_result(self.impl, config), SUBNORMAL), oracle_for(x, config),
+                            f"{config_id(config)} subnormal")
 
     @pytest.mark.gpu
     def test_fast_exact_choice_agreement(self):
