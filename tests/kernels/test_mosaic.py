@@ -109,7 +109,7 @@ def check(x, config, *, amax=None, interpret):
 SMALL = (("tiling", mq.MosaicQuantTiling(block_k=16)),)
 
 
-# One xdist group: the interpreter is slow (~7 min on one CPU core), so this class shares a
+# One xdist group: the interpreter is slow (~6 min on one CPU core), so this class shares a
 # worker's time with the rest of tests/ instead of each worker taking a share of it.
 @pytest.mark.xdist_group("mosaic_interpret")
 class TestMosaicInterpret(KernelQuantSuite):
