@@ -30,7 +30,7 @@ sweeps. The expert-stack tests need `quantize_experts_<backend>`; a backend with
 `BackendUnavailableError` there (say so by overriding those tests with a reasoned skip).
 
 Compile budget: each kernel instance is compiled once (interpret mode: about a second; a
-compiled Mosaic GPU kernel: several seconds), so each config / shape / expert case is one
+compiled Mosaic GPU kernel: 10-100 s on the H200), so each config / shape / expert case is one
 jitted program (its value cases through `lax.map`), cached for the session, and the
 parametrized tests only compare the cached results. One program per case, not one per
 group: under `pytest -n N` each worker then compiles only the cases of its own tests.
