@@ -19,7 +19,8 @@ layout (one element per thread). A block's column i of row r is one such array, 
 from a strided GMEM view (`_View`; K-major expert stacks give coalesced loads), so every
 reduction of the contract (block max, error sum, per-token amax) is a per-thread chain of
 elementwise ops in exactly the contract's order. `fori_loop`s walk the K/16 blocks and the
-16 columns.
+16 columns. The per-block math is `pallas_kernels.mosaic_block`; this module has the views,
+the kernel bodies and the wrappers.
 
 Bit-exactness details
 ---------------------
@@ -66,11 +67,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from fp4rl.formats import ieee
 from fp4rl.formats import nvfp4 as ref
 from pallas_kernels import common as cm
+from pallas_kernels import mosaic_block as mb
 
-BLOCK = 16
+BLOCK = cm.BLOCK
 WARPGROUP = 128  # CUDA threads of one Mosaic GPU "thread" (a warpgroup) = rows per 128
 QUANT_KERNEL_NAME = "fp4rl_mosaic_nvfp4_quant"
 AMAX_KERNEL_NAME = "fp4rl_mosaic_nvfp4_amax"
@@ -99,165 +100,6 @@ class MosaicQuantTiling:
 
 def _interpret_param(interpret: bool):
     return plgpu.InterpretGPUParams() if interpret else None
-
-
-# ----------------------------------------------------------------------------------------
-# Element math on [block_m] arrays (one element per thread). Contract order, s2/s3.
-# ----------------------------------------------------------------------------------------
-
-
-def _f32(c):
-    return np.float32(c)
-
-
-def _div(a, b):
-    """IEEE f32 division fl(a / b), correctly rounded, from integer operations.
-
-    Mosaic GPU compiles an f32 `arith.divf` to `div.full.f32` (approximate, seen in the dumped
-    PTX), and the float64 detour this kernel used before (divide in f64, round to f32) was one
-    ulp off in compiled kernels too (`tools/mosaic_probe.py`, session 5). So the quotient comes
-    from integer operations (`ieee.integer_divide`, the XLA:GPU reference's division too); NaN
-    results from the platform's own division (their payload and sign are the platform's).
-    """
-    return ieee.integer_divide(a, b, lambda x, y: x / y, unroll=False)
-
-
-class _ExactArith(cm.PlainArith):
-    """`cm.PlainArith` with the correctly rounded division above."""
-
-    div = staticmethod(_div)
-
-
-def _no_fma(v):
-    """Materialise a rounded f32 product before an add/sub (Mosaic allows FMA contraction)."""
-    return lax.optimization_barrier(v)
-
-
-def _e4m3_round(t):
-    """E4M3 RNE of t in [0, 448] or NaN (already clamped): (value as f32, byte as int32).
-
-    Normals (t >= 2^-6): integer RNE of the f32 bits to 3 mantissa bits. Subnormals:
-    quantum 2^-9, `lax.round(t * 512, TO_NEAREST_EVEN)` (Mosaic: `round_even`; t * 512 is
-    exact). Not the `(y + 2^23) - 2^23` trick: XLA:CPU folds that to `y` under jit, which
-    would break interpret mode. NaN -> byte 0x7F (the NaN scale here is always positive).
-    """
-    bits = lax.bitcast_convert_type(t, jnp.int32)
-    normal = t >= _f32(2.0**-6)
-    lsb = lax.shift_right_logical(bits, np.int32(20)) & np.int32(1)
-    rbits = (bits + np.int32(0x7FFFF) + lsb) & np.int32(~0xFFFFF)
-    n = lax.round(t * _f32(512.0), lax.RoundingMethod.TO_NEAREST_EVEN)  # an integer 0..8
-    value = jnp.where(normal, cm.from_bits(rbits), n * _f32(2.0**-9))
-    byte = jnp.where(
-        normal,
-        lax.shift_right_logical(rbits, np.int32(20)) - np.int32(960),  # (exp - 120) << 3 | mant
-        n.astype(jnp.int32),
-    )
-    return value, jnp.where(t != t, np.int32(0x7F), byte)
-
-
-def _encode(col, inv):
-    return cm.e2m1_encode(col * inv)
-
-
-def _inv_scale(sf, s_dec):
-    return cm.min_nan(_div(_f32(1), sf * s_dec), cm.FLT_MAX)
-
-
-def _element_error(x, inv, sf, amax, s_enc, config: ref.NVFP4Config):
-    """e(d) of s3 for one element of one 4/6 candidate (exact or fast error; MAE or MSE)."""
-    dec_sf = cm.e2m1_decode(_encode(x, inv)) * sf  # exact (<= 6 significant bits)
-    if config.fast_error:
-        d = dec_sf - _no_fma(x * s_enc)
-    else:
-        d = _div(dec_sf * amax, _f32(6 * config.e4m3_bound)) - x
-    # MSE: the square from integer ops (`ieee.integer_square`): the float product, even behind a
-    # barrier, disagreed with the contract in rare compiled blocks (session-5 probe).
-    return cm.fabs(d) if config.four_over_six == "mae" else ieee.integer_square(d, lambda v: v * v)
-
-
-def _fold16(load, first, step):
-    """Sequential fold over the 16 columns of a block: acc = first(x_0); acc = step(acc, x_i).
-
-    A `fori_loop` (not a Python loop) keeps the emitted Mosaic program small; the order is
-    the contract's i = 0..15.
-    """
-    return lax.fori_loop(np.int32(1), np.int32(BLOCK), lambda i, acc: step(acc, load(i)), first(load(np.int32(0))))
-
-
-def _tree_sum16(r):
-    """Pairwise tree sum of the 16 row errors of a 2D tile (s3): r[0:8]+r[8:16], then 4, 2, 1."""
-    for half in (8, 4, 2, 1):
-        r = [r[i] + r[i + half] for i in range(half)]
-    return r[0]
-
-
-def _for_rows(band: int, body, init):
-    """carry = body(r, carry) for the rows r of a unit: a `fori_loop` over a 16-row band (a
-    Python-unrolled band made 2D 4/6 programs that took minutes to compile on the H200), a
-    direct call for a single row (the 1D program stays loop-free)."""
-    if band == 1:
-        return body(np.int32(0), init)
-    return lax.fori_loop(np.int32(0), np.int32(band), body, init)
-
-
-def _block_max_bits(load, band: int):
-    """Integer max of |x| bits over a block's rows (load(r, i)): NaN-propagating, exact."""
-
-    def row(r):
-        return _fold16(lambda i: load(r, i), cm.abs_bits, lambda m, x: jnp.maximum(m, cm.abs_bits(x)))
-
-    first = row(np.int32(0))
-    return first if band == 1 else _for_rows(band, lambda r, m: jnp.maximum(m, row(r)), first)
-
-
-def _quantize_block(load, band: int, amax, s_enc, s_dec, config: ref.NVFP4Config):
-    """One block -> (inv, scale byte, map4 or None), on [block_u] arrays.
-
-    load(r, i) -> column i of row r of the block as f32 (band = 1 row for 1x16 blocks, 16 for
-    a 16x16 tile). The codes are then E2M1(fl(x_i * inv)) with the chosen candidate's inv:
-    selecting inv and re-encoding gives the same codes as selecting between q4 and q6.
-    """
-    b = cm.from_bits(_block_max_bits(load, band))
-    cap = cm.E4M3_MAX
-    if config.four_over_six is None:
-        k = s_enc * _f32(cm.ONE_SIXTH)
-        sf, byte = _e4m3_round(cm.min_nan(b * k, cap))
-        return _inv_scale(sf, s_dec), byte, None
-    base = _div(b, _f32(6.0)) * s_enc  # divide, then multiply
-    sf6, byte6 = _e4m3_round(cm.min_nan(base, cap))
-    sf4, byte4 = _e4m3_round(cm.min_nan(base * _f32(1.5), cap))
-    inv6, inv4 = _inv_scale(sf6, s_dec), _inv_scale(sf4, s_dec)
-
-    def errs(x):
-        return (_element_error(x, inv6, sf6, amax, s_enc, config), _element_error(x, inv4, sf4, amax, s_enc, config))
-
-    def row_errors(r):  # (err6, err4) of row r: the sequential sum over its 16 elements
-        return _fold16(lambda i: load(r, i), errs, lambda acc, x: tuple(a + e for a, e in zip(acc, errs(x))))
-
-    if band == 1:
-        err6, err4 = row_errors(np.int32(0))
-    else:
-        # A tile's error is the tree sum of its 16 row errors, so the row loop carries all of
-        # them: row r's pair is written into slots r and 16 + r by selects. The row number is
-        # carried as an array too: a select on the scalar loop index needs an implicit
-        # broadcast, which Mosaic GPU does not lower ("not implemented with warpgroup
-        # semantics", H200, session 6).
-        def body(r, carry):
-            row, slots = carry
-            e6, e4 = row_errors(r)
-            new = (e6,) * BLOCK + (e4,) * BLOCK
-            slots = tuple(jnp.where(row == np.int32(i % BLOCK), e, s) for i, (e, s) in enumerate(zip(new, slots)))
-            return row + np.int32(1), slots
-
-        init = (jnp.zeros_like(cm.abs_bits(b)), (jnp.zeros_like(b),) * (2 * BLOCK))  # int32 row, f32 slots
-        _, slots = lax.fori_loop(np.int32(0), np.int32(band), body, init)
-        err6, err4 = _tree_sum16(list(slots[:BLOCK])), _tree_sum16(list(slots[BLOCK:]))
-    map4 = err4 < err6  # strict: ties go to map-6
-    return jnp.where(map4, inv4, inv6), jnp.where(map4, byte4, byte6), map4
-
-
-def _pack_pair(lo, hi):
-    return (lo | lax.shift_left(hi, np.int32(4))).astype(jnp.uint8)
 
 
 # ----------------------------------------------------------------------------------------
@@ -305,8 +147,8 @@ class _View:
         idx = (g, c, *self._unit_index(units, r)) if self.k_major else (g, *self._unit_index(units, r), c)
         return x_ref.at[idx][...].astype(jnp.float32)
 
-    def out_at(self, ref, g, units, r, c):
-        return ref.at[(g, *self._unit_index(units, r), c)]
+    def out_at(self, out_ref, g, units, r, c):
+        return out_ref.at[(g, *self._unit_index(units, r), c)]
 
 
 def _unit_start(units_total: int, block_u: int):
@@ -328,7 +170,7 @@ def _unit_amax_bits(view: _View, x_ref, g, units):
     """max|x| over each unit's rows and all K columns as int32 bits (one thread per unit)."""
 
     def block_bits(j):
-        return _block_max_bits(lambda r, i: view.load(x_ref, g, units, r, j * BLOCK + i), view.band)
+        return mb.block_max_bits(lambda r, i: view.load(x_ref, g, units, r, j * BLOCK + i), view.band)
 
     return lax.fori_loop(np.int32(1), np.int32(view.k // BLOCK), lambda j, m: jnp.maximum(m, block_bits(j)),
                          block_bits(np.int32(0)))
@@ -341,7 +183,7 @@ def _make_quant_body(view: _View, block_u, block_k, config: ref.NVFP4Config, ama
     band = view.band
 
     def quantize_cols(x_ref, codes_ref, scales_ref, map4_ref, g, units, amax):
-        s_enc, s_dec = cm.scales_from_amax(_ExactArith, amax, config.e4m3_bound)
+        s_enc, s_dec = cm.scales_from_amax(mb.ExactArith, amax, config.e4m3_bound)
         k0 = lax.axis_index("k") * nblk  # first block of this program
 
         def body(j, carry):
@@ -350,13 +192,13 @@ def _make_quant_body(view: _View, block_u, block_k, config: ref.NVFP4Config, ama
             def load(r, i):
                 return view.load(x_ref, g, units, r, blk * BLOCK + i)
 
-            inv, byte, map4 = _quantize_block(load, band, amax, s_enc, s_dec, config)
+            inv, byte, map4 = mb.quantize_block(load, band, amax, s_enc, s_dec, config)
             flag = jnp.zeros_like(byte) if map4 is None else jnp.where(map4, np.int32(1), np.int32(0))
 
             def store_row(r, c):  # a tile's rows share its scale byte and choice
                 def pack(p, c):
-                    view.out_at(codes_ref, g, units, r, blk * (BLOCK // 2) + p)[...] = _pack_pair(
-                        _encode(load(r, 2 * p), inv), _encode(load(r, 2 * p + 1), inv)
+                    view.out_at(codes_ref, g, units, r, blk * (BLOCK // 2) + p)[...] = mb.pack_pair(
+                        mb.encode(load(r, 2 * p), inv), mb.encode(load(r, 2 * p + 1), inv)
                     )
                     return c
 
@@ -365,7 +207,7 @@ def _make_quant_body(view: _View, block_u, block_k, config: ref.NVFP4Config, ama
                 view.out_at(map4_ref, g, units, r, blk)[...] = flag.astype(jnp.uint8)
                 return c
 
-            _for_rows(band, store_row, np.int32(0))
+            mb.for_rows(band, store_row, np.int32(0))
             return carry
 
         lax.fori_loop(np.int32(0), np.int32(nblk), body, np.int32(0))
@@ -376,7 +218,7 @@ def _make_quant_body(view: _View, block_u, block_k, config: ref.NVFP4Config, ama
             g, units = _program_units(view, block_u)
             # max(., 0) is `max.NaN.f32` on the GPU: a NaN amax comes out as the canonical NaN
             # 0x7FFFFFFF, as XLA's reduce in the reference, not with the input's payload.
-            amax = jnp.maximum(cm.from_bits(_unit_amax_bits(view, x_ref, g, units)), _f32(0))
+            amax = jnp.maximum(cm.from_bits(_unit_amax_bits(view, x_ref, g, units)), mb.f32(0))
             amax_out_ref.at[g, units][...] = amax
             quantize_cols(x_ref, codes_ref, scales_ref, map4_ref, g, units, amax)
 
@@ -432,7 +274,7 @@ def _dequant_call(m_total, k, out_dtype, e4m3_bound, tiling: MosaicQuantTiling, 
 
     def kernel(codes_ref, scales_ref, amax_ref, out_ref):
         rows = pl.ds(jnp.minimum(lax.axis_index("m") * block_m, m_total - block_m), block_m)
-        s_dec = cm.dequant_s_dec(_ExactArith, amax_ref.at[rows][...], e4m3_bound)  # NaN if amax is not finite
+        s_dec = cm.dequant_s_dec(mb.ExactArith, amax_ref.at[rows][...], e4m3_bound)  # NaN if amax is not finite
 
         def body(j, carry):
             sf = cm.e4m3_decode(scales_ref.at[rows, j][...].astype(jnp.int32))
@@ -477,7 +319,7 @@ def _quantize_groups(x, amax, view: _View, config: ref.NVFP4Config, tiling: Mosa
     amax: None (computed: per token [G, M] from the quantizer, per tensor [G] from the
     amax kernel), [G, M] (given per token) or [G] (given per tensor).
     """
-    g, m, k = view.groups, view.m, view.k
+    g, m = view.groups, view.m
     pad_to = tiling.block_m * view.band  # at least one program of units in every group
     padded = dataclasses.replace(view, m=max(m, pad_to))
     xk = _pad_rows(x, pad_to, axis=2 if view.k_major else 1).reshape(padded.x_shape())
@@ -512,6 +354,24 @@ def _validate(x, config: ref.NVFP4Config):
         raise ValueError(f"the Mosaic GPU quantizer needs at least one row, got shape {jnp.shape(x)}")
 
 
+def _quantize(x_g, config, amax, lead, groups, k, k_major, tiling, interpret) -> ref.NVFP4Tensor:
+    """x_g [G, M, K] (or [G, K, M] K-major), lead = the result's leading shape (prod = G * M),
+    amax as the caller was given it -> the NVFP4Tensor shaped like the reference's."""
+    m = math.prod(lead) // groups
+    given = None if amax is None else cm.amax_rows(amax, config, lead, groups)  # [G, M]
+    if given is not None and config.scale == "tensor":
+        given = given[:, 0]  # one value per group
+    view = _View(groups=groups, m=m, k=k, band=BLOCK if config.block_2d else 1, k_major=k_major)
+    codes, scales, map4, computed = _quantize_groups(x_g, given, view, config, tiling, interpret)
+    if amax is not None:
+        amax_out = jnp.asarray(amax, jnp.float32)
+    elif config.scale == "token":
+        amax_out = computed.reshape(*lead, 1)
+    else:
+        amax_out = computed.reshape(() if groups == 1 else (groups,))
+    return cm.assemble(codes, scales, map4, amax_out, config, lead, k)
+
+
 def quantize_mosaic(
     x,
     config: ref.NVFP4Config = ref.NVFP4Config(),
@@ -533,18 +393,8 @@ def quantize_mosaic(
     cm.require_gpu(interpret, "quantize_mosaic")
     _validate(x, config)
     *lead, k = jnp.shape(x)
-    m = math.prod(lead)
-    amax_g = None if amax is None else cm.amax_rows(amax, config, tuple(lead), 1)
-    if amax_g is not None and config.scale == "tensor":
-        amax_g = amax_g[:, 0]
-    view = _View(groups=1, m=m, k=k, band=BLOCK if config.block_2d else 1, k_major=False)
-    codes, scales, map4, amax_out = _quantize_groups(jnp.asarray(x).reshape(1, m, k), amax_g, view, config, tiling,
-                                                     interpret)
-    if amax is not None:
-        amax_out = jnp.asarray(amax, jnp.float32)
-    else:
-        amax_out = amax_out.reshape(*lead, 1) if config.scale == "token" else amax_out.reshape(())
-    return cm.assemble(codes, scales, map4, amax_out, config, tuple(lead), k)
+    x_g = jnp.asarray(x).reshape(1, math.prod(lead), k)
+    return _quantize(x_g, config, amax, tuple(lead), 1, k, False, tiling, interpret)
 
 
 def quantize_experts_mosaic(
@@ -567,16 +417,7 @@ def quantize_experts_mosaic(
     e, n, k = cm.expert_stack_dims(w, contraction_axis)
     cm.require_gpu(interpret, "quantize_experts_mosaic")
     _validate(jax.ShapeDtypeStruct((e, n, k), jnp.result_type(w)), config)
-    amax_g = None if amax is None else cm.amax_rows(amax, config, (e, n), e)
-    if amax_g is not None and config.scale == "tensor":
-        amax_g = amax_g[:, 0]
-    view = _View(groups=e, m=n, k=k, band=BLOCK if config.block_2d else 1, k_major=contraction_axis == 1)
-    codes, scales, map4, amax_out = _quantize_groups(jnp.asarray(w), amax_g, view, config, tiling, interpret)
-    if amax is not None:
-        amax_out = jnp.asarray(amax, jnp.float32)
-    elif config.scale == "token":
-        amax_out = amax_out.reshape(e, n, 1)
-    return cm.assemble(codes, scales, map4, amax_out, config, (e, n), k)
+    return _quantize(jnp.asarray(w), config, amax, (e, n), e, k, contraction_axis == 1, tiling, interpret)
 
 
 def dequantize_mosaic(

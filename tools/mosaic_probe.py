@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp4rl.formats import nvfp4 as ref
+from pallas_kernels import mosaic_block as mb
 from pallas_kernels import mosaic_quant as mq
 from tests.formats import oracle
 from tests.kernels.test_mosaic import CONFIGS, make_input
@@ -74,17 +75,17 @@ def intermediates_call(m, k, dtype, interpret):
     def kernel(x_ref, amax_ref, out_ref):
         g, rows = mq._program_units(view, block_m)
         amax = amax_ref.at[g, rows][...]
-        s_enc, s_dec = cm.scales_from_amax(mq._ExactArith, amax, 448)
+        s_enc, s_dec = cm.scales_from_amax(mb.ExactArith, amax, 448)
         cols = [view.load(x_ref, g, rows, 0, i) for i in range(16)]
         bits = cm.abs_bits(cols[0])
         for c in cols[1:]:
             bits = jnp.maximum(bits, cm.abs_bits(c))
         b = cm.from_bits(bits)
-        kk = s_enc * mq._f32(cm.ONE_SIXTH)
+        kk = s_enc * mb.f32(cm.ONE_SIXTH)
         t = cm.min_nan(b * kk, cm.E4M3_MAX)
-        sf, _ = mq._e4m3_round(t)
+        sf, _ = mb.e4m3_round(t)
         prod = sf * s_dec
-        inv = mq._inv_scale(sf, s_dec)
+        inv = mb.inv_scale(sf, s_dec)
         scalars = {"s_enc": s_enc, "k": kk, "t": t, "sf": sf, "sf_s_dec": prod, "inv": inv}
         for i in range(16):
             out_ref.at[0, rows, i][...] = cols[i]

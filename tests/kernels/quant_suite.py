@@ -11,7 +11,7 @@ where x86 propagates the operand's payload).
 
 Two limits of the CPU reference, both written down where they apply: XLA:CPU flushes f32
 subnormals (so the "subnormal" value case is checked only on compiled kernels, against the
-IEEE oracle: `compared_cases`), and a few cases hit XLA:CPU float rewrites in the reference
+IEEE oracle: `quant_cases.COMPARED_CASES`), and a few cases hit XLA:CPU float rewrites in the reference
 (`REFERENCE_BUGS`: strict xfails that fail once the reference is fixed).
 
 Adding a backend (registered in `pallas_kernels.BACKENDS`): write
@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -52,150 +51,24 @@ import pytest
 import pallas_kernels
 from fp4rl.formats import nvfp4 as ref
 from tests.kernels import oracle
-
-# ----------------------------------------------------------------------------------------
-# Configs and cases
-# ----------------------------------------------------------------------------------------
-
-
-def _all_configs():
-    out = []
-    for block_2d, scale, fos, e4m3_max, fast in itertools.product(
-        (False, True), ("tensor", "token"), (None, "mae", "mse"), (None, 256, 448), (False, True)
-    ):
-        try:
-            out.append(ref.NVFP4Config(block_2d=block_2d, scale=scale, four_over_six=fos,
-                                       e4m3_max=e4m3_max, fast_error=fast))
-        except ValueError:  # the invalid combinations (2D per token; fast_error without 4/6)
-            continue
-    return tuple(out)
-
-
-ALL_CONFIGS = _all_configs()
-assert len(ALL_CONFIGS) == 45, len(ALL_CONFIGS)  # 1D: 2 scales x 15; 2D: tensor only x 15
-
-
-def config_id(c: ref.NVFP4Config) -> str:
-    e = "Edef" if c.e4m3_max is None else f"E{c.e4m3_max}"
-    fos = "m6" if c.four_over_six is None else c.four_over_six + ("-fast" if c.fast_error else "-exact")
-    return f"{'2d' if c.block_2d else '1d'}-{c.scale}-{fos}-{e}"
-
-
-def _bf16(a):
-    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16)
-
-
-def value_cases(rows: int, k: int, seed: int = 0) -> np.ndarray:
-    """Five value cases [5, rows, k] (bf16) for one shape: see CASE_NAMES.
-
-    Per-tensor scaling lets one row move every other row's scale, so the extremes and the
-    non-finite values get their own cases (one compile serves all five, through lax.map).
-    """
-    rng = np.random.default_rng(seed)
-    normal = rng.standard_normal((rows, k)).astype(np.float32)
-    # mixed: rows spanning 2^-30 .. 2^30, a zero row, -0 and tiny negatives, E2M1/E4M3 ties
-    mixed = normal * np.exp2(rng.integers(-30, 31, size=(rows, 1))).astype(np.float32)
-    mixed[0] = 0.0
-    mixed[1, :16] = [6, 5, 1, 2, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -6, -0.0, -1e-30, 4, 3]
-    mixed[2] = -np.abs(mixed[2]) * 1e-3
-    mixed[2, :16] = -0.0
-    if rows > 3:
-        mixed[3, :] = np.round(normal[3] * 4) / 4  # quarter steps: many exact ties after scaling
-    # huge: near the top of bf16/f32 (saturation, S_enc far below 1)
-    huge = normal * np.float32(1e37)
-    huge[0, :16] = 3.3e38
-    huge[-1] = normal[-1] * 1e-3  # a small row beside huge ones (scales underflow to 0)
-    # small: tiny magnitudes that keep every f32 intermediate normal (A ~ 1e-30)
-    small = normal * np.float32(1e-30)
-    small[0] = normal[0] * np.float32(1e-33)
-    # non-finite: NaN, +Inf, -Inf rows (positive NaN: see the module docstring)
-    nonfinite = normal.copy()
-    nonfinite[1, 5] = np.nan
-    if rows > 4:
-        nonfinite[3, min(20, k - 1)] = np.inf
-        nonfinite[4, k - 1] = -np.inf
-    if rows > 6:
-        nonfinite[6, 0], nonfinite[6, k // 2] = np.inf, np.nan
-    # subnormal: f32/bf16 subnormal inputs and a capped S_enc (S_dec = 1/FLT_MAX is subnormal)
-    subnormal = normal * np.float32(1e-38)
-    subnormal[0] = normal[0] * np.float32(1e-40)
-    if rows > 2:
-        subnormal[2, 1:] = 0.0
-    return _bf16(np.stack([mixed, huge, small, nonfinite, subnormal]))
-
-
-CASE_NAMES = ("mixed", "huge", "small", "nonfinite", "subnormal")
-
-
-SUBNORMAL = CASE_NAMES.index("subnormal")
-
-
-def compared_cases(impl) -> list[int]:
-    """Indices of the value cases checked by the main tests: all but "subnormal".
-
-    The contract's fl() is IEEE f32, subnormals included. XLA:CPU runs with denormals
-    flushed (DAZ/FTZ: `jit(lambda x: x > 0)(1e-40)` is False there), so the reference on the
-    CPU and any interpret-mode kernel cannot produce IEEE bytes where an f32 subnormal
-    arises; the "subnormal" case is checked only for compiled kernels, against the NumPy
-    oracle (IEEE), in its own test (`test_configs_subnormal_ieee`), never against the CPU
-    reference.
-    """
-    del impl
-    return [i for i in range(len(CASE_NAMES)) if i != SUBNORMAL]
-
-
-# Shapes of the config sweep: odd M for 1D (masked row tail), 2D needs rows % 16 == 0.
-# K = 48 = 3 blocks: with the small-K backend options (e.g. Triton block_k=32) it spans two
-# chunks, the second one masked, so the chunk loop and the column masks run at tiny sizes.
-SWEEP_SHAPE_1D = (19, 48)
-SWEEP_SHAPE_2D = (32, 48)
-
-# (config, rows, K, input dtype) of the shape sweep, run with the backend's default options.
-SHAPE_CASES = tuple(
-    [(ref.NVFP4Config(scale="token", four_over_six="mse", fast_error=True), 5 if k < 8192 else 3, k,
-      np.float32 if k in (48, 1024) else ml_dtypes.bfloat16) for k in (16, 32, 48, 272, 1024, 8192)]
-    + [(ref.NVFP4Config(four_over_six="mae", e4m3_max=448), 7 if k < 8192 else 2, k, ml_dtypes.bfloat16)
-       for k in (272, 8192)]
-    + [(ref.NVFP4Config(block_2d=True, four_over_six="mse"), 16, k, np.float32) for k in (16, 272)]
+from tests.kernels.quant_cases import (
+    ALL_CONFIGS,
+    CASE_NAMES,
+    COMPARED_CASES,
+    DEQUANT_CONFIGS,
+    DEQUANT_DTYPES,
+    EXPERT_CASES,
+    SHAPE_CASES,
+    SUBNORMAL,
+    SWEEP_SHAPE_1D,
+    config_id,
+    expert_case_id,
+    expert_stack,
+    shape_case_id,
+    shape_inputs,
+    sweep_inputs,
+    value_cases,
 )
-
-
-def shape_case_id(case) -> str:
-    cfg, rows, k, dtype = case
-    return f"{config_id(cfg)}-{rows}x{k}-{np.dtype(dtype).name}"
-
-
-EXPERT_CASES = (  # (config, contraction_axis)
-    (ref.NVFP4Config(), 1),
-    (ref.NVFP4Config(block_2d=True, four_over_six="mae"), 1),
-    (ref.NVFP4Config(scale="token", four_over_six="mse", fast_error=True), 2),
-    (ref.NVFP4Config(four_over_six="mae", e4m3_max=448), 2),
-)
-EXPERT_SHAPE = (3, 48, 32)  # [E, K, N]
-
-
-def expert_case_id(case) -> str:
-    cfg, axis = case
-    return f"{config_id(cfg)}-{'EKN' if axis == 1 else 'ENK'}"
-
-
-def expert_stack(seed: int = 1) -> np.ndarray:
-    """w [E, K, N] bf16: experts of very different magnitudes; a NaN in expert 2 only."""
-    e, k, n = EXPERT_SHAPE
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((e, k, n)).astype(np.float32) * np.array([1e-3, 1.0, 1e3], np.float32)[:, None, None]
-    w[2, 7, 5] = np.nan
-    return _bf16(w)
-
-
-DEQUANT_CONFIGS = (
-    ref.NVFP4Config(),
-    ref.NVFP4Config(scale="token", four_over_six="mae"),
-    ref.NVFP4Config(block_2d=True, four_over_six="mse", e4m3_max=448),
-    ref.NVFP4Config(four_over_six="mse", e4m3_max=256, fast_error=True),
-)
-DEQUANT_DTYPES = (jnp.bfloat16, jnp.float32)
-
 
 # ----------------------------------------------------------------------------------------
 # Implementations under test
@@ -259,7 +132,7 @@ def reference_dequantize(t, dtype):
 
 
 # ----------------------------------------------------------------------------------------
-# Grouped, cached execution (one compile per group)
+# Cached execution (one jitted program per case)
 # ----------------------------------------------------------------------------------------
 
 
@@ -292,18 +165,6 @@ def config_result(impl: Impl, config: ref.NVFP4Config):
             return _host(quantize(sweep_inputs(config)))
 
     return _cached((impl, "configs", config), compute)
-
-
-def sweep_inputs(config) -> np.ndarray:
-    return value_cases(*SWEEP_SHAPE_2D, seed=2) if config.block_2d else value_cases(*SWEEP_SHAPE_1D)
-
-
-def shape_inputs(case) -> np.ndarray:
-    cfg, rows, k, dtype = case
-    rng = np.random.default_rng(rows * 10007 + k)
-    x = rng.standard_normal((rows, k)).astype(np.float32) * np.exp2(rng.integers(-8, 9, size=(rows, 1)))
-    x[min(1, rows - 1)] = 0.0  # a zero row (token: A = 0 -> S_enc = 1)
-    return x.astype(dtype)
 
 
 def shape_result(impl: Impl, case):
@@ -443,7 +304,7 @@ class QuantSuite:
         xs = sweep_inputs(config)
 
         def check():
-            for i in compared_cases(self.impl):
+            for i in COMPARED_CASES:
                 assert_tensor_equal(_index(out, i), oracle_for(xs[i], config), f"{config_id(config)} {CASE_NAMES[i]}")
 
         self._check("configs", config_id(config), check)
@@ -470,7 +331,7 @@ class QuantSuite:
     def test_dequantize_matches_oracle(self, config, dtype):
         out = dequant_result(self.impl, config, dtype)
         t = dequant_input(config)
-        for i in compared_cases(self.impl):
+        for i in COMPARED_CASES:
             case = CASE_NAMES[i]
             expected = oracle.dequantize(t.codes[i], _scale_bytes(t.scales[i]), t.amax[i], config.e4m3_bound,
                                          jnp.dtype(dtype))
@@ -555,7 +416,7 @@ class KernelQuantSuite(QuantSuite):
         out, expected = config_result(self.impl, config), config_result(REFERENCE, config)
 
         def check():
-            for i in compared_cases(REFERENCE):
+            for i in COMPARED_CASES:
                 assert_tensor_equal(_index(out, i), _index(expected, i), f"{config_id(config)} {CASE_NAMES[i]}")
 
         check_against_reference("configs", config_id(config), check)
@@ -575,7 +436,7 @@ class KernelQuantSuite(QuantSuite):
     @pytest.mark.parametrize("config", DEQUANT_CONFIGS, ids=config_id)
     def test_dequantize_matches_reference(self, config, dtype):
         out, expected = dequant_result(self.impl, config, dtype), dequant_result(REFERENCE, config, dtype)
-        for i in compared_cases(REFERENCE):
+        for i in COMPARED_CASES:
             assert_float_bits_equal(out[i], expected[i],
                                     f"dequantize {config_id(config)} {jnp.dtype(dtype).name} {CASE_NAMES[i]}")
 
@@ -625,7 +486,7 @@ class KernelQuantSuite(QuantSuite):
         """The "subnormal" value case, IEEE (NumPy oracle), for compiled kernels only.
 
         It probes the GPU's subnormal handling (no FTZ), which nothing on XLA:CPU can
-        reproduce (see `compared_cases`).
+        reproduce (see `quant_cases.COMPARED_CASES`).
         """
         if not self.impl.ieee_subnormals:
             pytest.skip("XLA:CPU flushes f32 subnormals (DAZ/FTZ): only a compiled kernel can be IEEE here")
