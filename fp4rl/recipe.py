@@ -94,8 +94,10 @@ BF16 = SiteConfig()
 class PrecisionRecipe:
     """Per site kind the SiteConfig, plus the selective-high-precision rule.
 
-    keep_last_fraction: the last ceil(fraction * L) layers (at least one when > 0) run every
-      site in BF16; 0 disables the rule.
+    keep_last_fraction: the last round(fraction * L) layers (half up, at least one when > 0) run
+      every site in BF16; 0 disables the rule. Rounding to nearest keeps the kept share close to
+      the fraction (0.15 keeps 1 of 6-9 layers, 2 of 10-16, 3 of 17-23: 12-19% from 6 layers on,
+      the seed's "last ~15%"); rounding up would keep 2 of 7 or 8 (25-29%).
     Router, embeddings and LM head are BF16 in every preset; norms are never quantized.
     """
 
@@ -114,10 +116,15 @@ class PrecisionRecipe:
             raise ValueError(f"keep_last_fraction={self.keep_last_fraction} must be in [0, 1)")
 
     def num_high_precision_layers(self, num_layers: int) -> int:
-        """ceil(fraction * L) rounded up to at least one layer when the rule is on."""
+        """round(fraction * L), half up, and at least one layer when the rule is on."""
         if self.keep_last_fraction == 0.0:
             return 0
-        return max(1, math.ceil(self.keep_last_fraction * num_layers - 1e-9))
+        return max(1, math.floor(self.keep_last_fraction * num_layers + 0.5 + 1e-9))
+
+    def high_precision_summary(self, num_layers: int) -> str:
+        """"k of L layers kept in BF16 (p%)": the line every report states for this recipe."""
+        k = self.num_high_precision_layers(num_layers)
+        return f"{k} of {num_layers} layers kept in BF16 ({100 * k / num_layers:.1f}%)"
 
     def site(self, kind: str, layer: int | None, num_layers: int) -> SiteConfig:
         """The SiteConfig of site `kind` in layer `layer` of `num_layers` (layer None: embed/head)."""
@@ -162,8 +169,12 @@ class PrecisionRecipe:
         return tuple(PRESETS)
 
 
-def _arm(name: str, *, dq: bool, four_over_six: bool, high_precision: bool, fmt: str = "nvfp4") -> PrecisionRecipe:
-    """One ablation arm of RL.md: NVFP4 everywhere except router, embeddings and head.
+def _arm(name: str, *, dq: bool, four_over_six: bool, high_precision: bool, fmt: str = "nvfp4",
+         attention: bool = False) -> PrecisionRecipe:
+    """One ablation arm of RL.md: the MoE linears in NVFP4 (routed experts, and the shared expert
+    unless intervention 3 keeps it BF16); attention, dense MLPs, router, embeddings and head stay
+    BF16, as in the seed. `attention=True` also quantizes attention (q|k|v, o) and the dense MLPs:
+    the named extra variants `*+attn`, not part of the nine arms.
 
     Without the dequantized backward, the baseline is the NVFP4 pretraining recipe's
     quantized backward (SR gradients, RHT on wgrad, 16x16 weight blocks); for the MXFP8
@@ -177,8 +188,8 @@ def _arm(name: str, *, dq: bool, four_over_six: bool, high_precision: bool, fmt:
         name=name,
         routed_experts=quantized,
         shared_expert=BF16 if high_precision else quantized,
-        dense_mlp=quantized,
-        attention=quantized,
+        dense_mlp=quantized if attention else BF16,
+        attention=quantized if attention else BF16,
         keep_last_fraction=0.15 if high_precision else 0.0,
     )
 
@@ -195,6 +206,9 @@ PRESETS: dict[str, PrecisionRecipe] = {
     "full-hp": _arm("full-hp", dq=True, four_over_six=True, high_precision=False),
     "mxfp8": _arm("mxfp8", dq=False, four_over_six=False, high_precision=False, fmt="mxfp8"),
     "mxfp8+dq": _arm("mxfp8+dq", dq=True, four_over_six=False, high_precision=False, fmt="mxfp8"),
+    # Extra variants: attention and dense MLPs quantized too (beyond the seed's recipe).
+    "nvfp4+attn": _arm("nvfp4+attn", dq=False, four_over_six=False, high_precision=False, attention=True),
+    "full+attn": _arm("full+attn", dq=True, four_over_six=True, high_precision=True, attention=True),
 }
 
 ABLATION_ARMS = ("bf16", "nvfp4", "+dq", "+46", "+hp", "full", "full-dq", "full-46", "full-hp")

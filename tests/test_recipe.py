@@ -26,7 +26,8 @@ def test_presets_follow_the_ablation_table(name):
     assert site.format == "nvfp4" and site.act_scale == "token"
     assert site.backward == ("dequantized" if dq else "quantized")
     assert (site.weight_46, site.act_46) == (("mae", "mae") if four_over_six else (None, None))
-    assert recipe.site("attention", 0, num_layers).format == "nvfp4"
+    for kind in ("attention", "dense_mlp"):  # only the MoE linears are NVFP4 (RL.md)
+        assert recipe.site(kind, 0, num_layers) == BF16
     assert (recipe.site("shared_expert", 0, num_layers) == BF16) == high_precision
     last = [recipe.site("routed_experts", layer, num_layers) == BF16 for layer in range(num_layers)]
     assert last == [False] * 17 + [high_precision] * 3
@@ -40,9 +41,24 @@ def test_bf16_arm_is_bf16_everywhere():
         assert recipe.site(kind, 0, 4) == BF16
 
 
-@pytest.mark.parametrize("num_layers, kept", [(1, 1), (4, 1), (7, 2), (8, 2), (20, 3), (48, 8)])
-def test_selective_precision_rounds_up_to_at_least_one_layer(num_layers, kept):
+@pytest.mark.parametrize("num_layers, kept", [(1, 1), (2, 1), (4, 1), (7, 1), (8, 1), (10, 2), (13, 2), (20, 3), (48, 7)])
+def test_selective_precision_rounds_to_nearest_and_keeps_at_least_one_layer(num_layers, kept):
     assert PrecisionRecipe.from_name("full").num_high_precision_layers(num_layers) == kept
+
+
+@pytest.mark.parametrize("num_layers", range(1, 65))
+def test_kept_fraction_is_12_to_19_percent_wherever_a_depth_allows_it(num_layers):
+    """RL.md: "last ~15%" means a kept share of 12-19% of the layers. Depths 1-5, 9 and 10 have
+    no such share (1 of 9 is 11%, 2 of 10 is 20%); at every other depth the rule lands in it."""
+    possible = any(0.12 <= k / num_layers <= 0.19 for k in range(1, num_layers))
+    assert possible == (num_layers not in (1, 2, 3, 4, 5, 9, 10))
+    kept = PrecisionRecipe.from_name("full").num_high_precision_layers(num_layers)
+    assert (0.12 <= kept / num_layers <= 0.19) == possible, (num_layers, kept)
+
+
+def test_high_precision_summary_states_k_of_l():
+    assert PrecisionRecipe.from_name("full").high_precision_summary(8) == "1 of 8 layers kept in BF16 (12.5%)"
+    assert PrecisionRecipe.from_name("nvfp4").high_precision_summary(8) == "0 of 8 layers kept in BF16 (0.0%)"
 
 
 def test_mxfp8_validation_presets():

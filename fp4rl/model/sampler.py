@@ -10,9 +10,10 @@ recipe, max_new_tokens and shapes); it may also be called inside a caller's jit.
 
 Outputs, for new-token index t < T_new = max_new_tokens:
 - tokens [B, T_new]: sampled ids, `pad_id` after a row's stop (its EOS is kept);
-- logprobs [B, T_new]: log softmax of the **raw** logits (temperature 1, no top-p) at the
-  sampled token, i.e. the policy's log-prob that the trainer recomputes; 0 after the stop.
-  Temperature and top-p shape only the sampling distribution.
+- logprobs [B, T_new]: log softmax of logits / temperature (the distribution the token was
+  drawn from, before the top-p truncation; the raw logits for greedy decoding) at the sampled
+  token, i.e. the policy's log-prob that the trainer recomputes at the same temperature; 0 after
+  the stop.
 - lengths [B]: generated tokens per row, EOS included;
 - router_topk [L_moe, B, T_new, k]: the experts of the position whose logits produced token t
   (the last prompt token for t = 0, new token t - 1 after), i.e. the same positions at which the
@@ -88,8 +89,9 @@ def sample_token(logits_BxV, key, temperature, top_p):
     return jnp.where(temperature > 0, sampled, jnp.argmax(logits_BxV, axis=-1)).astype(jnp.int32)
 
 
-def _token_logprob(logits_BxV, token_B):
-    logp_BxV = jax.nn.log_softmax(logits_BxV.astype(F32), axis=-1)
+def _token_logprob(logits_BxV, token_B, temperature):
+    t = jnp.asarray(temperature, F32)
+    logp_BxV = jax.nn.log_softmax(logits_BxV.astype(F32) / jnp.where(t > 0, t, F32(1)), axis=-1)
     return jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0]
 
 
@@ -135,7 +137,7 @@ def _generate(graphdef, recipe, impl, T, qparams, prompt_BxP, prompt_lengths_B, 
         key, sample_key = jax.random.split(key)
         token_B = sample_token(logits_BxV, sample_key, temperature, top_p)
         token_B = jnp.where(done_B, pad_id, token_B)
-        logp_B = jnp.where(done_B, 0.0, _token_logprob(logits_BxV, token_B))
+        logp_B = jnp.where(done_B, 0.0, _token_logprob(logits_BxV, token_B, temperature))
         topk_MxBxK = jnp.where(done_B[None, :, None], -1, topk_MxBxK)
         out = (tokens.at[:, t].set(token_B), logprobs.at[:, t].set(logp_B),
                lengths + (~done_B).astype(jnp.int32), topk.at[:, :, t].set(topk_MxBxK))

@@ -75,22 +75,32 @@ def _adv_NxT(advantages):
     return advantages[:, None] if advantages.ndim == 1 else advantages
 
 
-def _clipped_surrogate(logp_new_NxT, logp_old_NxT, adv_NxT, mask_NxT, eps_low, eps_high):
-    """PPO token terms -min(r*A, clip(r)*A) and the clip/ratio statistics."""
+def _clipped_surrogate(logp_new_NxT, logp_old_NxT, adv_NxT, mask_NxT, eps_low, eps_high, dual_clip=None):
+    """PPO token terms -min(r*A, clip(r)*A) and the clip/ratio statistics.
+
+    dual_clip c (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL", eq. 5;
+    verl's clip_ratio_c): a negative-advantage token's term is capped at -A * c, so its ratio
+    counts at most c and, past it, the token gets no gradient."""
     # Zero the log-ratio on padding: exp(garbage) = inf there would make the backward
     # pass NaN even through a `where` (0 * inf).
     log_ratio = jnp.where(mask_NxT, logp_new_NxT - logp_old_NxT, 0.0)
     ratio = jnp.exp(log_ratio)
     pg_NxT = jnp.maximum(-adv_NxT * ratio, -adv_NxT * jnp.clip(ratio, 1 - eps_low, 1 + eps_high))
+    dual = jnp.zeros_like(pg_NxT, bool)
+    if dual_clip is not None:
+        dual = (adv_NxT < 0) & (pg_NxT > -adv_NxT * dual_clip)
+        pg_NxT = jnp.where(dual, -adv_NxT * dual_clip, pg_NxT)
     stats = {
         # The clip is active (the token gets no gradient) when the clipped branch wins:
         # A > 0 with r > 1+eps_high (upper) or A < 0 with r < 1-eps_low (lower).
         "clip_frac_upper": masked_mean((adv_NxT > 0) & (ratio > 1 + eps_high), mask_NxT),
         "clip_frac_lower": masked_mean((adv_NxT < 0) & (ratio < 1 - eps_low), mask_NxT),
+        "clip_frac_dual": masked_mean(dual, mask_NxT),
         # KL(old || new), tokens sampled from old: k3 with p = old, q = new.
         "approx_kl": masked_mean(kl_k3(jnp.zeros_like(log_ratio), log_ratio), mask_NxT),
         "ratio_mean": masked_mean(ratio, mask_NxT),
         "ratio_max": jnp.max(jnp.where(mask_NxT, ratio, 0.0)),
+        "ratio_min": jnp.where(jnp.any(mask_NxT), jnp.min(jnp.where(mask_NxT, ratio, jnp.inf)), 0.0),
     }
     return pg_NxT, stats
 
@@ -103,6 +113,8 @@ def token_level_dapo_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.28,
     tis_weight_NxT=None,
+    *,
+    dual_clip: float | None = None,
 ):
     """DAPO policy loss: clip-higher PPO surrogate, mean over ALL response tokens.
 
@@ -110,11 +122,12 @@ def token_level_dapo_loss(
     responses are not down-weighted as in GRPO's per-sequence mean. No KL, no entropy
     term. `advantages` is [N] (broadcast over tokens) or [N, T]. `tis_weight_NxT`
     (optional, see `tis_weights`) multiplies each token's term; it is stop-gradiented.
-    Returns (loss, stats) with stats clip_frac_upper/lower, approx_kl, ratio_mean/max.
+    dual_clip: see `_clipped_surrogate` (None: off).
+    Returns (loss, stats) with stats clip_frac_upper/lower/dual, approx_kl, ratio_mean/max/min.
     """
     adv_NxT = _adv_NxT(advantages)
     pg_NxT, stats = _clipped_surrogate(
-        logp_new_NxT, logp_old_NxT, adv_NxT, mask_NxT, eps_low, eps_high
+        logp_new_NxT, logp_old_NxT, adv_NxT, mask_NxT, eps_low, eps_high, dual_clip
     )
     if tis_weight_NxT is not None:
         pg_NxT = pg_NxT * jax.lax.stop_gradient(tis_weight_NxT)
@@ -130,6 +143,7 @@ def grpo_loss(
     *,
     kl_coef: float,
     eps: float = 0.2,
+    dual_clip: float | None = None,
 ):
     """GRPO loss (diagnostic arm): symmetric clip, k3 KL to the reference, sequence mean.
 
@@ -139,7 +153,7 @@ def grpo_loss(
     Returns (loss, stats): the `token_level_dapo_loss` stats plus kl_ref (token mean).
     """
     adv_NxT = _adv_NxT(advantages)
-    pg_NxT, stats = _clipped_surrogate(logp_new_NxT, logp_old_NxT, adv_NxT, mask_NxT, eps, eps)
+    pg_NxT, stats = _clipped_surrogate(logp_new_NxT, logp_old_NxT, adv_NxT, mask_NxT, eps, eps, dual_clip)
     # k3 depends on log q - log p only; zero it on padding (as in _clipped_surrogate).
     log_r = jnp.where(mask_NxT, logp_ref_NxT - logp_new_NxT, 0.0)
     kl_NxT = kl_k3(jnp.zeros_like(log_r), log_r)
@@ -173,7 +187,9 @@ def mismatch_stats(logp_trainer_NxT, logp_sampler_NxT, mask_NxT):
     }
 
 
-def token_entropy(logits_NxTxV):
-    """Per-token entropy of the softmax, [N, T] (logged, never in the DAPO loss)."""
-    logp = jax.nn.log_softmax(logits_NxTxV.astype(jnp.float32), axis=-1)
+def token_entropy(logits_NxTxV, temperature=1.0):
+    """Per-token entropy of softmax(logits / temperature), [N, T] (logged, never in the DAPO loss);
+    temperature <= 0 (greedy) measures the raw logits."""
+    t = jnp.asarray(temperature, jnp.float32)
+    logp = jax.nn.log_softmax(logits_NxTxV.astype(jnp.float32) / jnp.where(t > 0, t, 1.0), axis=-1)
     return -jnp.sum(jnp.exp(logp) * logp, axis=-1)

@@ -36,10 +36,12 @@ def truncate_after(path: Path, step: int) -> None:
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True):
+    """Appends records to `<run_dir>/<filename>` (and TensorBoard scalars, when on)."""
+
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True, filename: str = "metrics.jsonl"):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / "metrics.jsonl"
+        self.path = self.run_dir / filename
         self._file = self.path.open("a")
         self._tb = None
         if tensorboard:

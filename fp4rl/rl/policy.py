@@ -69,10 +69,16 @@ def group_norms(grads, masks) -> dict[str, jax.Array]:
     return out
 
 
-def next_token_logprobs(logits_NxLxV, tokens_NxL):
-    """log p(token_t | tokens_<t) for t = 1..L-1: [N, L-1], in float32."""
-    logp = jax.nn.log_softmax(logits_NxLxV[:, :-1].astype(jnp.float32), axis=-1)
-    return jnp.take_along_axis(logp, tokens_NxL[:, 1:, None], axis=-1)[..., 0]
+def next_token_logprobs(logits_NxLxV, tokens_NxL, temperature=1.0):
+    """log p(token_t | tokens_<t) for t = 1..L-1: [N, L-1], in float32, under the sampling
+    distribution softmax(logits / temperature) (temperature 0, greedy, scores the raw logits)."""
+    return jnp.take_along_axis(_logp_V(logits_NxLxV[:, :-1], temperature), tokens_NxL[:, 1:, None], axis=-1)[..., 0]
+
+
+def _logp_V(logits, temperature):
+    """log softmax of logits / temperature in float32 (temperature <= 0: the raw logits)."""
+    t = jnp.asarray(temperature, jnp.float32)
+    return jax.nn.log_softmax(logits.astype(jnp.float32) / jnp.where(t > 0, t, 1.0), axis=-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,69 +109,145 @@ jax.tree_util.register_dataclass(
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
+    """kind: "dapo" (token-level clip-higher) or "grpo" (diagnostic arm).
+
+    dual_clip: cap on the ratio term of negative-advantage tokens (Ye et al. 2020, "dual-clip
+      PPO"; verl's clip_ratio_c, default 3): with A < 0 a token's loss is at most -A * dual_clip,
+      so a token the new policy likes far more than the old one cannot dominate the update.
+      None disables it.
+    tis / tis_cap: token-level truncated importance sampling against the sampler's log-probs.
+    kl_coef: GRPO's k3 KL to the reference (GRPO only).
+    """
+
     kind: str = "dapo"  # "dapo" | "grpo"
     eps_low: float = 0.2
     eps_high: float = 0.28
+    dual_clip: float | None = 3.0
     tis: bool = False
     tis_cap: float = 2.0
     kl_coef: float = 0.0  # GRPO only
 
+    def __post_init__(self):
+        if self.kind not in LOSS_KINDS:
+            raise ValueError(f"loss.kind={self.kind!r}; valid options: {LOSS_KINDS}")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"loss.dual_clip={self.dual_clip} must be > 1 (or none to disable it)")
 
-def response_logprobs_fn(graphdef, recipe: PrecisionRecipe, prompt_len: int, impl: str = "auto") -> Callable:
+
+LOSS_KINDS = ("dapo", "grpo")
+
+
+def _response_forward(graphdef, recipe: PrecisionRecipe, prompt_len: int, impl: str, temperature: float):
+    """Per seed: `(params, tokens, valid, key) -> ((logp_NxTr, aux_loss), (logits_NxTrxV, router_topk))`,
+    the one forward that both the update and every log-prob the trainer uses go through."""
+
+    def run(params, tokens_NxL, valid_NxL, key):
+        logits, aux = transformer.forward(graphdef, params, tokens_NxL, recipe, key=key, impl=impl, valid=valid_NxL)
+        logp = next_token_logprobs(logits, tokens_NxL, temperature)[:, prompt_len - 1 :]
+        # The router's top-k at the positions that predicted the response tokens (the sampler
+        # records the choices of the token it feeds, t - 1).
+        return (logp, aux["aux_loss"]), (logits[:, prompt_len - 1 : -1], aux["router_topk"][:, :, prompt_len - 1 : -1])
+
+    return run
+
+
+def response_logprobs_fn(graphdef, recipe: PrecisionRecipe, prompt_len: int, impl: str = "auto",
+                         temperature: float = 1.0) -> Callable:
     """Per seed: `response_logprobs(params, tokens, valid) -> (logp_NxTr, router_topk)`, the
     forward only (under `recipe.forward_only()`: the backward mode cannot change the values, and
-    without it the program is the same for arms that differ only in their backward)."""
-    forward_recipe = recipe.forward_only()
+    without it the program is the same for arms that differ only in their backward). For tests
+    and measurements; the trainer's own log-probs come from its update program (`make_functions`)."""
+    forward = _response_forward(graphdef, recipe.forward_only(), prompt_len, impl, temperature)
 
     def response_logprobs(params, tokens_NxL, valid_NxL):
-        """Log-probs of the response tokens, and the router's top-k at the positions that
-        predicted them (the sampler records the choices of the token it feeds, t - 1)."""
-        logits, aux = transformer.forward(graphdef, params, tokens_NxL, forward_recipe, impl=impl, valid=valid_NxL)
-        return next_token_logprobs(logits, tokens_NxL)[:, prompt_len - 1 :], aux["router_topk"][:, :, prompt_len - 1 : -1]
+        (logp, _), (_, topk) = forward(params, tokens_NxL, valid_NxL, None)
+        return logp, topk
 
     return response_logprobs
 
 
-def make_functions(graphdef, recipe: PrecisionRecipe, optimizer: optax.GradientTransformation, loss: LossConfig,
-                   aux_loss_coef: float, prompt_len: int, masks, impl: str = "auto") -> dict[str, Callable]:
-    """Per-seed pure functions: `response_logprobs(params, tokens, valid) -> (logp_NxTr, router_topk)`
-    (see `response_logprobs_fn`) and `update(params, opt_state, batch, key, skip_nonfinite) ->
-    (params, opt_state, metrics)`."""
-    response_logprobs = response_logprobs_fn(graphdef, recipe, prompt_len, impl)
+def objective(loss: LossConfig, aux_loss_coef: float):
+    """`(logp_NxTr, aux_loss, batch) -> (total, stats)`: the policy loss of `loss` on the
+    response log-probs plus the weighted load-balancing loss."""
 
-    def loss_fn(params, batch: Batch, key):
-        logits, aux = transformer.forward(graphdef, params, batch.tokens_NxL, recipe, key=key, impl=impl, valid=batch.valid_NxL)
-        logp = next_token_logprobs(logits, batch.tokens_NxL)[:, prompt_len - 1 :]
+    def total_loss(logp, aux_loss, batch: Batch):
         mask = batch.response_mask_NxTr
         if loss.kind == "dapo":
             tis = dapo.tis_weights(batch.logp_old_NxTr, batch.logp_sampler_NxTr, loss.tis_cap) if loss.tis else None
-            pg, stats = dapo.token_level_dapo_loss(logp, batch.logp_old_NxTr, batch.advantages_N, mask, loss.eps_low, loss.eps_high, tis)
+            pg, stats = dapo.token_level_dapo_loss(logp, batch.logp_old_NxTr, batch.advantages_N, mask, loss.eps_low,
+                                                   loss.eps_high, tis, dual_clip=loss.dual_clip)
         else:
-            pg, stats = dapo.grpo_loss(logp, batch.logp_old_NxTr, batch.logp_ref_NxTr, batch.advantages_N, mask, kl_coef=loss.kl_coef, eps=loss.eps_low)
-        entropy = dapo.masked_mean(dapo.token_entropy(logits[:, prompt_len - 1 : -1]), mask)
-        total = pg + aux_loss_coef * aux["aux_loss"]
-        stats = {**stats, "entropy": entropy, "loss/policy": pg, "loss/aux": aux["aux_loss"]}
-        return total, stats
+            pg, stats = dapo.grpo_loss(logp, batch.logp_old_NxTr, batch.logp_ref_NxTr, batch.advantages_N, mask,
+                                       kl_coef=loss.kl_coef, eps=loss.eps_low, dual_clip=loss.dual_clip)
+        return pg + aux_loss_coef * aux_loss, {**stats, "loss/policy": pg, "loss/aux": aux_loss}
 
-    def update(params, opt_state, batch: Batch, key, skip_nonfinite: bool):
-        (total, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
+    return total_loss
+
+
+def make_loss_fn(graphdef, recipe: PrecisionRecipe, loss: LossConfig, aux_loss_coef: float, prompt_len: int,
+                 impl: str = "auto", temperature: float = 1.0) -> Callable:
+    """Per seed: `loss_fn(params, batch, key) -> (total, stats)`, differentiable in params (the
+    update's loss; `jax.grad` of it is the recipe's gradient, e.g. for `fp4rl.rl.gradients`)."""
+    forward = _response_forward(graphdef, recipe, prompt_len, impl, temperature)
+    total_loss = objective(loss, aux_loss_coef)
+
+    def loss_fn(params, batch: Batch, key):
+        (logp, aux_loss), _ = forward(params, batch.tokens_NxL, batch.valid_NxL, key)
+        return total_loss(logp, aux_loss, batch)
+
+    return loss_fn
+
+
+def make_functions(graphdef, recipe: PrecisionRecipe, optimizer: optax.GradientTransformation, loss: LossConfig,
+                   aux_loss_coef: float, prompt_len: int, masks, impl: str = "auto",
+                   temperature: float = 1.0) -> dict[str, Callable]:
+    """Per-seed pure functions: `response_logprobs` (see `response_logprobs_fn`) and
+    `update(params, opt_state, batch, key, apply, skip_nonfinite) -> (params, opt_state, metrics)`.
+
+    One program serves two passes. With `apply` False (a runtime bool) it only runs the forward
+    and returns `metrics["logp"]` and `metrics["router_topk"]`, leaving params and optimizer state
+    as they were: the trainer takes the old (and reference) log-probs of every mini-batch this way,
+    so the first update of a step recomputes them bit for bit (importance ratio exactly 1) in any
+    compute dtype. With `apply` True it also runs the backward and the AdamW step. The update is
+    skipped (state kept, `metrics["skipped"]`) when the mini-batch has no loss token (dynamic
+    sampling left it empty: Adam would otherwise step on its momentum alone) or, with
+    `skip_nonfinite`, when the loss, gradient or update is not finite.
+    """
+    forward = _response_forward(graphdef, recipe, prompt_len, impl, temperature)
+    total_loss = objective(loss, aux_loss_coef)
+
+    def update(params, opt_state, batch: Batch, key, apply, skip_nonfinite: bool):
+        (logp, aux_loss), backward, (logits, router_topk) = jax.vjp(
+            lambda p: forward(p, batch.tokens_NxL, batch.valid_NxL, key), params, has_aux=True)
+        (total, stats), (dlogp, daux) = jax.value_and_grad(
+            lambda lp, al: total_loss(lp, al, batch), argnums=(0, 1), has_aux=True)(logp, aux_loss)
+        # The backward runs only in the update pass; the forward above is shared by both passes.
+        grads = jax.lax.cond(apply, lambda: backward((dlogp, daux))[0], lambda: jax.tree.map(jnp.zeros_like, params))
         grad_norm = optax.tree.norm(grads)
-        nonfinite = ~(jnp.isfinite(total) & jnp.isfinite(grad_norm))
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
-        if skip_nonfinite:  # keep the old state: the step is skipped and logged as such
-            keep = lambda new, old: jnp.where(nonfinite, old, new)  # noqa: E731
-            new_params = jax.tree.map(keep, new_params, params)
-            new_opt_state = jax.tree.map(keep, new_opt_state, opt_state)
-        metrics = {"loss/total": total, "grad_norm/global": grad_norm, "nonfinite": nonfinite, **stats, **group_norms(grads, masks)}
+        nonfinite = ~(jnp.isfinite(total) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates)))
+        empty = ~jnp.any(batch.response_mask_NxTr)
+        skipped = empty | (nonfinite if skip_nonfinite else False)
+        keep = ~jnp.asarray(apply) | skipped
+        new_params = jax.tree.map(lambda new, old: jnp.where(keep, old, new), new_params, params)
+        new_opt_state = jax.tree.map(lambda new, old: jnp.where(keep, old, new), new_opt_state, opt_state)
+        entropy = dapo.masked_mean(dapo.token_entropy(logits, temperature), batch.response_mask_NxTr)
+        metrics = {"loss/total": total, "grad_norm/global": grad_norm, "nonfinite": nonfinite, "empty": empty,
+                   "skipped": skipped, "entropy": entropy, "logp": logp, "router_topk": router_topk,
+                   **stats, **group_norms(grads, masks)}
         return new_params, new_opt_state, metrics
 
-    return {"response_logprobs": response_logprobs, "update": update}
+    return {"response_logprobs": response_logprobs_fn(graphdef, recipe, prompt_len, impl, temperature), "update": update}
 
 
 def make_optimizer(lr: float, warmup_steps: int, weight_decay: float, b1: float, b2: float, clip_norm: float) -> optax.GradientTransformation:
-    """AdamW with linear warm-up then constant LR, after clipping the global norm (RL.md)."""
-    schedule = optax.join_schedules(
-        [optax.linear_schedule(0.0, lr, max(warmup_steps, 1)), optax.constant_schedule(lr)], [max(warmup_steps, 1)]
-    )
+    """AdamW after clipping the global norm (RL.md), with a linear warm-up to `lr` over the first
+    `warmup_steps` updates that starts at lr / warmup_steps, not at 0 (a first update at LR 0
+    would move nothing while still advancing Adam's moments), then a constant LR."""
+    warmup = max(warmup_steps, 1)
+
+    def schedule(count):
+        return lr * jnp.minimum(1.0, (count + 1) / warmup)
+
     return optax.chain(optax.clip_by_global_norm(clip_norm), optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))

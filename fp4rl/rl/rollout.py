@@ -50,12 +50,14 @@ class GroupPool:
     dropped: int = 0
     correct: int = 0  # sampled responses that were right, over every generation batch
     sampled: int = 0
+    reward_sum: float = 0.0  # shaped reward of every sampled response
     last: tuple | None = None  # (Generation, shaped_PxG, keep_P) of the latest batch
 
     def add(self, gen: Generation, correct_PxG, shaped_PxG) -> None:
         keep = np.asarray(dapo.dynamic_sampling_keep(correct_PxG))
         self.correct += int((correct_PxG > 0).sum())
         self.sampled += correct_PxG.size
+        self.reward_sum += float(np.sum(shaped_PxG))
         self.generated += len(keep)
         self.dropped += int((~keep).sum())
         for p in np.flatnonzero(keep):
@@ -65,7 +67,13 @@ class GroupPool:
 
     @property
     def accuracy(self) -> float:
+        """Population accuracy: all sampled responses, before dynamic sampling drops any."""
         return self.correct / max(self.sampled, 1)
+
+    @property
+    def reward_mean(self) -> float:
+        """Population reward (shaped): all sampled responses, before dynamic sampling drops any."""
+        return self.reward_sum / max(self.sampled, 1)
 
     @property
     def full(self) -> bool:
@@ -84,6 +92,16 @@ class GroupPool:
             groups.append((gen, p % len(keep), shaped[p % len(keep)], False))
             p += 1
         return groups
+
+
+def balanced(groups: list, mini_batches: int) -> list:
+    """Reorder `filled()` groups so that consecutive slices of len/mini_batches groups (the
+    mini-batches) each get an equal share, +-1, of the kept groups: group i goes to mini-batch
+    i % mini_batches. `filled()` lists the kept groups first, so without this a step that kept
+    half the groups or fewer would give its last mini-batch none (an update on momentum alone)."""
+    if len(groups) % mini_batches:
+        raise ValueError(f"{len(groups)} groups do not split into {mini_batches} equal mini-batches")
+    return [groups[i] for m in range(mini_batches) for i in range(m, len(groups), mini_batches)]
 
 
 def training_arrays(groups: list, group_size: int) -> dict[str, np.ndarray]:

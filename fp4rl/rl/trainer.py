@@ -51,7 +51,13 @@ class RLConfig:
 
     init: the warm-up run directory (its checkpoint is the start and the KL reference).
     prompts_per_step x group_size responses are trained on per step, in `mini_batches`
-    updates; `max_gen_batches` bounds dynamic sampling. prompt_len: max prompt tokens.
+    updates of whole groups (the kept groups spread evenly over them); `max_gen_batches` bounds
+    dynamic sampling. prompt_len: max prompt tokens. temperature: the sampling temperature; the
+    sampler's and the trainer's log-probs are both those of softmax(logits / temperature).
+    eval_every: held-out evaluation every this many steps (and at the last step; 0: never) on
+    `eval_prompts` problems of stream `eval_task_seed`: greedy accuracy (`eval/accuracy`, RL.md's
+    final accuracy) and sampled accuracy at `temperature` (`eval/sampled_accuracy`), the same
+    sampling keys at every evaluation so that differences between steps are not sampling noise.
     """
 
     arm: str = "bf16"
@@ -82,14 +88,19 @@ class RLConfig:
 
     def __post_init__(self):
         PrecisionRecipe.from_name(self.arm)  # names the valid arms on a typo
-        if self.loss.kind not in ("dapo", "grpo"):
-            raise ValueError(f"loss.kind={self.loss.kind!r}; valid options: ('dapo', 'grpo')")
-        if (self.prompts_per_step * self.group_size) % self.mini_batches:
-            raise ValueError(f"prompts_per_step*group_size={self.prompts_per_step * self.group_size} must be a multiple of {self.mini_batches=}")
+        if self.mini_batches < 1 or self.prompts_per_step % self.mini_batches:
+            raise ValueError(f"prompts_per_step={self.prompts_per_step} must be a multiple of {self.mini_batches=} "
+                             "(each mini-batch takes whole groups, balanced over the mini-batches)")
         if self.group_size < 2:
             raise ValueError(f"{self.group_size=} must be >= 2 (group-normalised advantages)")
         if self.seeds < 1 or self.steps < 1:
             raise ValueError(f"need {self.seeds=} >= 1 and {self.steps=} >= 1")
+
+
+# Per mini-batch update, one line each in <arm>/seed<k>/updates.jsonl (spike detection judges these).
+UPDATE_KEYS = ("empty", "skipped", "nonfinite", "grad_norm/global", "ratio_mean", "ratio_max", "ratio_min",
+               "clip_frac_upper", "clip_frac_lower", "clip_frac_dual", "approx_kl", "loss/policy")
+UPDATES_FILE = "updates.jsonl"
 
 
 def arm_dir(config: RLConfig) -> Path:
@@ -120,11 +131,11 @@ def _abstract(tree):
 
 
 @functools.lru_cache(maxsize=16)
-def _forward_programs(graphdef, model_config: ModelConfig, recipe: PrecisionRecipe, sampler, prompt_len: int, impl: str):
-    """(sync, sample, logprobs): the programs that run the forward only, jitted and vmapped over
-    a leading seed axis. `recipe` is a `forward_only()` view, so arms that differ only in their
-    backward (nvfp4/+dq, +46/full-hp, +hp/full-46, full/full-dq) get the same jitted functions:
-    in one process the second arm of such a pair traces, lowers and compiles none of them."""
+def _forward_programs(graphdef, model_config: ModelConfig, recipe: PrecisionRecipe, sampler, impl: str):
+    """(sync, sample): the programs that run the forward only, jitted and vmapped over a leading
+    seed axis. `recipe` is a `forward_only()` view, so arms that differ only in their backward
+    (nvfp4/+dq, +46/full-hp, +hp/full-46, full/full-dq) get the same jitted functions: in one
+    process the second arm of such a pair traces, lowers and compiles neither of them."""
     sample_one = evaluation.sample_fn(graphdef, recipe, sampler, impl)
 
     def sync(params):
@@ -133,9 +144,7 @@ def _forward_programs(graphdef, model_config: ModelConfig, recipe: PrecisionReci
     def sample(qparams, prompt_ids, prompt_mask, key, temperature):
         return sample_one(qparams, prompt_ids, prompt_mask, key, temperature)
 
-    logprobs = policy.response_logprobs_fn(graphdef, recipe, prompt_len, impl)
-    return (jax.jit(jax.vmap(sync)), jax.jit(jax.vmap(sample, in_axes=(0, 0, 0, 0, None))),
-            jax.jit(jax.vmap(logprobs)))
+    return jax.jit(jax.vmap(sync)), jax.jit(jax.vmap(sample, in_axes=(0, 0, 0, 0, None)))
 
 
 class Trainer:
@@ -154,16 +163,17 @@ class Trainer:
         self.optimizer = policy.make_optimizer(o.lr, o.warmup_steps, o.weight_decay, o.b1, o.b2, o.clip_norm)
         masks = policy.grad_group_masks(self.ref_params, self.model_config.num_layers)
         fns = policy.make_functions(self.graphdef, self.recipe, self.optimizer, config.loss, self.model_config.aux_loss_coef,
-                                    config.prompt_len, masks, config.impl)
+                                    config.prompt_len, masks, config.impl, config.temperature)
         skip = config.on_nonfinite == "skip"
 
-        def update(params, opt_state, batch, key):
-            return fns["update"](params, opt_state, batch, key, skip)
+        def update(params, opt_state, batch, key, apply):
+            return fns["update"](params, opt_state, batch, key, apply, skip)
 
-        self._update = jax.jit(jax.vmap(update))
+        # `apply` (not per seed): False runs the forward only (old and reference log-probs).
+        self._update = jax.jit(jax.vmap(update, in_axes=(0, 0, 0, 0, None)))
         scfg = evaluation.sampler_config(config.max_new_tokens, config.temperature, config.top_p)
-        self._sync, self._sample, self._logprobs = _forward_programs(
-            self.graphdef, self.model_config, self.recipe.forward_only(), scfg, config.prompt_len, config.impl)
+        self._sync, self._sample = _forward_programs(
+            self.graphdef, self.model_config, self.recipe.forward_only(), scfg, config.impl)
         self._eval_batches = (evaluation.held_out_prompts(config.task, config.eval_task_seed, config.eval_prompts,
                                                           config.prompt_len, config.prompts_per_step * config.group_size)
                               if config.eval_every else [])
@@ -180,7 +190,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ compiling ahead
     def compile_tasks(self) -> list[tuple[tuple, Callable[[], None]]]:
-        """Ahead-of-time compilation of the four programs of `step` and `evaluate`: (key, task) pairs.
+        """Ahead-of-time compilation of the three programs of `step` and `evaluate`: (key, task) pairs.
 
         A task lowers and compiles one program for the abstract arguments (shapes, dtypes, weak
         types) that `step` and `evaluate` pass it, which fills JAX's trace, lowering and executable
@@ -204,18 +214,14 @@ class Trainer:
             qparams = _abstract(jax.eval_shape(self._sync, state()["params"])[0])
             self._sample.lower(qparams, spec((S, R, P), i32), spec((S, R, P), bool), keys(), spec((), f32)).compile()
 
-        def logprobs():
-            self._logprobs.lower(state()["params"], spec((S, R, P + T), i32), spec((S, R, P + T), bool)).compile()
-
         def update():
             s = state()
             batch = policy.Batch(spec((S, n, P + T), i32), spec((S, n, P + T), bool), spec((S, n, T), bool),
                                  spec((S, n, T), f32), spec((S, n, T), f32), spec((S, n, T), f32), spec((S, n), f32))
-            self._update.lower(s["params"], s["opt_state"], batch, keys()).compile()
+            self._update.lower(s["params"], s["opt_state"], batch, keys(), spec((), bool)).compile()
 
         shapes = (S, R, P, T)
-        return [((self._sync, shapes), sync), ((self._sample, shapes), sample), ((self._logprobs, shapes), logprobs),
-                ((self._update, shapes, n), update)]
+        return [((self._sync, shapes), sync), ((self._sample, shapes), sample), ((self._update, shapes, n), update)]
 
     # ------------------------------------------------------------------ state
     def _fresh_state(self):
@@ -231,6 +237,10 @@ class Trainer:
         if step is None:
             return state, 0
         state, meta = self.ckpt.restore(step, state)
+        if meta.get("recipe") != self.recipe.to_json():
+            raise ValueError(f"{self.ckpt.directory} (step {step}) was trained under recipe {meta.get('recipe')}, "
+                             f"but this run asks for {self.recipe.to_json()}: resume with the arm it was started "
+                             "with, or start a new --out")
         state = _committed(state)
         for it, s in zip(self.iterators, meta["data_states"]):
             it.set_state(s)
@@ -273,41 +283,57 @@ class Trainer:
         t_start = time.time()
         qparams, sync_stats = self._sync(state["params"])
         pools, gen_batches, gen_time, gen_tokens = self._rollouts(qparams, step)
-        arrays = [rollout.training_arrays(p.filled(), c.group_size) for p in pools]
+        arrays = [rollout.training_arrays(rollout.balanced(p.filled(), c.mini_batches), c.group_size) for p in pools]
         # explicit dtypes: the programs were compiled ahead for exactly these (compile_tasks)
         dtypes = {"tokens": jnp.int32, "valid": bool, "response_mask": bool, "logp_sampler": jnp.float32,
                   "advantages": jnp.float32}
         stacked = _committed({k: np.asarray(np.stack([a[k] for a in arrays]), dtypes.get(k)) for k in arrays[0]})
-        logp_old, trainer_topk = self._logprobs(state["params"], stacked["tokens"], stacked["valid"])
-        logp_ref, _ = self._logprobs(self.ref_params_S, stacked["tokens"], stacked["valid"])
-        batch = policy.Batch(stacked["tokens"], stacked["valid"], stacked["response_mask"], logp_old,
-                             stacked["logp_sampler"], logp_ref, stacked["advantages"])
+        unknown = jnp.zeros_like(stacked["logp_sampler"])  # old/reference log-probs, filled in below
+        batch = policy.Batch(stacked["tokens"], stacked["valid"], stacked["response_mask"], unknown,
+                             stacked["logp_sampler"], unknown, stacked["advantages"])
+        per = batch.tokens_NxL.shape[1] // c.mini_batches
+        minibatch = lambda tree, m: jax.tree.map(lambda x: x[:, m * per : (m + 1) * per], tree)  # noqa: E731
+        keys = [self._step_keys(step, 1000 + m) for m in range(c.mini_batches)]
+
+        # Old and reference log-probs through the update program itself (apply=False: forward
+        # only), mini-batch by mini-batch: the first update recomputes the old ones bit for bit.
+        def forward_pass(params):
+            outs = [self._update(params, state["opt_state"], minibatch(batch, m), keys[m], False)[2]
+                    for m in range(c.mini_batches)]
+            return jnp.concatenate([o["logp"] for o in outs], 1), jnp.concatenate([o["router_topk"] for o in outs], 2)
+
+        logp_old, trainer_topk = forward_pass(state["params"])
+        logp_ref, _ = forward_pass(self.ref_params_S)
+        batch = dataclasses.replace(batch, logp_old_NxTr=logp_old, logp_ref_NxTr=logp_ref)
         response_valid = stacked["valid"][:, :, c.prompt_len:]  # real response tokens, incl. masked-out groups
         mismatch = jax.vmap(dapo.mismatch_stats)(logp_old, stacked["logp_sampler"], response_valid)
         kl_ref = jax.vmap(lambda a, b, m: dapo.masked_mean(dapo.kl_k3(a, b), m))(logp_old, logp_ref, stacked["response_mask"])
 
         t_train = time.time()
-        n = batch.tokens_NxL.shape[1]
-        per = n // c.mini_batches
         update_metrics = []
         params, opt_state = state["params"], state["opt_state"]
         for m in range(c.mini_batches):
-            mb = jax.tree.map(lambda x: x[:, m * per : (m + 1) * per], batch)
-            params, opt_state, metrics = self._update(params, opt_state, mb, self._step_keys(step, 1000 + m))
-            update_metrics.append(jax.device_get(metrics))
+            params, opt_state, metrics = self._update(params, opt_state, minibatch(batch, m), keys[m], True)
+            update_metrics.append(jax.device_get({k: v for k, v in metrics.items() if k not in ("logp", "router_topk")}))
         train_time = time.time() - t_train
 
-        records = []
+        records, update_records = [], []
         for k, seed in enumerate(self.seeds):
-            shaped = arrays[k]["shaped"]
             per_update = [jax.tree.map(lambda x: np.asarray(x)[k], um) for um in update_metrics]
-            mean = lambda key: float(np.mean([u[key] for u in per_update]))  # noqa: E731
+            ran = [u for u in per_update if not u["empty"]]  # mini-batches with loss tokens
+            mean = lambda key: float(np.mean([u[key] for u in ran])) if ran else 0.0  # noqa: E731
+            first = ran[0] if ran else per_update[0]
             lengths_all = np.asarray(response_valid[k]).sum(1)
-            record = {
+            shaped = arrays[k]["shaped"]
+            records.append({
                 "step": step,
+                # Population: every response sampled this step, before dynamic sampling drops any.
+                "population/accuracy": pools[k].accuracy,
+                "population/reward_mean": pools[k].reward_mean,
+                "population/responses": pools[k].sampled,
+                # The training batch: the kept groups (and masked fillers when too few were kept).
                 "reward/mean": float(shaped.mean()),
                 "reward/std": float(shaped.std()),
-                "accuracy": pools[k].accuracy,
                 "dapo/dropped_group_frac": pools[k].dropped / max(pools[k].generated, 1),
                 "dapo/gen_batches": gen_batches,
                 "dapo/filled_frac": float(np.mean([g[3] for g in pools[k].filled()])),
@@ -317,17 +343,22 @@ class Trainer:
                 "entropy": mean("entropy"),
                 "clip_frac/upper": mean("clip_frac_upper"),
                 "clip_frac/lower": mean("clip_frac_lower"),
+                "clip_frac/dual": mean("clip_frac_dual"),
                 "approx_kl": mean("approx_kl"),
-                "ratio/first_minibatch_mean": float(per_update[0]["ratio_mean"]),
-                "ratio/first_minibatch_max": float(per_update[0]["ratio_max"]),
+                "ratio/first_minibatch_mean": float(first["ratio_mean"]),
+                "ratio/first_minibatch_max": float(first["ratio_max"]),
+                "ratio/first_minibatch_min": float(first["ratio_min"]),
                 "kl_ref_k3": float(kl_ref[k]),
                 "loss/policy": mean("loss/policy"),
                 "loss/aux": mean("loss/aux"),
+                # Pre-clip norms of the updates that ran (per update: updates.jsonl).
+                "updates/applied": sum(not u["skipped"] for u in per_update),
+                "updates/empty": sum(bool(u["empty"]) for u in per_update),
                 "grad_norm/global": mean("grad_norm/global"),
-                "grad_norm/global_max": float(np.max([u["grad_norm/global"] for u in per_update])),
+                "grad_norm/global_max": max((float(u["grad_norm/global"]) for u in ran), default=0.0),
                 **{f"grad_norm/{g}": mean(f"grad_norm/{g}") for g in policy.GRAD_GROUPS},
-                "nonfinite": bool(any(u["nonfinite"] for u in per_update)),
-                "skipped_update": bool(c.on_nonfinite == "skip" and any(u["nonfinite"] for u in per_update)),
+                "nonfinite": bool(any(u["nonfinite"] for u in ran)),
+                "skipped_update": bool(any(u["skipped"] and not u["empty"] for u in per_update)),
                 "mismatch/kl_k1": float(mismatch["mismatch_k1"][k]),
                 "mismatch/kl_k3": float(mismatch["mismatch_k3"][k]),
                 "mismatch/max_abs_logp_diff": float(mismatch["mismatch_abs_max"][k]),
@@ -340,18 +371,21 @@ class Trainer:
                 "time/rollout_s": gen_time,
                 "throughput/rollout_tok_s": gen_tokens / max(gen_time, 1e-9) / len(self.seeds),
                 "throughput/train_tok_s": float(np.asarray(stacked["valid"][k]).sum()) / max(train_time, 1e-9),
-            }
-            records.append(record)
-        return {"params": params, "opt_state": opt_state}, records
+            })
+            update_records.append([{"step": step, "update": m, **{key: u[key] for key in UPDATE_KEYS}}
+                                   for m, u in enumerate(per_update)])
+        return {"params": params, "opt_state": opt_state}, records, update_records
 
     # ------------------------------------------------------------------ the run
     def run(self) -> list[list[dict]]:
         c = self.config
         state, start = self._restore_or_init()
-        writers = []
+        writers, update_writers = [], []
         for seed_dir in self._seed_dirs():
             truncate_after(seed_dir / "metrics.jsonl", start - 1)
+            truncate_after(seed_dir / UPDATES_FILE, start - 1)
             writers.append(MetricsWriter(seed_dir))
+            update_writers.append(MetricsWriter(seed_dir, tensorboard=False, filename=UPDATES_FILE))
         if start == 0:
             (self.dir / "config.json").write_text(json.dumps({"rl_config": json.loads(json.dumps(dataclasses.asdict(c), default=str)),
                                                               "recipe": json.loads(self.recipe.to_json()),
@@ -360,12 +394,13 @@ class Trainer:
         bar = tqdm(range(start, c.steps), desc=f"rl {c.arm} x{len(self.seeds)} seeds", disable=not self.progress,
                    initial=start, total=c.steps)
         for step in bar:
-            state, records = self.step(state, step)
+            state, records, update_records = self.step(state, step)
             if c.eval_every and ((step + 1) % c.eval_every == 0 or step == c.steps - 1):
-                accs = self.evaluate(state["params"])
-                for r, a in zip(records, accs):
-                    r["eval/accuracy"] = a
-            for w, r, h in zip(writers, records, history):
+                for r, e in zip(records, self.evaluate(state["params"])):
+                    r.update(e)
+            for w, uw, r, u, h in zip(writers, update_writers, records, update_records, history):
+                for line in u:
+                    uw.write(line)
                 w.write(r)
                 h.append(r)
             bar.set_postfix(reward=f"{np.mean([r['reward/mean'] for r in records]):.3f}",
@@ -376,27 +411,33 @@ class Trainer:
             if (step + 1) % c.checkpoint_every == 0 or step == c.steps - 1:
                 meta = {"step": step, "data_states": [it.get_state() for it in self.iterators], "recipe": self.recipe.to_json()}
                 self.ckpt.save(step, state, meta)
-        for w in writers:
+        for w in writers + update_writers:
             w.close()
         self.ckpt.close()
         (self.dir / "done.json").write_text(json.dumps({"steps": c.steps, "seeds": self.seeds}))
         return history
 
-    def evaluate(self, params_S) -> list[float]:
-        """Greedy held-out accuracy per seed (RL.md's final accuracy), through the rollout's
-        compiled sync and sampler (temperature 0 is a runtime value: nothing recompiles)."""
+    def evaluate(self, params_S) -> list[dict]:
+        """Held-out accuracy per seed through the rollout's compiled sync and sampler (temperature
+        is a runtime value: nothing recompiles): greedy (`eval/accuracy`, RL.md's final accuracy)
+        and sampled at the rollout temperature (`eval/sampled_accuracy`), with the same keys at
+        every evaluation; `eval/n` problems each."""
+        c = self.config
         qparams, _ = self._sync(params_S)
-        correct = [[] for _ in self.seeds]
-        for ids, mask, answers in self._eval_batches:
-            n = len(self.seeds)
-            keys = jnp.stack([jax.random.key(0)] * n)  # greedy: the key is unused
-            inputs = _committed((np.stack([ids] * n).astype(np.int32), np.stack([mask] * n).astype(bool), keys, jnp.float32(0)))
-            out = self._sample(qparams, *inputs)
-            tokens = np.asarray(out.tokens)
-            for k in range(n):
-                texts = data.tokenizer.decode_batch(tokens[k][: len(answers)])
-                correct[k] += [verifier.reward(t, a) > 0 for t, a in zip(texts, answers)]
-        return [float(np.mean(c)) for c in correct]
+        n = len(self.seeds)
+        scores = {"eval/accuracy": [[] for _ in self.seeds], "eval/sampled_accuracy": [[] for _ in self.seeds]}
+        for i, (ids, mask, answers) in enumerate(self._eval_batches):
+            keys = jnp.stack([jax.random.fold_in(jax.random.key(c.eval_task_seed), 1000 * s + i) for s in self.seeds])
+            for name, temperature in (("eval/accuracy", 0.0), ("eval/sampled_accuracy", c.temperature)):
+                inputs = _committed((np.stack([ids] * n).astype(np.int32), np.stack([mask] * n).astype(bool), keys,
+                                     jnp.float32(temperature)))
+                tokens = np.asarray(self._sample(qparams, *inputs).tokens)
+                for k in range(n):
+                    texts = data.tokenizer.decode_batch(tokens[k][: len(answers)])
+                    scores[name][k] += [verifier.reward(t, a) > 0 for t, a in zip(texts, answers)]
+        return [{"eval/accuracy": float(np.mean(scores["eval/accuracy"][k])),
+                 "eval/sampled_accuracy": float(np.mean(scores["eval/sampled_accuracy"][k])),
+                 "eval/n": len(scores["eval/accuracy"][k])} for k in range(n)]
 
 
 def train(config: RLConfig, progress: bool = True):

@@ -43,12 +43,13 @@ def test_full_recipe_sites(monkeypatch):
     # The log names each call; qdot received exactly the logged SiteConfigs, in order.
     assert calls == [r.site for r in records]
     where = {(r.layer, r.name): (r.kind, r.site) for r in records}
-    quantized = full.attention
+    quantized = full.routed_experts
     assert quantized.format == "nvfp4" and quantized.weight_46 == "mae" and quantized.backward == "dequantized"
+    # Only the MoE linears are NVFP4 (RL.md): attention and the dense MLP stay BF16.
     expected = {
-        (0, "qkv"): ("attention", quantized), (0, "o"): ("attention", quantized),
-        (0, "mlp.gate_up"): ("dense_mlp", quantized), (0, "mlp.down"): ("dense_mlp", quantized),
-        (1, "qkv"): ("attention", quantized), (1, "o"): ("attention", quantized),
+        (0, "qkv"): ("attention", BF16), (0, "o"): ("attention", BF16),
+        (0, "mlp.gate_up"): ("dense_mlp", BF16), (0, "mlp.down"): ("dense_mlp", BF16),
+        (1, "qkv"): ("attention", BF16), (1, "o"): ("attention", BF16),
         (1, "router"): ("router", BF16),
         (1, "experts.gate_up"): ("routed_experts", quantized), (1, "experts.down"): ("routed_experts", quantized),
         (1, "shared.gate_up"): ("shared_expert", BF16), (1, "shared.down"): ("shared_expert", BF16),
@@ -67,10 +68,19 @@ def test_nvfp4_recipe_quantizes_shared_expert_and_last_layer(monkeypatch):
     calls, records = _qdot_calls(monkeypatch, nvfp4)
     assert calls == [r.site for r in records]
     for r in records:
-        expect_quantized = r.kind in ("attention", "dense_mlp", "routed_experts", "shared_expert")
+        expect_quantized = r.kind in ("routed_experts", "shared_expert")
         assert r.site.quantized == expect_quantized, r
         if expect_quantized:
             assert r.site.backward == "quantized" and r.site.weight_46 is None
+
+
+def test_attention_variant_quantizes_attention_and_dense_mlp(monkeypatch):
+    """The named extra variant `full+attn` adds attention and dense MLPs to `full`'s sites."""
+    variant = PrecisionRecipe.from_name("full+attn")
+    _, records = _qdot_calls(monkeypatch, variant)
+    quantized = {(r.layer, r.name) for r in records if r.site.quantized}
+    assert {(0, "qkv"), (0, "o"), (0, "mlp.gate_up"), (1, "qkv"), (1, "experts.down")} <= quantized
+    assert not any(layer == 2 for layer, _ in quantized)  # the BF16 tail is unchanged
 
 
 def test_quantized_backward_needs_a_key():
