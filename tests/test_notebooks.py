@@ -4,8 +4,8 @@
   (slow), so it is not executed a second time here.
 - notebooks/ablations.ipynb (built by tools/make_ablations_notebook.py) is executed on a
   synthetic run directory (`fp4rl.analysis.synthetic.make_synthetic_run`) with the edge cases a
-  real smoke ablation produces: an arm with one seed, no `eval/accuracy`, a grad-norm group and
-  a mismatch key never logged, a NaN grad norm (a collapse).
+  real smoke ablation produces: an arm with one seed, no evaluation, no updates.jsonl, a
+  grad-norm group and a mismatch key never logged, a NaN grad norm (a collapse).
 """
 
 from __future__ import annotations
@@ -24,23 +24,26 @@ REPO = Path(__file__).resolve().parents[1]
 ABLATIONS = REPO / "notebooks" / "ablations.ipynb"
 GENERATOR = REPO / "tools" / "make_ablations_notebook.py"
 # The report's per-arm table header (fp4rl.analysis.report._arm_table), as the notebook shows it.
-TABLE_HEADER = "| arm | seeds | steps (min-max) | spikes/100 (mean; max) | severe spikes | spike |"
+TABLE_HEADER = ("| arm | recipe | seeds (judged) | steps (min-max) | judged steps (updates) per seed | "
+                "spikes/100 steps (mean; max) | spikes/100 updates (max) | severe spikes | spike |")
 # 3 report figures + per-group grad norms, mismatch, reward vs grad norm, spike sensitivity.
 N_FIGURES = 7
 
 
 def _edge_case_run(root: Path) -> Path:
-    """A 4-arm synthetic run; `nvfp4` has one seed, no eval/accuracy, no grad_norm/router, no
-    mismatch/routing_flip, and a NaN grad norm at step 50."""
+    """A 4-arm synthetic run; `nvfp4` has one seed, no eval/*, no updates.jsonl, no
+    grad_norm/router, no mismatch/routing_flip, and a NaN grad norm at step 50."""
     run_dir = make_synthetic_run(root, ("bf16", "nvfp4", "full", "full-dq"), seeds=2, steps=60,
                                  spiky_arms=("full-dq",))
-    seed1 = run_dir / "nvfp4" / "seed1" / "metrics.jsonl"
-    seed1.unlink()
-    seed1.parent.rmdir()
+    seed1 = run_dir / "nvfp4" / "seed1"
+    for name in ("metrics.jsonl", "updates.jsonl"):
+        (seed1 / name).unlink()
+    seed1.rmdir()
+    (run_dir / "nvfp4" / "seed0" / "updates.jsonl").unlink()
     path = run_dir / "nvfp4" / "seed0" / "metrics.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()]
     for r in records:
-        for key in ("eval/accuracy", "grad_norm/router", "mismatch/routing_flip"):
+        for key in ("eval/accuracy", "eval/sampled_accuracy", "eval/n", "grad_norm/router", "mismatch/routing_flip"):
             r.pop(key, None)
         if r["step"] == 50:
             r["grad_norm/global"] = float("nan")

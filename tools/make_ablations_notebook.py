@@ -2,11 +2,12 @@
 
     python tools/make_ablations_notebook.py [OUT.ipynb]   # default: notebooks/ablations.ipynb
 
-The notebook explores an RL ablation run directory (`<run_dir>/<arm>/seed<k>/metrics.jsonl`,
-RL.md "The ablation matrix") through `fp4rl.analysis` only (DESIGN.md practice 9: notebooks
-import the library, never the experiments): the report's per-arm table and three figures,
-then what the report does not show (per-group grad norms, trainer/sampler mismatch over
-steps, reward vs grad norm, sensitivity of the spike verdicts to the spike threshold).
+The notebook explores an RL ablation run directory (`<run_dir>/<arm>/seed<k>/metrics.jsonl`
+and `updates.jsonl`, RL.md "The ablation matrix") through `fp4rl.analysis` only (DESIGN.md
+practice 9: notebooks import the library, never the experiments): the report's per-arm table
+and three figures, then what the report does not show (per-group grad norms, trainer/sampler
+mismatch over steps, population reward vs grad norm, sensitivity of the spike verdicts to the
+spike threshold).
 It needs numpy and matplotlib, not jax, and draws on Agg canvases (no pyplot, no display).
 """
 
@@ -39,10 +40,14 @@ from matplotlib.ticker import FuncFormatter, LogFormatter
 
 import fp4rl
 from fp4rl.analysis import plots
-from fp4rl.analysis.report import render_report
-from fp4rl.analysis.runs import GRAD_GROUPS, RunLoadWarning, load_run, stack_seeds
-from fp4rl.analysis.stability import StabilityCriteria, claim_reproduced, detect_spikes, spikes_per_100_steps, verdict
+from fp4rl.analysis.criteria import StabilityCriteria
+from fp4rl.analysis.detectors import detect_spikes, spikes_per_100_steps
+from fp4rl.analysis.report import recipe_summary, render_report
+from fp4rl.analysis.runs import (
+    GRAD_GROUPS, POPULATION_REWARD, RunLoadWarning, grad_norm_measurements, load_run, stack_seeds,
+)
 from fp4rl.analysis.summary import summarize_run
+from fp4rl.analysis.verdicts import claim_reproduced, verdict
 
 try:
     from IPython import get_ipython
@@ -104,10 +109,13 @@ for arm, seeds in run.arms.items():
     lengths = [len(r) for r in seeds.values()]
     missing = sorted({k for r in seeds.values() for k in r.missing_required()})
     n_eval = sum(int(r.present["eval/accuracy"].sum()) if "eval/accuracy" in r.present else 0 for r in seeds.values())
-    rows.append((f"`{arm}`", ", ".join(map(str, seeds)), f"{min(lengths)}-{max(lengths)}",
-                 max(int(r.steps[-1]) for r in seeds.values()), n_eval, ", ".join(missing) or "-"))
-show_md(md_table(("arm", "seeds", "steps logged (min-max)", "last step", "eval/accuracy points",
-                  "required keys never logged"), rows))
+    n_updates = [len(r.updates) for r in seeds.values() if r.updates is not None]
+    updates = f"{sum(n_updates)} in {len(n_updates)} of {len(seeds)} seeds" if n_updates else "none (per-step means)"
+    rows.append((f"`{arm}`", recipe_summary(run.configs.get(arm)), ", ".join(map(str, seeds)),
+                 f"{min(lengths)}-{max(lengths)}", max(int(r.steps[-1]) for r in seeds.values()), updates, n_eval,
+                 ", ".join(missing) or "-"))
+show_md(md_table(("arm", "recipe", "seeds", "steps logged (min-max)", "last step", "update records",
+                  "eval/accuracy points", "required keys never logged"), rows))
 show_md("**Load warnings:**\\n\\n" + ("\\n".join(f"- {w}" for w in run.warnings) or "- none"))
 show_md("**Declared criteria:**\\n\\n" + "\\n".join(f"- {line}" for line in CRITERIA.describe()))'''
 
@@ -224,9 +232,8 @@ show_fig(fig, "grad_norm_groups")'''
 
 ATTRIBUTION = '''\
 def ratio_to_window(x, i, window):
-    """x[i] over the median of the previous `window` finite values (the spike statistic)."""
-    prev = x[max(0, i - window):i]
-    prev = prev[np.isfinite(prev)]
+    """x[i] over the median of the up-to-`window` finite values before it (the spike statistic)."""
+    prev = x[:i][np.isfinite(x[:i])][-window:]
     return float(x[i] / np.median(prev)) if prev.size and np.isfinite(x[i]) else math.nan
 
 
@@ -234,19 +241,24 @@ rows = []
 for arm, s in summaries.items():
     for ss in s.seeds:
         sr = run.arms[arm][ss.seed]
-        for step in ss.spike_steps:
+        m = grad_norm_measurements(sr)
+        severe = set(zip(ss.severe_steps, ss.spikes.severe_updates))
+        for step, update in zip(ss.spike_steps, ss.spikes.spike_updates):
+            j = int(np.flatnonzero((m.steps == step) & ((m.update == update) if m.per_update else True))[0])
             i = int(np.searchsorted(sr.steps, step))
+            # Groups are logged per step (means over the step's updates): each against its own per-step window.
             ratios = {g: ratio_to_window(sr.metrics[f"grad_norm/{g}"], i, CRITERIA.window)
                       for g in GRAD_GROUPS if f"grad_norm/{g}" in sr.metrics}
             finite = {g: r for g, r in ratios.items() if np.isfinite(r)}
             best = max(finite.values(), default=math.nan)
             top = [g for g, r in finite.items() if r >= 0.99 * best]  # within 1% of the largest
             top = "n/a" if not top else "all groups alike" if len(top) == len(GRAD_GROUPS) else ", ".join(top)
-            rows.append((f"`{arm}`", ss.seed, step, "severe" if step in ss.severe_steps else "spike",
-                         f"{ratio_to_window(sr.metrics['grad_norm/global'], i, CRITERIA.window):.2f}x", top,
+            rows.append((f"`{arm}`", ss.seed, step, "severe" if (step, update) in severe else "spike",
+                         f"{ratio_to_window(m.values, j, CRITERIA.window):.2f}x",
+                         update if m.per_update else "per-step mean", top,
                          ", ".join(f"{g} {r:.2f}x" for g, r in ratios.items())))
-show_md(md_table(("arm", "seed", "step", "kind", "global / median", "largest group excursion",
-                  "every group / its own median"), rows) if rows else "No spike under the declared criteria.")'''
+show_md(md_table(("arm", "seed", "step", "kind", "global / median", "update", "largest group excursion (per step)",
+                  "every group / its own median (per step)"), rows) if rows else "No spike under the declared criteria.")'''
 
 MISMATCH = '''\
 fig = Figure(figsize=(15, 4.8), layout="constrained")
@@ -271,13 +283,18 @@ for arm, seeds in run.arms.items():
     spike_steps = {ss.seed: set(ss.spike_steps) for ss in summaries[arm].seeds}
     g_all, r_all, g_spk, r_spk = [], [], [], []
     for seed, sr in seeds.items():
-        g, r = sr.metrics["grad_norm/global"], sr.metrics["reward/mean"]
+        if POPULATION_REWARD not in sr.metrics:
+            continue
+        g = grad_norm_measurements(sr).step_max(sr.steps)
+        r = np.where(sr.present[POPULATION_REWARD], sr.metrics[POPULATION_REWARD], np.nan)
         ok = np.isfinite(g) & np.isfinite(r) & (g > 0)
         spk = ok & np.isin(sr.steps, list(spike_steps[seed]))
         g_all.append(g[ok])
         r_all.append(r[ok])
         g_spk.append(g[spk])
         r_spk.append(r[spk])
+    if not g_all:
+        continue
     g, r = np.concatenate(g_all), np.concatenate(r_all)
     ax.scatter(g, r, s=10, alpha=0.45, color=plots.arm_color(arm), label=f"{arm} (n={len(seeds)})")
     ax.scatter(np.concatenate(g_spk), np.concatenate(r_spk), **plots.SPIKE_STYLE)
@@ -286,11 +303,11 @@ for arm, seeds in run.arms.items():
     spearman = np.corrcoef(ranks(g), ranks(r))[0, 1] if enough else math.nan
     rows.append((f"`{arm}`", g.size, f"{pearson:+.2f}", f"{spearman:+.2f}"))
 log_axis(ax, "x")
-ax.set_xlabel("pre-clip global grad norm (log)")
-ax.set_ylabel("reward mean")
+ax.set_xlabel("pre-clip global grad norm, largest update of the step (log)")
+ax.set_ylabel("population reward mean (every sampled response)")
 ax.grid(True, alpha=0.3)
-ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="arm (seeds); rings: spikes")
-ax.set_title("Reward vs grad norm, every logged step of every seed (finite values only)")
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="arm (seeds); rings: spike steps")
+ax.set_title("Population reward vs grad norm, every logged step of every seed (finite values only)")
 show_fig(fig, "reward_vs_grad_norm")
 show_md(md_table(("arm", "points", "Pearson r(log grad norm, reward)", "Spearman rho"), rows))'''
 
@@ -307,7 +324,7 @@ for f in SPIKE_FACTORS:
     v = {arm: verdict(x, c) for arm, x in s.items()}
     by_factor[f] = (s, v, claim_reproduced(v))
 
-mark = {True: "PASS", False: "**FAIL**", None: "n/a"}
+mark = {True: "PASS", False: "**FAIL**", None: "UNDECIDED"}
 head = ["arm"] + [f"{f:g}x: spikes/100 mean (count); spike; verdict" for f in SPIKE_FACTORS]
 rows = []
 for arm in run.arms:
@@ -332,8 +349,8 @@ for i, (arm, seeds) in enumerate(run.arms.items()):
     curve = []
     for f in factors:
         c = with_spike_factor(float(f))
-        rates = [spikes_per_100_steps(detect_spikes(sr.metrics["grad_norm/global"], sr.steps, c)[0], sr.steps, c)
-                 for sr in seeds.values()]
+        series = [grad_norm_measurements(sr) for sr in seeds.values()]
+        rates = [spikes_per_100_steps(detect_spikes(m.values, m.steps, c)[0], m.steps, c) for m in series]
         rates = [x for x in rates if np.isfinite(x)]
         curve.append(np.mean(rates) if rates else np.nan)
     width = 1.0 + 3.0 * (len(run.arms) - 1 - i) / max(len(run.arms) - 1, 1)  # overlapping curves stay visible
@@ -348,7 +365,7 @@ log_axis(ax, "x")
 ax.set_yscale("symlog", linthresh=1.0)
 ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
 ax.set_ylim(bottom=0)
-ax.set_xlabel("spike factor (x the median of the previous window)")
+ax.set_xlabel("spike factor (x the median of the previous window of measurements)")
 ax.set_ylabel("spikes per 100 steps (mean over seeds)")
 ax.grid(True, which="both", alpha=0.3)
 ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
@@ -359,7 +376,7 @@ cells = [
     code(PARAMETERS, metadata={"tags": ["parameters"]}),
     md(
         "# RL ablation explorer\n\n"
-        "Loads an ablation run directory (`<RUN_DIR>/<arm>/seed<k>/metrics.jsonl`, written by "
+        "Loads an ablation run directory (`<RUN_DIR>/<arm>/seed<k>/metrics.jsonl` and `updates.jsonl`, written by "
         "`python -m experiments.ablation`) with `fp4rl.analysis.runs.load_run` and judges it with the "
         "declared criteria of RL.md \"Stability criteria\", exactly as `fp4rl.analysis.report.write_report` "
         "does: first the report's per-arm table and its three figures, then what the report does not show. "
@@ -367,19 +384,23 @@ cells = [
         "only (no jax, no GPU); figures are PNGs written to `FIG_DIR` and displayed inline."
     ),
     code(SETUP),
-    md("## The run\n\nWhat was loaded, what was missing or repaired while loading, and the declared criteria."),
+    md("## The run\n\nWhat was loaded (each arm's recipe from its config.json, and whether per-update records "
+       "exist), what was missing or repaired while loading, and the declared criteria."),
     code(OVERVIEW),
     md(
         "## The report: per-arm table\n\n"
         "Rendered by the report's own code from the same summaries, so the numbers are report.md's: "
-        "spike rate and severe spikes, collapse, reward gap to BF16, final held-out accuracy with its "
-        "bootstrap CI over seeds (degenerate with one seed; `n/a` without `eval/accuracy`), sampler vs "
-        "trainer k3 KL, and the verdict."
+        "each arm's recipe, seeds and judged steps, spike rate and severe spikes (per update), collapse, "
+        "population-reward gap to BF16 with its interval, final held-out greedy and sampled accuracy with "
+        "hierarchical bootstrap intervals (seeds, then each seed's binomial evaluation error; `n/a` without "
+        "evaluations), the change of sampled accuracy, sampler vs trainer k3 KL, and the verdict: PASS, "
+        "**FAIL**, or UNDECIDED when the runs lack the declared power (the reasons follow the table)."
     ),
     code(SUMMARY),
     md(
         "## The report: figures\n\n"
-        "The grad-norm overlay above the reward panel, the per-seed small multiples with spikes marked, "
+        "The grad-norm overlay above the population-reward panel, the per-seed small multiples with every "
+        "measurement drawn and spikes marked, "
         "and the per-run summary (`fp4rl.analysis.plots`)."
     ),
     code(REPORT_FIGURES),
@@ -399,8 +420,9 @@ cells = [
     ),
     code(GROUPS),
     md(
-        "Every spike of the declared criteria, attributed: each group's grad norm at the spike step over "
-        "the median of its own previous window (same window as the spike detector)."
+        "Every spike of the declared criteria, attributed: the spiking measurement (one update) over the "
+        "median of its window, and each group's grad norm at the spike step over the median of its own "
+        "previous window (groups are logged per step, as the mean over the step's updates)."
     ),
     code(ATTRIBUTION),
     md(
@@ -410,14 +432,15 @@ cells = [
     ),
     code(MISMATCH),
     md(
-        "### Reward vs grad norm\n\n"
-        "Does a large gradient come with a low reward? One dot per logged step and seed; rings mark "
-        "spikes. The table gives the correlations per arm (all seeds pooled)."
+        "### Population reward vs grad norm\n\n"
+        "Does a large gradient come with a low reward? One dot per logged step and seed (the step's largest "
+        "update grad norm, the population reward over every sampled response); rings mark steps with a "
+        "spike. The table gives the correlations per arm (all seeds pooled)."
     ),
     code(SCATTER),
     md(
         "### Sensitivity of the spike criterion\n\n"
-        "RL.md declares a spike at 3x the median of the previous 50 steps. The table re-runs the whole "
+        "RL.md declares a spike at 3x the median of the previous 50 measurements. The table re-runs the whole "
         "judgement with other spike factors (`SPIKE_FACTORS`): spike rate, spike criterion and verdict per "
         "arm, and the claim. A claim that flips between 2x and 5x rests on the threshold, not on the runs."
     ),

@@ -4,7 +4,7 @@
 
 Each directory is an ablation run (`<dir>/bf16/seed<k>/metrics.jsonl`) whose name ends in
 `lr<value>`. Stable = in no seed a spike (3x rule), a collapse, or a reward drop of RL.md's
-collapse size that the run ended too early to confirm or clear (fp4rl.analysis.stability): a
+collapse size that the run ended too early to confirm or clear (fp4rl.analysis.detectors): a
 short pilot run cannot wait 50 steps for a recovery, so choosing an LR treats it as unstable.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fp4rl.analysis.runs import load_run
-from fp4rl.analysis.stability import StabilityCriteria
+from fp4rl.analysis.criteria import StabilityCriteria
+from fp4rl.analysis.runs import POPULATION_REWARD, load_run
 from fp4rl.analysis.summary import summarize_arm
 
 
@@ -29,7 +29,7 @@ def lr_of(run_dir: str | Path) -> float:
 
 
 def bf16_stability(run_dir: str | Path, criteria: StabilityCriteria = StabilityCriteria()) -> dict:
-    """{dir, lr, stable, spikes, collapsed, steps, reward in the first/last quarter} of one run's bf16 arm."""
+    """{dir, lr, stable, spikes, collapsed, steps, population reward in the first/last quarter} of one run's bf16 arm."""
     seeds = load_run(run_dir).arms.get("bf16")
     if not seeds:
         return {"dir": str(run_dir), "lr": lr_of(run_dir), "stable": False, "note": "no bf16 arm"}
@@ -37,10 +37,10 @@ def bf16_stability(run_dir: str | Path, criteria: StabilityCriteria = StabilityC
     spikes = sum(len(s.spike_steps) for s in summary.seeds)
     collapsed = any(s.collapse.collapsed for s in summary.seeds)
     reward_drop = any(s.collapse.reward_drop_unconfirmed for s in summary.seeds)
-    rewards = [np.asarray(r.metrics["reward/mean"], float) for r in seeds.values()]
+    rewards = [r.logged(POPULATION_REWARD)[1] for r in seeds.values()]
     quarter = lambda r, end: r[-max(1, r.size // 4):] if end else r[: max(1, r.size // 4)]  # noqa: E731
     return {"dir": str(run_dir), "lr": lr_of(run_dir), "stable": spikes == 0 and not collapsed and not reward_drop,
-            "spikes": spikes, "collapsed": collapsed, "reward_drop_unconfirmed": reward_drop, "steps": min(r.size for r in rewards),
+            "spikes": spikes, "collapsed": collapsed, "reward_drop_unconfirmed": reward_drop, "steps": min(len(r) for r in seeds.values()),
             "reward_first_quarter": float(np.mean([np.nanmean(quarter(r, False)) for r in rewards])),
             "reward_last_quarter": float(np.mean([np.nanmean(quarter(r, True)) for r in rewards]))}
 

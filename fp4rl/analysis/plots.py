@@ -1,12 +1,12 @@
 """The report's figures (RL.md "The report").
 
 - `plot_grad_norm`: the grad-norm overlay (per arm, median over seeds of the raw pre-clip
-  grad norm with a min-max band over seeds, log scale, one colour per arm) above a reward
-  panel on the same step axis;
-- `plot_seeds`: small multiples, one panel per arm, every seed drawn, spikes and severe
-  spikes marked;
-- `plot_summary`: per run (arm x seed) spike rate and reward gap, and per arm the final
-  held-out accuracy with its bootstrap CI over seeds.
+  grad norm, per step the largest of its updates, with a min-max band over seeds, log scale,
+  one colour per arm) above a population-reward panel on the same step axis;
+- `plot_seeds`: small multiples, one panel per arm, every seed's every grad-norm measurement
+  drawn (the updates of a step spread over the step), spikes and severe spikes marked;
+- `plot_summary`: per run (arm x seed) spike rate and population-reward gap, and per arm the
+  final held-out greedy accuracy with its hierarchical bootstrap CI.
 
 Figures are built on `matplotlib.figure.Figure` and rendered by the Agg canvas
 (`FigureCanvasAgg`), never through pyplot: no display is needed, and calling these from a
@@ -26,8 +26,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import LogFormatter
 
-from fp4rl.analysis.runs import RunData, stack_seeds
-from fp4rl.analysis.stability import StabilityCriteria
+from fp4rl.analysis.criteria import StabilityCriteria
+from fp4rl.analysis.runs import POPULATION_REWARD, RunData, SeedRun, grad_norm_measurements, stack_seeds
 from fp4rl.analysis.summary import ArmSummary
 
 # Fixed arm -> colour map so an arm has the same colour in every figure and every report.
@@ -93,6 +93,27 @@ def _shade_warmup(ax, first_step: int, criteria: StabilityCriteria) -> None:
         ax.axvspan(first_step, criteria.warmup_steps, color="0.92", zorder=0)
 
 
+def step_grad_norms(seeds: Sequence[SeedRun]) -> tuple[np.ndarray, np.ndarray]:
+    """(steps [T], values [S, T]): per seed and step, the largest pre-clip grad norm of the
+    step's measurements (a non-finite one wins); NaN where a seed has no measurement."""
+    seeds = list(seeds)
+    steps = np.unique(np.concatenate([r.steps for r in seeds])) if seeds else np.zeros(0, np.int64)
+    values = np.full((len(seeds), steps.size), np.nan)
+    for i, r in enumerate(seeds):
+        values[i] = grad_norm_measurements(r).step_max(steps)
+    return steps, values
+
+
+def spread_over_steps(steps: np.ndarray) -> np.ndarray:
+    """x positions of measurements sorted by step: the k-th of a step's n at step + k / n."""
+    steps = np.asarray(steps)
+    if steps.size == 0:
+        return steps.astype(np.float64)
+    _, first, counts = np.unique(steps, return_index=True, return_counts=True)
+    rank = np.arange(steps.size) - np.repeat(first, counts)
+    return steps + rank / np.repeat(counts, counts)
+
+
 def _save(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)
     fig.savefig(path, dpi=120)
@@ -106,28 +127,28 @@ def plot_grad_norm(run: RunData, path: str | Path, criteria: StabilityCriteria =
     any_nonfinite = False
     for arm, seeds in run.arms.items():
         color, width = arm_color(arm), (2.2 if arm in ("full", "bf16") else 1.4)
-        steps, g = stack_seeds(seeds.values(), "grad_norm/global")
+        steps, g = step_grad_norms(seeds.values())
         med, lo, hi = _nanstats(_positive_or_nan(g))
         label = f"{arm} (n={len(seeds)})"
         ax_g.fill_between(steps, lo, hi, color=color, alpha=0.15, linewidth=0)
         ax_g.plot(steps, med, color=color, linewidth=width, label=label)
         # A non-finite grad norm cannot be drawn on a log axis: mark each seed's first one
         # on the panel's top edge so a collapse to NaN/Inf is not an invisible gap.
-        bad = [int(sr.steps[np.argmax(~np.isfinite(sr.metrics["grad_norm/global"]))]) for sr in seeds.values()
-               if not np.isfinite(sr.metrics["grad_norm/global"]).all()]
+        series = [grad_norm_measurements(sr) for sr in seeds.values()]
+        bad = [int(m.steps[np.argmax(~np.isfinite(m.values))]) for m in series if not np.isfinite(m.values).all()]
         any_nonfinite |= bool(bad)
         ax_g.scatter(bad, np.full(len(bad), 0.985), marker="v", s=70, color=color, clip_on=False, zorder=6,
                      transform=ax_g.get_xaxis_transform())
-        steps, r = stack_seeds(seeds.values(), "reward/mean")
+        steps, r = stack_seeds(seeds.values(), POPULATION_REWARD)
         med, lo, hi = _nanstats(_finite_or_nan(r))
         ax_r.fill_between(steps, lo, hi, color=color, alpha=0.15, linewidth=0)
         ax_r.plot(steps, med, color=color, linewidth=width, label=label)
     _log_y(ax_g)
-    ax_g.set_ylabel("pre-clip global grad norm\n(raw, log scale)")
+    ax_g.set_ylabel("pre-clip global grad norm\n(largest update of the step,\nraw, log scale)")
     ax_g.set_title("Gradient norm per arm: median over seeds, band = min-max over seeds")
-    ax_r.set_ylabel("reward mean")
+    ax_r.set_ylabel("population reward mean\n(every sampled response)")
     ax_r.set_xlabel("RL step")
-    ax_r.set_title("Reward per arm: median over seeds, band = min-max over seeds")
+    ax_r.set_title("Population reward per arm (before dynamic sampling): median over seeds, band = min-max over seeds")
     first_step = min(int(r.steps[0]) for r in run.runs())
     for ax in (ax_g, ax_r):
         _shade_warmup(ax, first_step, criteria)
@@ -146,7 +167,7 @@ def plot_seeds(
     run: RunData, summaries: Mapping[str, ArmSummary], path: str | Path,
     criteria: StabilityCriteria = StabilityCriteria(),
 ) -> Path:
-    """Small multiples: one panel per arm, every seed's raw grad norm, spikes marked."""
+    """Small multiples: one panel per arm, every seed's raw grad-norm measurements, spikes marked."""
     arms = list(run.arms)
     ncols = min(3, len(arms))
     nrows = -(-len(arms) // ncols)
@@ -158,13 +179,17 @@ def plot_seeds(
     for ax, arm in zip(axes, arms):
         summary = {s.seed: s for s in summaries[arm].seeds}
         for seed, sr in run.arms[arm].items():
-            g = _positive_or_nan(sr.metrics["grad_norm/global"])
-            ax.plot(sr.steps, g, color=seed_color[seed], linewidth=1.0, alpha=0.85)
+            m = grad_norm_measurements(sr)
+            x, g = spread_over_steps(m.steps), _positive_or_nan(m.values)
+            ax.plot(x, g, color=seed_color[seed], linewidth=0.8 if m.per_update else 1.0, alpha=0.85)
             ss = summary[seed]
-            spike_only = np.isin(sr.steps, ss.spike_steps) & ~np.isin(sr.steps, ss.severe_steps)
-            severe = np.isin(sr.steps, ss.severe_steps)
-            ax.scatter(sr.steps[spike_only], g[spike_only], **SPIKE_STYLE)
-            ax.scatter(sr.steps[severe], g[severe], **SEVERE_STYLE)
+            at = list(zip(m.steps.tolist(), (m.update if m.per_update else np.full(m.steps.size, -1)).tolist()))
+            severe_at = set(zip(ss.severe_steps, ss.spikes.severe_updates))
+            spike_at = set(zip(ss.spike_steps, ss.spikes.spike_updates))
+            severe = np.array([p in severe_at for p in at], bool)
+            spike_only = np.array([p in spike_at for p in at], bool) & ~severe
+            ax.scatter(x[spike_only], g[spike_only], **SPIKE_STYLE)
+            ax.scatter(x[severe], g[severe], **SEVERE_STYLE)
             if ss.collapse.collapsed:
                 ax.axvline(ss.collapse.step, color=seed_color[seed], linestyle="--", linewidth=1.2)
         n_spk = sum(len(s.spike_steps) for s in summaries[arm].seeds)
@@ -179,7 +204,7 @@ def plot_seeds(
         ax.set_visible(False)
     for i, ax in enumerate(axes[:len(arms)]):
         if ax.get_subplotspec().is_first_col():
-            ax.set_ylabel("pre-clip grad norm (log)")
+            ax.set_ylabel("pre-clip grad norm\nper update (log)")
         if i + ncols >= len(arms):  # no panel below this one: label its step axis
             ax.set_xlabel("RL step")
             ax.xaxis.set_tick_params(labelbottom=True)
@@ -193,7 +218,8 @@ def plot_seeds(
         Patch(color="0.92", label=f"warm-up (< step {criteria.warmup_steps})"),
     ]
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5 if ncols == 3 else 4), frameon=False, fontsize=9)
-    fig.suptitle("Per-seed pre-clip grad norm by arm (every seed drawn)", fontsize=13)
+    fig.suptitle("Per-seed pre-clip grad norm by arm, every measurement (a step's updates spread over the step)",
+                 fontsize=13)
     return _save(fig, Path(path))
 
 
@@ -229,6 +255,10 @@ def plot_summary(
         ax_g.scatter(x[i] + dx, gaps, color=arm_color(arm), s=30, zorder=3)
         if np.isfinite(summaries[arm].reward_gap_mean):
             ax_g.hlines(summaries[arm].reward_gap_mean, x[i] - 0.3, x[i] + 0.3, color=arm_color(arm), linewidth=2.5)
+        gap_ci = summaries[arm].reward_gap_ci
+        if gap_ci is not None:
+            ax_g.errorbar(x[i] + 0.32, gap_ci.mean, yerr=[[gap_ci.mean - gap_ci.low], [gap_ci.high - gap_ci.mean]],
+                          fmt="none", ecolor=arm_color(arm), capsize=4, elinewidth=1.5, zorder=4)
         acc = np.array([s.final_accuracy for s in seeds])
         ax_a.scatter(x[i] + dx, acc, color=arm_color(arm), s=18, alpha=0.45, zorder=3)
         ci = summaries[arm].final_accuracy
@@ -245,11 +275,13 @@ def plot_summary(
     ax_s.set_title(f"Spike rate per seed (X: has a severe spike)\ndashed: pass threshold {criteria.max_spikes_per_100:g}/100", fontsize=10)
     ax_g.axhline(0.0, color="0.5", linewidth=0.8)
     ax_g.axhline(-criteria.reward_gap_tolerance, color="0.3", linestyle="--", linewidth=1)
-    ax_g.set_ylabel("mean reward gap to BF16 median")
-    ax_g.set_title(f"Reward gap to BF16 (dots: seeds, bar: mean)\ndashed: pass threshold -{criteria.reward_gap_tolerance:g}", fontsize=10)
+    ax_g.set_ylabel("mean population-reward gap to BF16 median")
+    ax_g.set_title(f"Population-reward gap to BF16 (dots: seeds, bar: mean,\nwhisker: {criteria.ci_level:.0%} CI "
+                   f"over judged seeds); dashed: pass threshold -{criteria.reward_gap_tolerance:g}", fontsize=10)
     ax_a.set_ylabel("final held-out accuracy (greedy)")
-    ci_level = next((s.final_accuracy.ci for s in summaries.values() if s.final_accuracy is not None), 0.95)
-    ax_a.set_title(f"Final held-out accuracy: mean and\n{ci_level:.0%} bootstrap CI over seeds (dots: seeds)", fontsize=10)
+    kinds = sorted({s.final_accuracy.kind for s in summaries.values() if s.final_accuracy is not None})
+    ax_a.set_title(f"Final held-out accuracy: mean and {criteria.ci_level:.0%} bootstrap CI\n"
+                   f"(resampling {', '.join(kinds) or 'n/a'}; dots: seeds)", fontsize=10)
     fig.suptitle("Per-run summary (arm x seed)", fontsize=13)
     return _save(fig, Path(path))
 

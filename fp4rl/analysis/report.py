@@ -1,13 +1,14 @@
 """Write the ablation report of a run directory (RL.md "The report").
 
-`write_report(run_dir)` loads `<run_dir>/<arm>/seed<k>/metrics.jsonl`, judges every arm
+`write_report(run_dir)` loads the run directory (`fp4rl.analysis.runs`), judges every arm
 against the declared `StabilityCriteria` (RL.md "Stability criteria (declare before
 running, report per arm)"), and writes:
 
 - `report.md`: the declared criteria, the claim status, a per-arm table of every criterion
-  and the verdict, a per-seed table, the figures, the configuration and the commands, and
-  every warning raised while loading ("whatever the outcome, the report says what was
-  measured");
+  (with each arm's recipe, seeds, judged steps and updates) and the verdict, every failing
+  and every undecided criterion with its reason, a per-seed table, the figures, the
+  configuration and the commands, and every warning raised while loading ("whatever the
+  outcome, the report says what was measured");
 - `grad_norm.png`, `seeds.png`, `summary.png` (see `fp4rl.analysis.plots`).
 """
 
@@ -19,9 +20,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from fp4rl.analysis import plots
-from fp4rl.analysis.runs import REFERENCE_ARM, RunData, load_run
-from fp4rl.analysis.stability import ArmVerdict, ClaimResult, StabilityCriteria, claim_reproduced, verdict
+from fp4rl.analysis.criteria import StabilityCriteria
+from fp4rl.analysis.runs import REFERENCE_ARM, UPDATES_FILE, RunData, load_run
+from fp4rl.analysis.statistics import BootstrapCI
 from fp4rl.analysis.summary import ArmSummary, summarize_run
+from fp4rl.analysis.verdicts import ArmVerdict, ClaimResult, claim_reproduced, verdict
 
 
 class ReportPaths(NamedTuple):
@@ -29,6 +32,24 @@ class ReportPaths(NamedTuple):
     grad_norm_png: Path
     seeds_png: Path
     summary_png: Path
+
+
+def recipe_summary(config: Mapping | None) -> str:
+    """The arm's precision line from its config.json: "all layers BF16" when every site of the
+    recipe is BF16, else `PrecisionRecipe.high_precision_summary(num_layers)`'s
+    "k of L layers kept in BF16 (p%)". It reads the recipe JSON with the recipe's rounding
+    rule (round half up, at least one layer when the fraction is > 0; tests pin it to
+    `PrecisionRecipe`) so that the analysis runs without jax."""
+    try:
+        recipe, num_layers = config["recipe"], int(config["model_config"]["num_layers"])
+        fraction = float(recipe["keep_last_fraction"])
+        formats = [v["format"] for v in recipe.values() if isinstance(v, Mapping) and "format" in v]
+    except (KeyError, TypeError, ValueError):
+        return "n/a (no readable config.json)"
+    if formats and all(f == "bf16" for f in formats):
+        return "all layers BF16"
+    k = 0 if fraction == 0.0 else max(1, math.floor(fraction * num_layers + 0.5 + 1e-9))
+    return f"{k} of {num_layers} layers kept in BF16 ({100 * k / num_layers:.1f}%)"
 
 
 def _num(x: float, fmt: str = ".3g") -> str:
@@ -40,44 +61,66 @@ def _cell(text: str) -> str:
 
 
 def _mark(passed: bool | None) -> str:
-    return {True: "PASS", False: "**FAIL**", None: "n/a"}[passed]
+    return {True: "PASS", False: "**FAIL**", None: "UNDECIDED"}[passed]
 
 
-def _arm_table(summaries: Mapping[str, ArmSummary], verdicts: Mapping[str, ArmVerdict]) -> list[str]:
-    head = ("arm", "seeds", "steps (min-max)", "spikes/100 (mean; max)", "severe spikes", "spike",
-            "collapsed seeds", "collapse", "reward gap to BF16 (mean; seeds min..max)", "reward",
-            "final held-out acc (mean [CI])", "k3 KL/token (sampler vs trainer)", "routing flip", "verdict")
+def _ci(ci: BootstrapCI | None, fmt: str = ".3f") -> str:
+    if ci is None:
+        return "n/a"
+    return f"{ci.mean:{fmt}} [{ci.low:{fmt}}, {ci.high:{fmt}}] ({ci.kind})"
+
+
+def _span(values: Sequence[int]) -> str:
+    return f"{min(values)}" if min(values) == max(values) else f"{min(values)}-{max(values)}"
+
+
+def _arm_table(run: RunData, summaries: Mapping[str, ArmSummary], verdicts: Mapping[str, ArmVerdict]) -> list[str]:
+    head = ("arm", "recipe", "seeds (judged)", "steps (min-max)", "judged steps (updates) per seed",
+            "spikes/100 steps (mean; max)", "spikes/100 updates (max)", "severe spikes", "spike",
+            "collapsed seeds", "collapse", "reward gap to BF16, population (mean [CI])", "reward",
+            "final greedy acc (mean [CI])", "final sampled acc (mean [CI])", "sampled acc change first-last (mean [CI])",
+            "k3 KL/token (sampler vs trainer)", "routing flip", "verdict")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, s in summaries.items():
         v = verdicts[arm]
         steps = [x.n_steps for x in s.seeds]
-        rates = [x.spikes_per_100 for x in s.seeds]
-        finite_rates = [r for r in rates if not math.isnan(r)]
-        gaps = [x.reward_gap for x in s.seeds if not math.isnan(x.reward_gap)]
-        gap = "n/a" if not gaps else f"{s.reward_gap_mean:+.3f} ({min(gaps):+.3f}..{max(gaps):+.3f})"
-        ci = s.final_accuracy
-        acc = "n/a" if ci is None else f"{ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]" + (" (1 seed)" if ci.degenerate else "")
-        n_col = sum(x.collapse.collapsed for x in s.seeds)
-        rate = "n/a" if not finite_rates else f"{sum(finite_rates) / len(finite_rates):.2f}; {max(finite_rates):.2f}"
-        row = (f"`{arm}`", str(len(s.seeds)), f"{min(steps)}-{max(steps)}", rate,
+        judged = [x.power.judged_steps for x in s.seeds]
+        updates = [x.power.judged_updates for x in s.seeds]
+        rates = [x.spikes_per_100 for x in s.seeds if not math.isnan(x.spikes_per_100)]
+        per_update = [x.spikes.per_100_updates for x in s.seeds if not math.isnan(x.spikes.per_100_updates)]
+        rate = "n/a" if not rates else f"{sum(rates) / len(rates):.2f}; {max(rates):.2f}"
+        gap = _ci(s.reward_gap_ci, "+.3f") if s.reward_gap_ci is not None else \
+            ("n/a" if math.isnan(s.reward_gap_mean) else f"{s.reward_gap_mean:+.3f} (no judged seed)")
+        row = (f"`{arm}`", recipe_summary(run.configs.get(arm)), f"{len(s.seeds)} ({len(s.judged_seeds)})",
+               _span(steps), f"{_span(judged)} ({_span(updates)})", rate,
+               "n/a" if not per_update else f"{max(per_update):.2f}",
                str(sum(len(x.severe_steps) for x in s.seeds)), _mark(v.spike.passed),
-               f"{n_col}/{len(s.seeds)}", _mark(v.collapse.passed), gap, _mark(v.reward.passed), acc,
-               _num(s.mismatch.kl_k3), _num(s.mismatch.routing_flip), _mark(v.passed))
+               f"{sum(x.collapse.collapsed for x in s.seeds)}/{len(s.seeds)}", _mark(v.collapse.passed),
+               gap, _mark(v.reward.passed), _ci(s.final_accuracy), _ci(s.final_sampled_accuracy),
+               _ci(s.sampled_accuracy_change, "+.3f"), _num(s.mismatch.kl_k3), _num(s.mismatch.routing_flip),
+               _mark(v.passed))
         lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
     return lines
 
 
 def _seed_table(summaries: Mapping[str, ArmSummary]) -> list[str]:
-    head = ("arm", "seed", "steps", "last step", "spike steps", "severe steps", "spikes/100", "collapse",
-            "reward gap", "final acc (step)", "k3 KL/token", "max abs dlogp", "skipped updates")
+    head = ("arm", "seed", "steps", "last step", "judged steps (updates)", "judged", "spike steps (update)",
+            "severe steps", "spikes/100 steps", "collapse", "reward gap", "final greedy acc (step, n)",
+            "final sampled acc", "k3 KL/token", "max abs dlogp", "empty / skipped updates")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, s in summaries.items():
         for x in s.seeds:
-            acc = "n/a" if x.final_accuracy_step is None else f"{_num(x.final_accuracy)} ({x.final_accuracy_step})"
+            g = x.final_greedy
+            acc = "n/a" if g is None else f"{_num(g.accuracy)} ({g.step}, n={g.n if g.n is not None else 'n/a'})"
+            spikes = ", ".join(f"{st}" + (f" ({u})" if u >= 0 else "")
+                               for st, u in zip(x.spikes.spike_steps, x.spikes.spike_updates)) or "-"
             row = (f"`{arm}`", str(x.seed), str(x.n_steps), str(x.last_step),
-                   ", ".join(map(str, x.spike_steps)) or "-", ", ".join(map(str, x.severe_steps)) or "-",
-                   _num(x.spikes_per_100, ".2f"), x.collapse.reason or "none", _num(x.reward_gap, "+.3f"),
-                   acc, _num(x.mismatch.kl_k3), _num(x.mismatch.max_abs_logp_diff), str(x.skipped_updates))
+                   f"{x.power.judged_steps} ({x.power.judged_updates})",
+                   "yes" if x.power.judged else f"no: {x.power.reason}", spikes,
+                   ", ".join(map(str, x.severe_steps)) or "-", _num(x.spikes_per_100, ".2f"),
+                   x.collapse.reason or "none", _num(x.reward_gap, "+.3f"), acc,
+                   "n/a" if x.final_sampled is None else _num(x.final_sampled.accuracy), _num(x.mismatch.kl_k3),
+                   _num(x.mismatch.max_abs_logp_diff), f"{x.empty_updates} / {x.skipped_updates}")
             lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
     return lines
 
@@ -87,11 +130,18 @@ def _notes(run: RunData, summaries: Mapping[str, ArmSummary]) -> list[str]:
     if REFERENCE_ARM not in run.arms:
         notes.append(f"- no `{REFERENCE_ARM}` arm in this run: the reward criterion could not be evaluated.")
     for arm, s in summaries.items():
+        if arm not in run.configs:
+            notes.append(f"- `{arm}`: no readable config.json: its recipe is not reported.")
+        fallback = [x.seed for x in s.seeds if not x.spikes.per_update]
+        if fallback:
+            notes.append(f"- `{arm}` seed(s) {', '.join(map(str, fallback))}: no {UPDATES_FILE}; spikes judged on the "
+                         "per-step mean grad_norm/global (a spike in one update can be averaged away).")
         for x in s.seeds:
             if x.collapse.note:
                 notes.append(f"- `{arm}` seed {x.seed}: {x.collapse.note}")
-        if s.final_accuracy is not None and s.final_accuracy.note:
-            notes.append(f"- `{arm}` final accuracy: {s.final_accuracy.note}")
+        notes += [f"- `{arm}` {n}" for n in s.notes]
+        if s.reward_gap_ci is not None and s.reward_gap_ci.note:
+            notes.append(f"- `{arm}` reward gap: {s.reward_gap_ci.note}")
     return notes or ["- none"]
 
 
@@ -110,7 +160,8 @@ def render_report(
         "",
         "RL.md: NVFP4 RL trains as stably as BF16 only with dequantized backward + Four-Over-Six + "
         "selective high precision together. Reproduced when `full` passes the spike, collapse and reward "
-        "criteria and each leave-one-out arm (`full-dq`, `full-46`, `full-hp`) fails at least one.",
+        "criteria and each leave-one-out arm (`full-dq`, `full-46`, `full-hp`) fails at least one. "
+        "An undecided criterion (too little data) is never counted as a failure.",
         "",
         f"**Status: {status}.**",
         "",
@@ -122,12 +173,17 @@ def render_report(
         "",
         "## Per-arm results",
         "",
-        *_arm_table(summaries, verdicts),
+        *_arm_table(run, summaries, verdicts),
         "",
         "Failing criteria in detail:",
         "",
         *([f"- `{arm}` {c.name}: {c.value} (threshold {c.threshold})"
            for arm, v in verdicts.items() for c in v.criteria if c.passed is False] or ["- none"]),
+        "",
+        "Undecided criteria and why:",
+        "",
+        *([f"- `{arm}` {c.name}: {c.reason} (measured: {c.value})"
+           for arm, v in verdicts.items() for c in v.criteria if c.passed is None] or ["- none"]),
         "",
         "## Figures",
         "",

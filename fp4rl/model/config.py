@@ -5,7 +5,8 @@ D d_model, H query heads, G query heads per KV head, K KV heads (in attention on
 F feed-forward width, E experts, k top-k, T = B*L flattened tokens, R padded expert rows,
 V vocab, N layers.
 
-Presets: `tiny` (tests), `small` (~5M parameters, CPU runs), `h200` (~65M, GPU ablations).
+Presets: `tiny` (tests), `cpu` (the CPU experiments), `small` (~5M parameters), `h200` (~65M,
+GPU ablations).
 Every dimension a quantized site contracts over is a multiple of 16 in the presets (NVFP4
 blocks are 16 wide along K; 2D weight tiles are 16x16), so any recipe applies to them.
 """
@@ -201,6 +202,13 @@ PRESETS: dict[str, ModelConfig] = {
     # the `full` recipe keeps layer 1 in BF16 and quantizes layer 0.
     "tiny": ModelConfig(
         vocab_size=64, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+        dense_d_ff=128, moe_d_ff=32, num_experts=4, top_k=2, shared_expert_d_ff=64,
+        max_seq_len=64,
+    ),
+    # The CPU experiments: tiny's widths at a depth where selective precision keeps 1 of 7 layers
+    # (14%, RL.md's "last ~15%").
+    "cpu": ModelConfig(
+        vocab_size=64, d_model=64, num_layers=7, num_heads=4, num_kv_heads=2, head_dim=16,
         dense_d_ff=128, moe_d_ff=32, num_experts=4, top_k=2, shared_expert_d_ff=64,
         max_seq_len=64,
     ),

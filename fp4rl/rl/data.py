@@ -28,7 +28,7 @@ import numpy as np
 
 from fp4rl.rl import tokenizer
 from fp4rl.rl.math_file import MathRows
-from fp4rl.rl.task import TaskConfig, make_problem
+from fp4rl.rl.task import TaskConfig, make_problem, noisy_solution
 
 PROMPT_SEPARATOR = "\n"
 
@@ -62,10 +62,13 @@ class DataConfig:
             )
 
 
-def problem_records(task: TaskConfig, task_seed: int, num_problems: int) -> grain.MapDataset:
+def problem_records(task: TaskConfig, task_seed: int, num_problems: int, answer_noise: float = 0.0) -> grain.MapDataset:
+    """Record i is problem i of stream `task_seed`; with `answer_noise` > 0 its solution's boxed
+    answer is wrong with that probability (`task.noisy_solution`: the noisy-teacher warm-up)."""
     def record(i):
         p = make_problem(int(i), task_seed, task)
-        return {"prompt": p.prompt, "answer": p.answer, "index": int(i), "solution": p.solution}
+        solution = noisy_solution(p, int(i), task_seed, answer_noise) if answer_noise else p.solution
+        return {"prompt": p.prompt, "answer": p.answer, "index": int(i), "solution": solution}
 
     return grain.MapDataset.range(num_problems).map(record)
 

@@ -9,12 +9,14 @@ nothing but its path.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from tqdm.auto import tqdm
 
@@ -34,6 +36,8 @@ class SFTConfig:
 
     eval_task: the RL difficulty band whose sampled accuracy the warm-up is calibrated on;
     eval_problems: problems per difficulty level in the accuracy table.
+    answer_noise: probability that a training solution's final boxed answer is wrong (the
+      noisy-teacher warm-up, `task.noisy_solution`; 0 trains on clean solutions).
     """
 
     model: str = "tiny"
@@ -50,11 +54,14 @@ class SFTConfig:
     eval_task_seed: int = 1_000_003
     eval_problems: int = 32
     max_new_tokens: int = 64
+    answer_noise: float = 0.0
     out: str = "runs/sft"
 
     def __post_init__(self):
         if not 0 <= self.warmup_steps < self.steps:
             raise ValueError(f"need 0 <= {self.warmup_steps=} < {self.steps=}")
+        if not 0.0 <= self.answer_noise < 1.0:
+            raise ValueError(f"answer_noise={self.answer_noise} must be in [0, 1)")
 
 
 def model_config(config: SFTConfig) -> ModelConfig:
@@ -69,6 +76,15 @@ def _lm_loss(graphdef, params, batch):
     nll = -jnp.take_along_axis(logp, batch["ids_BxT"][:, 1:, None], axis=-1)[..., 0]
     mask = batch["loss_mask_BxT"][:, 1:]
     return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1), aux["aux_loss"]
+
+
+def params_digest(params) -> str:
+    """SHA-256 of every parameter's bytes in tree order: two warm-ups are the same checkpoint iff
+    their digests match (a GPU warm-up is reproducible only with deterministic XLA ops)."""
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves(params):
+        digest.update(np.asarray(leaf).tobytes())
+    return digest.hexdigest()
 
 
 def checkpoint_dir(out: str | Path) -> Path:
@@ -111,7 +127,8 @@ def train(config: SFTConfig, progress: bool = True) -> dict:
         return optax.apply_updates(params, updates), opt_state, loss, optax.tree.norm(grads)
 
     dcfg = data.DataConfig(batch_size=config.batch_size, max_len=config.max_len, shuffle_seed=config.seed, task_seed=config.task_seed)
-    batches = data.iterate(data.sft_batches(data.problem_records(config.task, config.task_seed, dcfg.num_problems), dcfg), dcfg)
+    records = data.problem_records(config.task, config.task_seed, dcfg.num_problems, config.answer_noise)
+    batches = data.iterate(data.sft_batches(records, dcfg), dcfg)
     losses, start = [], time.time()
     bar = tqdm(range(config.steps), desc="sft", disable=not progress)
     for i in bar:
@@ -135,6 +152,8 @@ def train(config: SFTConfig, progress: bool = True) -> dict:
         "loss_curve": losses,
         "train_seconds": train_s,
         "accuracy": table,
+        "params_sha256": params_digest(params),
+        "backend": jax.default_backend(),
     }
     (out / "sft_meta.json").write_text(json.dumps(meta, indent=2))
     (out / "accuracy.md").write_text(evaluation.accuracy_table_markdown(table))

@@ -231,3 +231,26 @@ def make_problem(index: int, seed: int, config: TaskConfig) -> Problem:
     answer = values[target]
     solution = "\n".join(scratch + [f"Answer: \\boxed{{{answer}}}"])
     return Problem(prompt=prompt, answer=answer, solution=solution, difficulty=num_ops)
+
+
+def noisy_solution(problem: Problem, index: int, seed: int, noise: float, max_offset: int = 9) -> str:
+    """The worked solution with its final boxed answer replaced, with probability `noise`, by a
+    wrong one: the answer plus a nonzero offset drawn uniformly from [-max_offset, max_offset].
+
+    The "noisy teacher" warm-up: every scratchpad line stays correct, only the last step
+    (copying the chain's value into the box) is unreliable. A model fit to such data puts about
+    1 - noise of its probability on the right answer once its scratchpad is right, so sampled
+    accuracy sits well inside RL's learnable band while greedy decoding is mostly right, and
+    RL has a clear signal to learn: box the value the scratchpad computed. A pure function of
+    (index, seed, noise), like `make_problem` (its own stream: `[seed, index, 1]`).
+    """
+    if not 0.0 <= noise <= 1.0:
+        raise ValueError(f"answer noise={noise} must be in [0, 1]")
+    if max_offset < 1:
+        raise ValueError(f"{max_offset=} must be >= 1")
+    rng = np.random.default_rng([seed, index, 1])
+    if rng.random() >= noise:
+        return problem.solution
+    offset = int(rng.integers(1, max_offset + 1)) * (1 if rng.random() < 0.5 else -1)
+    head = problem.solution.rsplit("\n", 1)[0] + "\n" if "\n" in problem.solution else ""
+    return f"{head}Answer: \\boxed{{{problem.answer + offset}}}"

@@ -130,6 +130,12 @@ def _abstract(tree):
                                                        sharding=sharding), tree)
 
 
+@functools.lru_cache(maxsize=2)
+def _apply_flag(apply: bool):
+    """The update program's `apply` argument, committed like every other argument (`_committed`)."""
+    return _committed(jnp.asarray(apply))
+
+
 @functools.lru_cache(maxsize=16)
 def _forward_programs(graphdef, model_config: ModelConfig, recipe: PrecisionRecipe, sampler, impl: str):
     """(sync, sample): the programs that run the forward only, jitted and vmapped over a leading
@@ -298,7 +304,7 @@ class Trainer:
         # Old and reference log-probs through the update program itself (apply=False: forward
         # only), mini-batch by mini-batch: the first update recomputes the old ones bit for bit.
         def forward_pass(params):
-            outs = [self._update(params, state["opt_state"], minibatch(batch, m), keys[m], False)[2]
+            outs = [self._update(params, state["opt_state"], minibatch(batch, m), keys[m], _apply_flag(False))[2]
                     for m in range(c.mini_batches)]
             return jnp.concatenate([o["logp"] for o in outs], 1), jnp.concatenate([o["router_topk"] for o in outs], 2)
 
@@ -313,7 +319,7 @@ class Trainer:
         update_metrics = []
         params, opt_state = state["params"], state["opt_state"]
         for m in range(c.mini_batches):
-            params, opt_state, metrics = self._update(params, opt_state, minibatch(batch, m), keys[m], True)
+            params, opt_state, metrics = self._update(params, opt_state, minibatch(batch, m), keys[m], _apply_flag(True))
             update_metrics.append(jax.device_get({k: v for k, v in metrics.items() if k not in ("logp", "router_topk")}))
         train_time = time.time() - t_train
 

@@ -1,11 +1,14 @@
-"""Spike and collapse detection on synthetic series with known answers (RL.md "Stability criteria")."""
+"""Spike, collapse and power detection on synthetic series with known answers (RL.md "Stability criteria")."""
 
 import dataclasses
 
 import numpy as np
 import pytest
 
-from fp4rl.analysis.stability import StabilityCriteria, detect_collapse, detect_spikes, spikes_per_100_steps
+from fp4rl.analysis.criteria import StabilityCriteria
+from fp4rl.analysis.detectors import (
+    detect_collapse, detect_spikes, find_spikes, judged_step_count, seed_power, spikes_per_100_steps,
+)
 
 C = StabilityCriteria()
 
@@ -14,9 +17,12 @@ def flat(n=100, level=0.5):
     return np.arange(n), np.full(n, level)
 
 
-def test_criteria_defaults_are_rl_md_thresholds():
+def test_criteria_defaults_are_rl_md_thresholds_and_declared_power():
     assert (C.spike_factor, C.severe_factor, C.window, C.warmup_steps) == (3.0, 10.0, 50, 20)
     assert (C.collapse_grad_factor, C.reward_drop, C.recovery_steps) == (100.0, 0.5, 50)
+    assert (C.min_judged_steps, C.min_seeds) == (50, 2)
+    text = " ".join(C.describe())
+    assert "50 judged steps" in text and ">= 2 judged seeds" in text and "UNDECIDED" in text
 
 
 def test_criteria_frozen_and_validated():
@@ -26,6 +32,10 @@ def test_criteria_frozen_and_validated():
         StabilityCriteria(spike_factor=12.0)  # a spike threshold above the severe one
     with pytest.raises(ValueError, match="window"):
         StabilityCriteria(window=0)
+    with pytest.raises(ValueError, match="min_judged_steps"):
+        StabilityCriteria(min_judged_steps=0)
+    with pytest.raises(ValueError, match="saturated_accuracy"):
+        StabilityCriteria(saturated_accuracy=0.5)
 
 
 def test_injected_spikes_flagged_exactly_and_warmup_ignored():
@@ -62,6 +72,17 @@ def test_nonfinite_values_are_not_spikes_and_leave_the_window():
     assert np.flatnonzero(spike).tolist() == [70]
 
 
+def test_window_holds_the_previous_50_finite_measurements():
+    # 60 finite values, then 60 non-finite ones: the window of the measurement after them is
+    # still the last 50 finite values (median 1), so a 4x value there is a spike.
+    steps = np.arange(121)
+    g = np.ones(121)
+    g[60:120] = np.nan
+    g[120] = 4.0
+    spike, _ = detect_spikes(g, steps, C)
+    assert np.flatnonzero(spike).tolist() == [120]
+
+
 def test_spikes_use_step_numbers_for_the_warmup():
     g = np.full(30, 0.5)
     g[5] *= 4.0
@@ -70,12 +91,53 @@ def test_spikes_use_step_numbers_for_the_warmup():
     assert np.flatnonzero(spike).tolist() == [5]
 
 
+def per_update_series(n_steps=100, updates=2, level=0.5):
+    steps = np.repeat(np.arange(n_steps), updates)
+    return steps, np.tile(np.arange(updates), n_steps), np.full(n_steps * updates, level)
+
+
+def test_a_spike_in_one_update_is_found_although_the_step_mean_hides_it():
+    steps, update, g = per_update_series()
+    g[2 * 60 + 1] *= 4.0  # step 60, update 1: 4x; the step's mean is 2.5x
+    result = find_spikes(steps, g, update, C)
+    assert result.spike_steps == (60,) and result.spike_updates == (1,) and result.severe_steps == ()
+    assert result.per_update and (result.judged_steps, result.judged_updates) == (80, 160)
+    assert result.per_100_steps == pytest.approx(100 / 80) and result.per_100_updates == pytest.approx(100 / 160)
+    step_mean = g.reshape(100, 2).mean(axis=1)
+    assert step_mean[60] / step_mean[0] == pytest.approx(2.5)
+    assert find_spikes(np.arange(100), step_mean, None, C).spike_steps == ()  # the per-step mean misses it
+
+
+def test_several_spiking_updates_of_one_step_count_each():
+    steps, update, g = per_update_series()
+    g[2 * 70] *= 4.0
+    g[2 * 70 + 1] *= 12.0
+    result = find_spikes(steps, g, update, C)
+    assert result.spike_steps == (70, 70) and result.spike_updates == (0, 1)
+    assert result.severe_steps == (70,) and result.severe_updates == (1,)
+    spike, _ = detect_spikes(g, steps, C)
+    assert judged_step_count(steps, C) == 80  # distinct steps, not updates
+    assert spikes_per_100_steps(spike, steps, C) == pytest.approx(2 * 100 / 80)
+
+
 def test_collapse_to_nan():
     steps, g = flat()
     g[40:] = np.nan
     result = detect_collapse(steps, g, np.zeros(100), C)
-    assert result.collapsed and result.step == 40
+    assert result.collapsed and result.step == 40 and result.kind == "non-finite"
     assert "non-finite grad_norm/global" in result.reason
+
+
+def test_nonfinite_update_grad_norm_is_a_collapse_at_its_step():
+    steps, update, g = per_update_series(50)
+    g[2 * 30 + 1] = np.inf
+    result = detect_collapse(np.arange(50), g, np.zeros(50), C, grad_steps=steps)
+    assert result.collapsed and result.step == 30 and result.kind == "non-finite"
+    flags = np.zeros(steps.size, bool)
+    flags[2 * 25] = True
+    result = detect_collapse(np.arange(50), np.full(steps.size, 0.5), np.zeros(50), C, grad_steps=steps,
+                             update_metrics={"nonfinite (updates.jsonl)": (steps, flags)})
+    assert result.collapsed and result.step == 25 and "nonfinite (updates.jsonl) flagged" in result.reason
 
 
 def test_grad_norm_over_100x_early_median_collapses():
@@ -86,8 +148,15 @@ def test_grad_norm_over_100x_early_median_collapses():
     assert not detect_collapse(steps, g, np.zeros(100), C).collapsed
     g[75] = 101.0
     result = detect_collapse(steps, g, np.zeros(100), C)
-    assert result.collapsed and result.step == 75 and result.early_median == 1.0
+    assert result.collapsed and result.step == 75 and result.early_median == 1.0 and result.kind == "grad norm"
     assert "100x the early median" in result.reason
+
+
+def test_a_zero_early_median_is_no_reference():
+    steps, g = flat()
+    g[:20] = 0.0  # no update applied during the warm-up
+    result = detect_collapse(steps, g, np.zeros(100), C)
+    assert not result.collapsed and "was not checked" in result.note and np.isnan(result.early_median)
 
 
 def reward_with_drop(n, drop_at, recover_at, best=0.3, low=-0.3):
@@ -105,7 +174,7 @@ def test_reward_drop_of_06_recovering_in_30_steps_is_not_collapse():
 def test_reward_drop_never_recovering_is_collapse():
     steps, g = flat(200)
     result = detect_collapse(steps, g, reward_with_drop(200, 50, None), C)
-    assert result.collapsed and result.step == 50
+    assert result.collapsed and result.step == 50 and result.kind == "reward"
     assert "reward fell" in result.reason
 
 
@@ -123,8 +192,14 @@ def test_reward_drop_of_04_is_not_collapse():
 def test_unrecovered_drop_near_the_end_is_noted_not_judged():
     steps, g = flat(100)
     result = detect_collapse(steps, g, reward_with_drop(100, 80, None), C)
-    assert not result.collapsed
+    assert not result.collapsed and result.reward_drop_unconfirmed
     assert "not confirmed" in result.note
+
+
+def test_reward_not_logged_is_noted_not_a_collapse():
+    steps, g = flat()
+    result = detect_collapse(steps, g, None, C)
+    assert not result.collapsed and "population/reward_mean not logged" in result.note
 
 
 def test_other_metrics_respect_present_mask_and_flag():
@@ -149,3 +224,32 @@ def test_earliest_collapse_event_is_reported():
     g[120:] = np.nan
     result = detect_collapse(steps, g, reward_with_drop(200, 30, None), C)
     assert result.step == 30 and "reward" in result.reason
+
+
+def test_power_of_a_healthy_seed():
+    steps = np.arange(100)
+    power = seed_power(steps, np.zeros(100, bool), np.repeat(steps, 2), np.linspace(0.3, 0.6, 100), C)
+    assert power.judged and (power.judged_steps, power.judged_updates, power.steps_after_warmup) == (80, 160, 80)
+
+
+def test_too_few_judged_steps_is_underpowered():
+    steps = np.arange(60)  # 40 steps at or after step 20
+    power = seed_power(steps, np.zeros(60, bool), steps, np.full(60, 0.4), C)
+    assert not power.judged and power.degenerate is None
+    assert "40 judged steps" in power.underpowered and "50 needed" in power.reason
+
+
+def test_all_groups_dropped_is_degenerate():
+    steps = np.arange(100)
+    idle = steps >= 30  # from step 30 on, dynamic sampling dropped every group
+    power = seed_power(steps, idle, steps[steps < 30], np.full(100, 0.4), C)
+    assert not power.judged and "70 of 80 steps >= 20 applied no update" in power.degenerate
+    assert power.underpowered  # and only 10 judged steps
+
+
+@pytest.mark.parametrize("accuracy, word", [(0.0, "<= 0.02"), (1.0, ">= 0.98")])
+def test_saturated_accuracy_is_degenerate(accuracy, word):
+    steps = np.arange(100)
+    power = seed_power(steps, np.zeros(100, bool), steps, np.full(100, accuracy), C)
+    assert not power.judged and word in power.degenerate and "no learning signal" in power.degenerate
+    assert seed_power(steps, np.zeros(100, bool), steps, None, C).judged  # not logged: not checked

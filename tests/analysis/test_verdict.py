@@ -1,37 +1,52 @@
-"""Reward gap, bootstrap CI, mismatch, verdicts and the claim on hand-made summaries."""
+"""Reward gap, bootstrap intervals, mismatch, verdicts and the claim on hand-made summaries."""
 
 import numpy as np
 import pytest
 
-from fp4rl.analysis.summary import ArmSummary, SeedSummary
-from fp4rl.analysis.stability import (
-    CollapseResult,
-    MismatchSummary,
-    StabilityCriteria,
-    bootstrap_ci,
-    claim_reproduced,
-    mismatch_summary,
+from fp4rl.analysis.criteria import StabilityCriteria
+from fp4rl.analysis.detectors import CollapseResult, SeedPower, SpikeResult
+from fp4rl.analysis.statistics import (
+    BootstrapCI, MismatchSummary, accuracy_change_ci, accuracy_ci, bootstrap_ci, mismatch_summary, reward_gap_ci,
     reward_gap_to_reference,
-    verdict,
 )
+from fp4rl.analysis.summary import ArmSummary, SeedSummary
+from fp4rl.analysis.verdicts import claim_reproduced, verdict
 
 C = StabilityCriteria()
 NAN = float("nan")
 MISMATCH = MismatchSummary(1e-4, 1e-4, 0.5, 0.01)
+NONFINITE = CollapseResult(True, "non-finite grad_norm/global (nan) at step 40", 40, kind="non-finite")
 
 
-def seed(arm, k, rate=0.0, severe=(), collapsed=False, gap=0.0):
-    collapse = CollapseResult(True, "non-finite grad_norm/global (nan) at step 40", 40) if collapsed \
-        else CollapseResult(False, None, None)
-    return SeedSummary(arm=arm, seed=k, n_steps=100, last_step=99, spike_steps=tuple(severe), severe_steps=tuple(severe),
-                       spikes_per_100=rate, severe_per_100=NAN, collapse=collapse, reward_gap=gap,
-                       final_accuracy=0.5, final_accuracy_step=99, mismatch=MISMATCH, skipped_updates=0)
+def seed(arm, k, rate=0.0, severe=0, collapse=None, judged=200, degenerate=None, unconfirmed=False):
+    """A seed with `rate` spikes per 100 of its `judged` steps (`severe` of them severe)."""
+    n = round(rate * judged / 100)
+    spikes = SpikeResult(spike_steps=(30,) * n, spike_updates=(0,) * n, severe_steps=(30,) * severe,
+                         severe_updates=(0,) * severe, judged_steps=judged, judged_updates=2 * judged, per_update=True)
+    under = f"{judged} judged steps, {C.min_judged_steps} needed" if judged < C.min_judged_steps else None
+    power = SeedPower(judged, 2 * judged, judged, 0, degenerate, under)
+    if collapse is None:
+        collapse = CollapseResult(False, None, None, note="reward fell ... not confirmed" if unconfirmed else None,
+                                  reward_drop_unconfirmed=unconfirmed)
+    return SeedSummary(arm=arm, seed=k, n_steps=judged + 20, last_step=judged + 19, spikes=spikes, power=power,
+                       collapse=collapse, reward_gap=0.0, final_greedy=None, final_sampled=None, first_sampled=None,
+                       mismatch=MISMATCH, skipped_updates=0, empty_updates=0)
 
 
-def arm(name, rates=(0.0, 0.0), severe=(), collapsed=(), gap=0.0, reference=True):
-    seeds = tuple(seed(name, k, rate, severe if k == 0 else (), k in collapsed, gap) for k, rate in enumerate(rates))
-    return ArmSummary(arm=name, seeds=seeds, has_reference=reference, reward_gap_mean=gap if reference else NAN,
-                      final_accuracy=None, mismatch=MISMATCH)
+def arm(name, rates=(0.0, 0.0), severe=0, collapsed=(), gap=(0.0, -0.02, 0.02), reference=True, judged=200,
+        degenerate=(), unconfirmed=(), reference_judged=2):
+    seeds = tuple(seed(name, k, rate, severe if k == 0 else 0, NONFINITE if k in collapsed else None, judged,
+                       "no learning signal" if k in degenerate else None, k in unconfirmed)
+                  for k, rate in enumerate(rates))
+    n_judged = sum(s.power.judged for s in seeds)
+    gap_ci = BootstrapCI(gap[0], gap[1], gap[2], n_judged, 0.95, False, kind="seeds+steps") \
+        if reference and n_judged else None
+    return ArmSummary(arm=name, seeds=seeds, has_reference=reference, reward_gap_mean=gap[0] if reference else NAN,
+                      final_accuracy=None, mismatch=MISMATCH, reward_gap_ci=gap_ci,
+                      reference_judged=reference_judged if reference else 0)
+
+
+# --------------------------------------------------------------------------- statistics
 
 
 def test_reward_gap_to_bf16_median():
@@ -42,12 +57,25 @@ def test_reward_gap_to_bf16_median():
     assert gap.per_seed[3] == pytest.approx(-0.1)
     assert gap.per_seed[5] == pytest.approx(0.3)
     assert gap.mean == pytest.approx(0.1)
+    assert gap.series[5].shape == (4,) and gap.series[3] == pytest.approx(np.full(10, -0.1))
 
 
 def test_reward_gap_median_follows_steps():
     ref = {0: (np.arange(4), np.array([0.0, 0.0, 1.0, 1.0]))}
     gap = reward_gap_to_reference({0: (np.array([2, 3]), np.array([1.0, 0.5]))}, ref)
     assert gap.per_seed[0] == pytest.approx(-0.25)
+
+
+def test_reward_gap_ci_over_seeds_and_steps():
+    rng = np.random.default_rng(0)
+    series = [-0.05 + 0.1 * rng.standard_normal(100) for _ in range(4)]
+    ci = reward_gap_ci(series, block=10, n_boot=2000)
+    assert ci.low < ci.mean < ci.high and ci.kind == "seeds+steps" and ci.n == 4
+    assert ci.mean == pytest.approx(np.mean([s.mean() for s in series]))
+    one = reward_gap_ci(series[:1], block=10, n_boot=2000)  # one seed: the steps' error only
+    assert one.kind == "steps" and one.width > 0 and "one seed" in one.note
+    with pytest.raises(ValueError):
+        reward_gap_ci([np.array([])])
 
 
 def test_bootstrap_ci_contains_mean_and_shrinks_with_more_seeds():
@@ -73,6 +101,33 @@ def test_bootstrap_ci_rejects_empty_and_nonfinite(bad):
         bootstrap_ci(bad)
 
 
+def test_accuracy_ci_one_seed_carries_the_binomial_error():
+    ci = accuracy_ci([0.5], [32])
+    assert not ci.degenerate and ci.kind == "binomial" and "binomial error only" in ci.note
+    # The 95% interval of Binomial(32, 0.5) / 32 is about 0.5 +- 1.96 x sqrt(0.25 / 32) = 0.5 +- 0.17.
+    assert ci.low == pytest.approx(0.5 - 0.17, abs=0.04) and ci.high == pytest.approx(0.5 + 0.17, abs=0.04)
+    assert accuracy_ci([0.5], [None]).degenerate  # one seed, no eval/n: nothing to resample
+
+
+def test_accuracy_ci_combines_seeds_and_evaluation_error():
+    p = [0.40, 0.45, 0.50, 0.55]
+    seeds_only, both = accuracy_ci(p, None), accuracy_ci(p, [32] * 4)
+    assert seeds_only.kind == "seeds" and "seeds only" in seeds_only.note
+    assert both.kind == "seeds+binomial" and both.note is None
+    assert both.width > 1.5 * seeds_only.width  # 32 problems add more error than 4 close seeds
+    assert accuracy_ci(p, [32] * 4).width > accuracy_ci(p, [4096] * 4).width
+    partial = accuracy_ci(p, [32, None, 32, 32])
+    assert partial.kind == "seeds+binomial" and "1 of 4 seeds logged no eval/n" in partial.note
+    with pytest.raises(ValueError):
+        accuracy_ci([1.2], [32])
+
+
+def test_accuracy_change_ci():
+    ci = accuracy_change_ci([0.30, 0.35], [32, 32], [0.50, 0.55], [32, 32])
+    assert ci.mean == pytest.approx(0.2) and ci.low < 0.2 < ci.high and ci.kind == "seeds+binomial"
+    assert accuracy_change_ci([0.3], [64], [0.5], [64]).width > 0  # one seed: binomial error of both evaluations
+
+
 def test_mismatch_summary():
     m = mismatch_summary({"mismatch/kl_k3": np.array([1e-3, 3e-3, np.nan]), "mismatch/max_abs_logp_diff": np.array([0.2, 0.9])})
     assert m.kl_k3 == pytest.approx(2e-3)
@@ -80,8 +135,11 @@ def test_mismatch_summary():
     assert np.isnan(m.kl_k1) and np.isnan(m.routing_flip)  # not logged
 
 
+# --------------------------------------------------------------------------- verdicts
+
+
 def test_verdict_passing_arm():
-    v = verdict(arm("full", rates=(1.0, 0.5), gap=-0.1), C)  # both thresholds are inclusive
+    v = verdict(arm("full", rates=(1.0, 0.5), gap=(-0.05, -0.1, 0.0)), C)  # both thresholds are inclusive
     assert (v.spike.passed, v.collapse.passed, v.reward.passed, v.passed) == (True, True, True, True)
 
 
@@ -89,10 +147,10 @@ def test_verdict_passing_arm():
     "summary, failed",
     [
         (arm("x", rates=(0.0, 1.5)), ("spike",)),  # one seed above 1 spike / 100 steps
-        (arm("x", severe=(55,), rates=(0.5, 0.0)), ("spike",)),  # a severe spike
+        (arm("x", severe=1, rates=(0.5, 0.0)), ("spike",)),  # a severe spike
         (arm("x", collapsed=(1,)), ("collapse",)),
-        (arm("x", gap=-0.15), ("reward",)),
-        (arm("x", rates=(3.0, 0.0), collapsed=(0,), gap=-0.5), ("spike", "collapse", "reward")),
+        (arm("x", gap=(-0.15, -0.2, -0.11)), ("reward",)),
+        (arm("x", rates=(3.0, 0.0), collapsed=(0,), gap=(-0.5, -0.6, -0.4)), ("spike", "collapse", "reward")),
     ],
 )
 def test_verdict_failures(summary, failed):
@@ -102,17 +160,58 @@ def test_verdict_failures(summary, failed):
 
 def test_verdict_without_reference_is_undecided():
     v = verdict(arm("full", reference=False), C)
-    assert v.reward.passed is None and v.passed is None
+    assert v.reward.passed is None and v.passed is None and v.reward.reason == "no BF16 reference arm"
+    v = verdict(arm("full", reference_judged=0), C)
+    assert v.reward.passed is None and "no judged seed in the BF16 reference" in v.reward.reason
+
+
+def test_too_few_judged_steps_is_undecided_not_fail():
+    v = verdict(arm("x", rates=(5.0, 5.0), severe=1, judged=40, gap=(-0.5, -0.6, -0.4)), C)
+    assert v.failed() == () and v.passed is None
+    assert v.undecided() == ("spike", "collapse", "reward")
+    assert "0 judged seed(s), 2 needed" in v.spike.reason and "40 judged steps, 50 needed" in v.spike.reason
+    assert "spike(s) in seeds not judged" in v.spike.value
+
+
+def test_a_nonfinite_collapse_needs_no_power():
+    v = verdict(arm("x", judged=10, collapsed=(0,)), C)
+    assert v.collapse.passed is False and v.spike.passed is None
+
+
+def test_degenerate_seeds_are_not_judged():
+    v = verdict(arm("x", rates=(9.0, 9.0), degenerate=(0, 1)), C)
+    assert v.spike.passed is None and "no learning signal" in v.spike.reason
+    assert v.collapse.passed is None and v.reward.passed is None
+
+
+def test_one_judged_seed_fails_spikes_but_cannot_pass_or_judge_the_reward():
+    failing = verdict(arm("x", rates=(3.0,)), C)
+    assert failing.spike.passed is False  # a judged seed above the rate fails "every seed"
+    quiet = verdict(arm("x", rates=(0.0,), gap=(-0.5, -0.6, -0.4)), C)
+    assert quiet.spike.passed is None and "1 judged seed(s), 2 needed" in quiet.spike.reason
+    assert quiet.reward.passed is None and quiet.collapse.passed is None
+
+
+def test_reward_interval_straddling_the_tolerance_is_undecided():
+    v = verdict(arm("x", gap=(-0.1, -0.15, -0.05)), C)
+    assert v.reward.passed is None and "straddles -0.1" in v.reward.reason
+
+
+def test_unconfirmed_reward_drop_keeps_collapse_undecided():
+    v = verdict(arm("x", unconfirmed=(1,)), C)
+    assert v.collapse.passed is None and "not confirmed" in v.collapse.reason
+    assert verdict(arm("x", rates=(0, 0, 0), unconfirmed=(1,)), C).collapse.passed is True  # 2 clear seeds remain
 
 
 def test_declared_thresholds_are_used():
     loose = StabilityCriteria(max_spikes_per_100=2.0, reward_gap_tolerance=0.2)
-    assert verdict(arm("x", rates=(1.5, 0.0), gap=-0.15), loose).passed is True
+    assert verdict(arm("x", rates=(1.5, 0.0), gap=(-0.15, -0.19, -0.11)), loose).passed is True
+    assert verdict(arm("x", rates=(0.0,)), StabilityCriteria(min_seeds=1)).passed is True
 
 
 def loo_verdicts(**overrides):
     summaries = {"full": arm("full"), "full-dq": arm("full-dq", rates=(2.0, 0.0)),
-                 "full-46": arm("full-46", collapsed=(0,)), "full-hp": arm("full-hp", gap=-0.3)}
+                 "full-46": arm("full-46", collapsed=(0,)), "full-hp": arm("full-hp", gap=(-0.3, -0.4, -0.2))}
     summaries.update(overrides)
     return {name: verdict(s, C) for name, s in summaries.items() if s is not None}
 
@@ -131,13 +230,23 @@ def test_claim_not_reproduced_when_a_leave_one_out_arm_passes():
 
 
 def test_claim_not_reproduced_when_full_fails():
-    claim = claim_reproduced(loo_verdicts(full=arm("full", gap=-0.2)))
+    claim = claim_reproduced(loo_verdicts(full=arm("full", gap=(-0.2, -0.3, -0.15))))
     assert claim.reproduced is False and "fails reward" in claim.details["full"]
 
 
 def test_claim_undecided_with_a_missing_arm():
     claim = claim_reproduced(loo_verdicts(**{"full-hp": None}))
     assert claim.reproduced is None and "missing" in claim.details["full-hp"]
+
+
+def test_claim_undecided_not_refuted_without_power():
+    short = {name: arm(name, judged=30) for name in ("full", "full-dq", "full-46", "full-hp")}
+    claim = claim_reproduced({name: verdict(s, C) for name, s in short.items()})
+    assert claim.reproduced is None and claim.explanation.startswith("Undecided")
+    assert "spike undecided (0 judged seed(s), 2 needed" in claim.details["full"]
+    # A leave-one-out arm that passes what it could judge is not a refutation either.
+    claim = claim_reproduced(loo_verdicts(**{"full-46": arm("full-46", rates=(0.0,))}))
+    assert claim.reproduced is None and "no criterion failed, but spike undecided" in claim.details["full-46"]
 
 
 def test_claim_counts_a_failure_even_if_another_criterion_is_undecided():

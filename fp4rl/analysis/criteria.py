@@ -1,0 +1,136 @@
+"""The declared stability criteria of RL.md ("Stability criteria (declare before running,
+report per arm)") and the power every verdict needs (the issue's section 5).
+
+RL.md declares, per arm:
+- spike: pre-clip grad norm > 3x the median of the previous 50 steps (after step 20);
+  severe spike: > 10x; reported as spikes per 100 steps per seed;
+- collapse: any non-finite value, a grad norm > 100x the early median, or reward falling
+  more than 0.5 below its running best without recovering within 50 steps;
+- reward tracking: mean gap to the BF16 median reward over the run, and the final held-out
+  (greedy) accuracy with a bootstrap confidence interval over seeds;
+- mismatch: k3 KL per token between sampler and trainer.
+
+RL.md gives no pass threshold for the spike rate or the reward gap, and no amount of data a
+verdict needs; `StabilityCriteria` declares them, so they are fixed before any run is looked
+at. Mismatch and final accuracy are reported, not judged: RL.md attaches no threshold to them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class StabilityCriteria:
+    """Thresholds of RL.md "Stability criteria", the declared pass thresholds, and power.
+
+    RL.md's definitions:
+    spike_factor, severe_factor, window, warmup_steps: a spike is a pre-clip grad norm
+        measurement > spike_factor x the median of the previous `window` finite measurements,
+        at a step >= warmup_steps; severe: > severe_factor x. A measurement is one non-empty
+        mini-batch update (updates.jsonl): the clip acts on each update, and a per-step mean
+        over updates dilutes a spike in one of them.
+    collapse_grad_factor: collapse when a grad norm measurement exceeds this multiple of the
+        *early median*, the median of the finite measurements at steps < warmup_steps.
+    reward_drop, recovery_steps: collapse when the population reward falls more than
+        `reward_drop` below its running best and does not come back to within `reward_drop`
+        of that best within `recovery_steps` steps.
+
+    Declared pass thresholds:
+    max_spikes_per_100: every judged seed has at most this many spikes (severe ones
+        included) per 100 judged steps.
+    max_severe_spikes: at most this many severe spikes per arm (judged seeds together).
+    reward_gap_tolerance: the arm's mean population-reward gap to the BF16 median is
+        >= -reward_gap_tolerance, judged on its confidence interval: PASS when the whole
+        interval is above -tolerance, FAIL when it is entirely below, else UNDECIDED.
+        Reward is +1/-1 (RL.md "Task"), so 0.1 of reward is 5 points of accuracy.
+
+    Power (below it a criterion is UNDECIDED, never FAIL; a non-finite value needs none):
+    min_judged_steps: a seed is judged only with at least this many judged steps: steps
+        >= warmup_steps with at least one grad-norm measurement.
+    min_seeds: a criterion passes only with at least this many judged seeds; the reward
+        criterion also needs them to fail (its interval is over seeds).
+    idle_grad_norm, max_idle_frac: a seed is degenerate (not judged) when more than
+        `max_idle_frac` of its steps >= warmup_steps applied no update (every group dropped
+        by dynamic sampling, so every mini-batch was empty or skipped) or had every grad
+        norm <= idle_grad_norm.
+    saturated_accuracy: a seed is degenerate (no learning signal) when its population
+        accuracy is <= this at every logged step, or >= 1 - this at every logged step.
+
+    Statistics:
+    ci_level, bootstrap_samples: the confidence level and the number of bootstrap
+        resamples of every interval (accuracy, accuracy change, reward gap).
+    reward_block_steps: block length of the moving-block bootstrap over steps inside a seed
+        for the reward gap's interval (consecutive steps are correlated).
+    """
+
+    spike_factor: float = 3.0
+    severe_factor: float = 10.0
+    window: int = 50
+    warmup_steps: int = 20
+    collapse_grad_factor: float = 100.0
+    reward_drop: float = 0.5
+    recovery_steps: int = 50
+    max_spikes_per_100: float = 1.0
+    max_severe_spikes: int = 0
+    reward_gap_tolerance: float = 0.1
+    min_judged_steps: int = 50
+    min_seeds: int = 2
+    idle_grad_norm: float = 1e-8
+    max_idle_frac: float = 0.5
+    saturated_accuracy: float = 0.02
+    ci_level: float = 0.95
+    bootstrap_samples: int = 10_000
+    reward_block_steps: int = 10
+
+    def __post_init__(self) -> None:
+        if not 1.0 < self.spike_factor <= self.severe_factor:
+            raise ValueError(f"need 1 < {self.spike_factor=} <= {self.severe_factor=}")
+        if self.window < 1:
+            raise ValueError(f"{self.window=} must be >= 1")
+        if self.warmup_steps < 0 or self.recovery_steps < 1:
+            raise ValueError(f"{self.warmup_steps=} must be >= 0 and {self.recovery_steps=} >= 1")
+        if self.collapse_grad_factor <= 1.0 or self.reward_drop <= 0.0:
+            raise ValueError(f"{self.collapse_grad_factor=} must be > 1 and {self.reward_drop=} > 0")
+        if self.max_spikes_per_100 < 0 or self.max_severe_spikes < 0 or self.reward_gap_tolerance < 0:
+            raise ValueError("pass thresholds (max_spikes_per_100, max_severe_spikes, reward_gap_tolerance) must be >= 0")
+        if self.min_judged_steps < 1 or self.min_seeds < 1:
+            raise ValueError(f"{self.min_judged_steps=} and {self.min_seeds=} must be >= 1")
+        if self.idle_grad_norm < 0 or not 0.0 <= self.max_idle_frac < 1.0 or not 0.0 <= self.saturated_accuracy < 0.5:
+            raise ValueError(f"need {self.idle_grad_norm=} >= 0, 0 <= {self.max_idle_frac=} < 1, "
+                             f"0 <= {self.saturated_accuracy=} < 0.5")
+        if not 0.0 < self.ci_level < 1.0 or self.bootstrap_samples < 1 or self.reward_block_steps < 1:
+            raise ValueError(f"need 0 < {self.ci_level=} < 1, {self.bootstrap_samples=} >= 1, "
+                             f"{self.reward_block_steps=} >= 1")
+
+    def describe(self) -> list[str]:
+        """The declared criteria as report lines."""
+        c = self
+        return [
+            f"spike: a pre-clip global grad norm measurement > {c.spike_factor:g}x the median of the previous "
+            f"{c.window} finite measurements, at steps >= {c.warmup_steps}; severe: > {c.severe_factor:g}x. "
+            "A measurement is one non-empty mini-batch update (updates.jsonl; a seed without it falls back to "
+            "the per-step mean grad_norm/global, noted below). Empty mini-batches are not measurements.",
+            f"spike criterion passes: <= {c.max_spikes_per_100:g} spikes per 100 judged steps in every judged "
+            f"seed and <= {c.max_severe_spikes} severe spikes in the arm's judged seeds.",
+            f"collapse: any non-finite logged value; a grad norm > {c.collapse_grad_factor:g}x the early median "
+            f"(median of the finite measurements at steps < {c.warmup_steps}); or population reward more than "
+            f"{c.reward_drop:g} below its running best, not back within {c.reward_drop:g} of it within "
+            f"{c.recovery_steps} steps (only decided once {c.recovery_steps} steps were observed after the drop). "
+            "Passes when no seed collapses.",
+            f"reward: mean over seeds of the per-seed mean gap of population/reward_mean (every sampled "
+            f"response) to the BF16 median, with a {c.ci_level:.0%} two-level bootstrap interval (seeds, then "
+            f"blocks of {c.reward_block_steps} steps); passes when the interval is above -{c.reward_gap_tolerance:g}, "
+            "fails when it is below, undecided when it straddles it.",
+            f"power: a seed is judged when it has >= {c.min_judged_steps} judged steps (steps >= {c.warmup_steps} "
+            f"with a grad-norm measurement) and is not degenerate: more than {c.max_idle_frac:.0%} of its steps "
+            f">= {c.warmup_steps} applying no update or with grad norm <= {c.idle_grad_norm:g} (every group "
+            f"dropped), or population accuracy <= {c.saturated_accuracy:g} or >= {1 - c.saturated_accuracy:g} at "
+            f"every step (no learning signal). A criterion passes only with >= {c.min_seeds} judged seeds (the "
+            "reward criterion also needs them to fail); without power it is UNDECIDED, never FAIL. A non-finite "
+            "value is a collapse at any power.",
+            f"final held-out accuracy (greedy and sampled) with a {c.ci_level:.0%} hierarchical bootstrap "
+            "interval (seeds resampled, then each seed's Binomial(eval/n, accuracy) evaluation error), and the "
+            "change of sampled accuracy from the first evaluation to the last; mismatch (sampler vs trainer "
+            "k3 KL per token): reported, not judged.",
+        ]

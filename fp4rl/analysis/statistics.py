@@ -1,0 +1,266 @@
+"""Statistics of the reward and accuracy criteria (RL.md "reward tracking") and mismatch.
+
+- `reward_gap_to_reference`: each seed's population-reward gap to the BF16 median, per step;
+- `reward_gap_ci`: a two-level bootstrap interval of the mean gap (seeds, then blocks of steps);
+- `bootstrap_ci`: percentile bootstrap of a mean over seeds;
+- `accuracy_ci` / `accuracy_change_ci`: hierarchical bootstrap of held-out accuracy: seeds
+  resampled with replacement, then each resampled seed's evaluation redrawn as
+  Binomial(n_eval, p_seed) / n_eval, so a few seeds evaluated on few problems get an interval
+  that carries both errors;
+- `mismatch_summary`: trainer/sampler mismatch over a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+Series = tuple[np.ndarray, np.ndarray]  # (steps [T], values [T])
+
+
+@dataclasses.dataclass(frozen=True)
+class BootstrapCI:
+    """A percentile bootstrap interval of a mean over seeds.
+
+    kind: what the interval resamples: "seeds", "seeds+binomial", "binomial" (one seed),
+    "seeds+steps", "steps" (one seed), or "none" (one value and nothing to resample:
+    `degenerate`, low == high == mean). note: what the interval leaves out, in words.
+    """
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    ci: float
+    degenerate: bool
+    note: str | None = None
+    kind: str = "seeds"
+
+    @property
+    def width(self) -> float:
+        return self.high - self.low
+
+
+def _check(n_boot: int, ci: float) -> None:
+    if not 0.0 < ci < 1.0 or n_boot < 1:
+        raise ValueError(f"need 0 < {ci=} < 1 and {n_boot=} >= 1")
+
+
+def _interval(replicates: np.ndarray, ci: float) -> tuple[float, float]:
+    alpha = (1.0 - ci) / 2.0
+    low, high = np.quantile(replicates, [alpha, 1.0 - alpha])
+    return float(low), float(high)
+
+
+def bootstrap_ci(values, n_boot: int = 10_000, ci: float = 0.95, seed: int = 0) -> BootstrapCI:
+    """Percentile bootstrap CI of the mean of `values` (one per seed).
+
+    Values must be finite (drop missing seeds first and say so). With one value there is
+    nothing to resample: the interval is [value, value] and `degenerate`/`note` say so.
+    """
+    x = np.asarray(values, dtype=np.float64).ravel()
+    if x.size == 0:
+        raise ValueError("bootstrap_ci needs at least one value")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"bootstrap_ci needs finite values, got {x}")
+    _check(n_boot, ci)
+    mean = float(x.mean())
+    if x.size == 1:
+        return BootstrapCI(mean, mean, mean, 1, ci, True, "one seed: no confidence interval (degenerate)", "none")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
+    return BootstrapCI(mean, *_interval(means, ci), int(x.size), ci, False)
+
+
+# --------------------------------------------------------------------------- accuracy
+
+
+def _eval_sizes(p, n) -> tuple[np.ndarray, np.ndarray]:
+    p = np.asarray(p, np.float64).ravel()
+    n = np.array([np.nan if v is None else v for v in n], np.float64).ravel() if n is not None else np.full(p.shape, np.nan)
+    if p.size == 0 or p.shape != n.shape:
+        raise ValueError(f"need one accuracy and one eval size (or None) per seed, got {p.shape} and {n.shape}")
+    if not np.all(np.isfinite(p)) or np.any((p < 0) | (p > 1)):
+        raise ValueError(f"accuracies must be finite and in [0, 1], got {p}")
+    if np.any(np.isfinite(n) & ((n < 1) | (n != np.round(n)))):
+        raise ValueError(f"eval sizes must be positive integers, got {n}")
+    return p, n
+
+
+def _redraw(rng, p: np.ndarray, n: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """[B, S]: the accuracy of resampled seed idx[b, s], redrawn as Binomial(n, p) / n where n
+    is known, kept at p where it is not."""
+    pi, ni = p[idx], n[idx]
+    known = np.isfinite(ni)
+    out = pi.copy()
+    out[known] = rng.binomial(ni[known].astype(np.int64), pi[known]) / ni[known]
+    return out
+
+
+def _hierarchical(point: np.ndarray, draw, sizes: np.ndarray, n_boot: int, ci: float, seed: int, what: str) -> BootstrapCI:
+    """The two-level bootstrap: seeds resampled, then `draw(rng, idx)` redraws each one's value."""
+    _check(n_boot, ci)
+    s = point.size
+    mean = float(point.mean())
+    known = np.isfinite(sizes).all(axis=0)
+    if s == 1 and not known.any():
+        return BootstrapCI(mean, mean, mean, 1, ci, True, f"one seed and no eval/n: no interval for {what} (degenerate)", "none")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, s, size=(n_boot, s))
+    replicates = draw(rng, idx).mean(axis=1) if known.any() else point[idx].mean(axis=1)
+    notes = []
+    if s == 1:
+        kind = "binomial"
+        notes.append("one seed: the interval is the evaluation's binomial error only (no seed-to-seed spread)")
+    elif known.all():
+        kind = "seeds+binomial"
+    elif known.any():
+        kind = "seeds+binomial"
+        notes.append(f"{int((~known).sum())} of {s} seeds logged no eval/n: their evaluation error is not included")
+    else:
+        kind = "seeds"
+        notes.append("no eval/n logged: the interval is over seeds only (evaluation error not included)")
+    return BootstrapCI(mean, *_interval(replicates, ci), s, ci, False, "; ".join(notes) or None, kind)
+
+
+def accuracy_ci(p, n=None, n_boot: int = 10_000, ci: float = 0.95, seed: int = 0) -> BootstrapCI:
+    """Hierarchical bootstrap CI of the mean held-out accuracy over seeds.
+
+    p: each seed's accuracy; n: each seed's number of evaluated problems (`eval/n`; None for a
+    seed, or for all, when unknown: that seed's value is then taken as exact).
+    """
+    p, n = _eval_sizes(p, n)
+    return _hierarchical(p, lambda rng, idx: _redraw(rng, p, n, idx), n[None], n_boot, ci, seed, "accuracy")
+
+
+def accuracy_change_ci(p_first, n_first, p_last, n_last, n_boot: int = 10_000, ci: float = 0.95, seed: int = 0) -> BootstrapCI:
+    """Hierarchical bootstrap CI of the mean change of accuracy from the first evaluation to the
+    last (per seed: last - first). The two evaluations are redrawn independently, which
+    overstates their error when they share problems and sampling keys (a conservative interval)."""
+    pf, nf = _eval_sizes(p_first, n_first)
+    pl, nl = _eval_sizes(p_last, n_last)
+    if pf.shape != pl.shape:
+        raise ValueError(f"first {pf.shape} and last {pl.shape} evaluations must cover the same seeds")
+    draw = lambda rng, idx: _redraw(rng, pl, nl, idx) - _redraw(rng, pf, nf, idx)  # noqa: E731
+    return _hierarchical(pl - pf, draw, np.stack([nf, nl]), n_boot, ci, seed, "the accuracy change")
+
+
+# --------------------------------------------------------------------------- reward gap
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardGap:
+    """per_seed[seed]: mean over the run of (reward - BF16 median reward); mean: over seeds.
+    series[seed]: the finite per-step gaps that mean is taken over."""
+
+    per_seed: Mapping[int, float]
+    mean: float
+    series: Mapping[int, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+def reward_gap_to_reference(
+    reward_by_seed: Mapping[int, Series], reference_reward_by_seed: Mapping[int, Series]
+) -> RewardGap:
+    """RL.md "reward tracking": mean gap to the BF16 median reward over the run.
+
+    The reference curve is the median over reference seeds at each step (seeds that did not
+    log a step, or logged a non-finite reward there, are left out of that step's median). A
+    seed's gap is the mean of reward - reference over the steps both have finite values for
+    (NaN if none); `mean` averages the finite per-seed gaps.
+    """
+    ref_steps = np.unique(np.concatenate([np.asarray(s) for s, _ in reference_reward_by_seed.values()])) \
+        if reference_reward_by_seed else np.zeros(0, np.int64)
+    ref = np.full((len(reference_reward_by_seed), ref_steps.size), np.nan)
+    for i, (s, v) in enumerate(reference_reward_by_seed.values()):
+        v = np.asarray(v, dtype=np.float64)
+        ref[i, np.searchsorted(ref_steps, s)] = np.where(np.isfinite(v), v, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref_median = np.nanmedian(ref, axis=0) if ref.size else np.zeros(0)
+    per_seed: dict[int, float] = {}
+    series: dict[int, np.ndarray] = {}
+    for seed, (s, v) in reward_by_seed.items():
+        s, v = np.asarray(s), np.asarray(v, dtype=np.float64)
+        idx = np.searchsorted(ref_steps, s)
+        idx_ok = idx < ref_steps.size
+        common = idx_ok.copy()
+        common[idx_ok] = ref_steps[idx[idx_ok]] == s[idx_ok]
+        gap = v[common] - ref_median[idx[common]]
+        series[seed] = gap[np.isfinite(gap)]
+        per_seed[seed] = float(series[seed].mean()) if series[seed].size else float("nan")
+    gaps = np.array([x for x in per_seed.values() if np.isfinite(x)])
+    return RewardGap(per_seed=per_seed, mean=float(gaps.mean()) if gaps.size else float("nan"), series=series)
+
+
+def _block_means(x: np.ndarray, block: int, n_boot: int, rng) -> np.ndarray:
+    """[n_boot] moving-block bootstrap means of the series x (blocks of `block` steps)."""
+    length = min(block, x.size)
+    n_blocks = -(-x.size // length)
+    csum = np.concatenate([[0.0], np.cumsum(x)])
+    block_mean = (csum[length:] - csum[:-length]) / length  # one per start 0..T-length
+    starts = rng.integers(0, block_mean.size, size=(n_boot, n_blocks))
+    return block_mean[starts].mean(axis=1)
+
+
+def reward_gap_ci(
+    series_by_seed: Sequence[np.ndarray], block: int = 10, n_boot: int = 10_000, ci: float = 0.95, seed: int = 0
+) -> BootstrapCI:
+    """Two-level bootstrap CI of the mean over seeds of each seed's mean per-step gap.
+
+    Seeds are resampled with replacement, and each resampled seed's mean is redrawn by a
+    moving-block bootstrap of its per-step gaps (blocks of `block` consecutive steps: the gap
+    is correlated from one step to the next). Every series must be non-empty and finite.
+    """
+    xs = [np.asarray(x, np.float64) for x in series_by_seed]
+    if not xs or any(x.size == 0 or not np.all(np.isfinite(x)) for x in xs):
+        raise ValueError("reward_gap_ci needs at least one seed, each with a non-empty finite gap series")
+    _check(n_boot, ci)
+    rng = np.random.default_rng(seed)
+    point = np.array([x.mean() for x in xs])
+    inner = np.stack([_block_means(x, block, n_boot, rng) for x in xs])  # [S, B]
+    idx = rng.integers(0, len(xs), size=(n_boot, len(xs)))
+    col = rng.integers(0, n_boot, size=(n_boot, len(xs)))
+    replicates = inner[idx, col].mean(axis=1)
+    one = len(xs) == 1
+    note = "one seed: the interval is the step-to-step error only (no seed-to-seed spread)" if one else None
+    return BootstrapCI(float(point.mean()), *_interval(replicates, ci), len(xs), ci, False, note,
+                       "steps" if one else "seeds+steps")
+
+
+# --------------------------------------------------------------------------- mismatch
+
+
+@dataclasses.dataclass(frozen=True)
+class MismatchSummary:
+    """Trainer/sampler mismatch over a run (RL.md "Metrics": mismatch; "Stability criteria").
+
+    kl_k3 and kl_k1: mean over steps of the per-token KL; max_abs_logp_diff: the largest per-step
+    max |delta logp|; routing_flip: mean routing-flip rate. NaN when the metric was not logged.
+    """
+
+    kl_k3: float
+    kl_k1: float
+    max_abs_logp_diff: float
+    routing_flip: float
+
+
+def _finite(metrics: Mapping[str, np.ndarray], key: str) -> np.ndarray:
+    v = np.asarray(metrics[key], dtype=np.float64) if key in metrics else np.zeros(0)
+    return v[np.isfinite(v)]
+
+
+def mismatch_summary(metrics: Mapping[str, np.ndarray]) -> MismatchSummary:
+    """Summarise one run's mismatch metrics (finite logged values only)."""
+    def agg(key: str, fn) -> float:
+        v = _finite(metrics, key)
+        return float(fn(v)) if v.size else float("nan")
+
+    return MismatchSummary(
+        kl_k3=agg("mismatch/kl_k3", np.mean),
+        kl_k1=agg("mismatch/kl_k1", np.mean),
+        max_abs_logp_diff=agg("mismatch/max_abs_logp_diff", np.max),
+        routing_flip=agg("mismatch/routing_flip", np.mean),
+    )

@@ -1,0 +1,191 @@
+"""Verdicts of RL.md "Stability criteria": PASS, FAIL or UNDECIDED per criterion and arm,
+and the claim status.
+
+"The claim is reproduced when the full recipe passes the spike, collapse and reward criteria
+and each leave-one-out arm fails at least one." A verdict needs power (`StabilityCriteria`):
+a criterion without it is UNDECIDED with its reason, never FAIL, so the claim is NOT
+REPRODUCED only on a decided failure (the full recipe failing a criterion, or a leave-one-out
+arm passing every one), and UNDECIDED when the runs cannot tell.
+
+- spike: judged on the judged seeds only (enough judged steps, not degenerate). Any judged
+  seed above the rate, or severe spikes in judged seeds above the count, is a FAIL; a PASS
+  needs `min_seeds` judged seeds.
+- collapse: a collapse event is decided in any seed (a non-finite value needs no power, the
+  reward rule is only confirmed after `recovery_steps` observed steps, the grad-norm rule is
+  an event against a non-zero early median); a PASS needs `min_seeds` judged seeds without
+  an unconfirmed reward drop.
+- reward: the interval of the mean population-reward gap over the judged seeds, against
+  -reward_gap_tolerance; both PASS and FAIL need `min_seeds` judged seeds and a judged BF16 seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from fp4rl.analysis.criteria import StabilityCriteria
+from fp4rl.analysis.runs import FULL_ARM, LEAVE_ONE_OUT_ARMS
+from fp4rl.analysis.summary import ArmSummary, SeedSummary
+
+
+@dataclasses.dataclass(frozen=True)
+class CriterionResult:
+    """passed: True (PASS), False (FAIL) or None (UNDECIDED, `reason` says why)."""
+
+    name: str
+    passed: bool | None
+    value: str
+    threshold: str
+    reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmVerdict:
+    """Pass/fail of the spike, collapse and reward criteria; `passed` is False if any failed,
+    None if none failed but one is undecided, True if all passed."""
+
+    arm: str
+    spike: CriterionResult
+    collapse: CriterionResult
+    reward: CriterionResult
+
+    @property
+    def criteria(self) -> tuple[CriterionResult, ...]:
+        return (self.spike, self.collapse, self.reward)
+
+    @property
+    def passed(self) -> bool | None:
+        results = [c.passed for c in self.criteria]
+        if False in results:
+            return False
+        return None if None in results else True
+
+    def failed(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.criteria if c.passed is False)
+
+    def undecided(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.criteria if c.passed is None)
+
+
+def _not_judged(seeds: tuple[SeedSummary, ...]) -> list[str]:
+    return [f"seed{x.seed}: {x.power.reason}" for x in seeds if not x.power.judged]
+
+
+def _too_few(n: int, c: StabilityCriteria, seeds: tuple[SeedSummary, ...]) -> str:
+    return "; ".join([f"{n} judged seed(s), {c.min_seeds} needed", *_not_judged(seeds)])
+
+
+def spike_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria()) -> CriterionResult:
+    """Spikes per 100 judged steps in every judged seed, and severe spikes in the arm."""
+    threshold = f"<= {c.max_spikes_per_100:g}/100 steps per seed; <= {c.max_severe_spikes} severe; >= {c.min_seeds} seeds"
+    judged = s.judged_seeds
+    others = sum(len(x.spike_steps) for x in s.seeds if not x.power.judged)
+    extra = f"; {others} spike(s) in seeds not judged" if others else ""
+    if not judged:
+        return CriterionResult("spike", None, "no judged seed" + extra, threshold, _too_few(0, c, s.seeds))
+    max_rate = max(x.spikes.per_100_steps for x in judged)
+    n_severe = sum(len(x.severe_steps) for x in judged)
+    value = f"max {max_rate:.2f}/100 steps over {len(judged)} judged seed(s); {n_severe} severe" + extra
+    if max_rate > c.max_spikes_per_100 or n_severe > c.max_severe_spikes:
+        return CriterionResult("spike", False, value, threshold)
+    if len(judged) < c.min_seeds:
+        return CriterionResult("spike", None, value, threshold, _too_few(len(judged), c, s.seeds))
+    return CriterionResult("spike", True, value, threshold)
+
+
+def collapse_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria()) -> CriterionResult:
+    """No seed collapses; decided failures need no power, a pass needs `min_seeds` judged seeds."""
+    threshold = f"no seed collapses; >= {c.min_seeds} seeds"
+    collapsed = [x for x in s.seeds if x.collapse.collapsed]
+    if collapsed:
+        return CriterionResult("collapse", False, "; ".join(f"seed{x.seed}: {x.collapse.reason}" for x in collapsed),
+                               threshold)
+    clear = [x for x in s.judged_seeds if not x.collapse.reward_drop_unconfirmed]
+    if len(clear) >= c.min_seeds:
+        return CriterionResult("collapse", True, "none", threshold)
+    pending = [f"seed{x.seed}: {x.collapse.note}" for x in s.judged_seeds if x.collapse.reward_drop_unconfirmed]
+    counted = "judged seed(s) without an unconfirmed reward drop" if pending else "judged seed(s)"
+    reason = "; ".join([f"{len(clear)} {counted}, {c.min_seeds} needed", *_not_judged(s.seeds), *pending])
+    return CriterionResult("collapse", None, "none observed", threshold, reason)
+
+
+def reward_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria()) -> CriterionResult:
+    """The interval of the mean population-reward gap to BF16 against -reward_gap_tolerance."""
+    threshold = f"interval >= -{c.reward_gap_tolerance:g}; >= {c.min_seeds} seeds"
+    if not s.has_reference:
+        return CriterionResult("reward", None, "n/a", threshold, "no BF16 reference arm")
+    if s.reference_judged == 0:
+        return CriterionResult("reward", None, "n/a", threshold, "no judged seed in the BF16 reference arm")
+    ci = s.reward_gap_ci
+    if ci is None:
+        return CriterionResult("reward", None, "n/a", threshold, "; ".join(
+            ["no judged seed with a population reward on steps the BF16 reference logged", *_not_judged(s.seeds)]))
+    value = f"{ci.mean:+.3f} [{ci.low:+.3f}, {ci.high:+.3f}] over {ci.n} judged seed(s)"
+    if ci.n < c.min_seeds:
+        return CriterionResult("reward", None, value, threshold, _too_few(ci.n, c, s.seeds))
+    if ci.low >= -c.reward_gap_tolerance:
+        return CriterionResult("reward", True, value, threshold)
+    if ci.high < -c.reward_gap_tolerance:
+        return CriterionResult("reward", False, value, threshold)
+    return CriterionResult("reward", None, value, threshold,
+                           f"the {ci.ci:.0%} interval straddles -{c.reward_gap_tolerance:g}")
+
+
+def verdict(arm_summary: ArmSummary, criteria: StabilityCriteria = StabilityCriteria()) -> ArmVerdict:
+    """Judge one arm against the declared thresholds (see `StabilityCriteria`)."""
+    s, c = arm_summary, criteria
+    return ArmVerdict(arm=s.arm, spike=spike_criterion(s, c), collapse=collapse_criterion(s, c),
+                      reward=reward_criterion(s, c))
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimResult:
+    """RL.md's claim status: reproduced is None when it cannot be decided (missing arms or
+    undecided criteria and no decided failure). `details[arm]` explains each arm's part."""
+
+    reproduced: bool | None
+    explanation: str
+    details: Mapping[str, str]
+
+
+def _undecided_text(v: ArmVerdict) -> str:
+    return "; ".join(f"{c.name} undecided ({c.reason})" for c in v.criteria if c.passed is None)
+
+
+def claim_reproduced(verdicts: Mapping[str, ArmVerdict]) -> ClaimResult:
+    """The full recipe passes spike, collapse and reward; each leave-one-out arm
+    (full-dq, full-46, full-hp) fails at least one of them (RL.md "Stability criteria")."""
+    details: dict[str, str] = {}
+    decided: list[bool | None] = []
+    full = verdicts.get(FULL_ARM)
+    if full is None:
+        details[FULL_ARM] = "missing: the full recipe was not run"
+        decided.append(None)
+    else:
+        ok = full.passed
+        details[FULL_ARM] = {True: "passes spike, collapse and reward (required)",
+                             False: f"fails {', '.join(full.failed())} (must pass all)",
+                             None: f"no criterion failed, but {_undecided_text(full)}"}[ok]
+        decided.append(ok)
+    for arm in LEAVE_ONE_OUT_ARMS:
+        v = verdicts.get(arm)
+        if v is None:
+            details[arm] = "missing: this leave-one-out arm was not run"
+            decided.append(None)
+        elif v.failed():
+            details[arm] = f"fails {', '.join(v.failed())} (required: fail at least one)"
+            decided.append(True)
+        elif v.passed is None:
+            details[arm] = f"no criterion failed, but {_undecided_text(v)}"
+            decided.append(None)
+        else:
+            details[arm] = "passes every criterion (required: fail at least one), so this intervention is not needed"
+            decided.append(False)
+    if False in decided:
+        reproduced, head = False, "Not reproduced"
+    elif None in decided:
+        reproduced, head = None, "Undecided"
+    else:
+        reproduced, head = True, "Reproduced"
+    lines = "; ".join(f"{arm}: {text}" for arm, text in details.items())
+    return ClaimResult(reproduced=reproduced, explanation=f"{head}. {lines}.", details=details)
