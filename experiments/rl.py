@@ -8,23 +8,27 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
+from fp4rl import xla_flags
 
-from experiments import sft as sft_experiment
-from fp4rl.config_cli import cli
-from fp4rl.rl import sft, trainer
+xla_flags.add(xla_flags.DETERMINISTIC_GPU)  # before jax starts a backend
+
+import jax  # noqa: E402
+
+from experiments import sft as sft_experiment  # noqa: E402
+from fp4rl.config_cli import cli  # noqa: E402
+from fp4rl.rl import sft, trainer  # noqa: E402
 
 PRESETS = {
     "smoke": trainer.RLConfig(steps=2, task=sft_experiment.SMOKE_TASK, group_size=4, prompts_per_step=2, max_gen_batches=2,
                               mini_batches=2, max_new_tokens=48, overlong_buffer=8, prompt_len=32, eval_every=2, eval_prompts=8,
                               init="runs/smoke/sft", out="runs/smoke/rl"),
-    "cpu": trainer.RLConfig(steps=8, task=sft_experiment.CPU_RL_TASK, group_size=8, prompts_per_step=4, mini_batches=2,
-                            max_new_tokens=72, overlong_buffer=8, prompt_len=44, eval_every=4, eval_prompts=32,
+    "cpu": trainer.RLConfig(steps=8, task=sft_experiment.RL_TASK, group_size=8, prompts_per_step=4, mini_batches=2,
+                            max_new_tokens=72, overlong_buffer=8, prompt_len=40, eval_every=4, eval_prompts=64,
                             init="runs/cpu/sft", out="runs/cpu/rl"),
-    "h200": trainer.RLConfig(steps=40, task=sft_experiment.CPU_RL_TASK, group_size=8, prompts_per_step=16,
-                             max_gen_batches=3, mini_batches=2, max_new_tokens=72, overlong_buffer=8, prompt_len=44,
-                             optim=trainer.OptimConfig(lr=3e-5, warmup_steps=3), eval_every=20, eval_prompts=128, checkpoint_every=10,
-                             init="runs/h200/sft", out="runs/h200/rl"),
+    "h200": trainer.RLConfig(steps=100, task=sft_experiment.RL_TASK, group_size=8, prompts_per_step=32,
+                             max_gen_batches=3, mini_batches=2, max_new_tokens=72, overlong_buffer=8, prompt_len=40,
+                             optim=trainer.OptimConfig(lr=3e-5, warmup_steps=3), eval_every=25, eval_prompts=512,
+                             checkpoint_every=25, init="runs/h200/sft", out="runs/h200/rl"),
 }
 
 

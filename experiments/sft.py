@@ -4,26 +4,35 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
+from fp4rl import xla_flags
 
-from fp4rl.config_cli import cli
-from fp4rl.rl import evaluation, sft
-from fp4rl.rl.task import TaskConfig
+xla_flags.add(xla_flags.DETERMINISTIC_GPU)  # before jax starts a backend
 
-# Short problems keep CPU runs fast: one-digit literals and two operands per step (smoke),
-# two-digit literals (cpu). The RL band is the harder end of the warm-up mix (RL.md).
+import jax  # noqa: E402
+
+from fp4rl.config_cli import cli  # noqa: E402
+from fp4rl.rl import evaluation, sft  # noqa: E402
+from fp4rl.rl.task import TaskConfig  # noqa: E402
+
+# The RL band (RL.md's difficulty knobs): two or three operations on one-digit literals, two
+# operands per step; the warm-up trains on one to three. Short problems keep CPU runs fast and let
+# a short warm-up get the scratchpad mostly right.
 SMOKE_TASK = TaskConfig(min_ops=1, max_ops=2, digits=1, max_operands=2)
-CPU_RL_TASK = TaskConfig(min_ops=2, max_ops=3, max_operands=2)
+WARMUP_TASK = TaskConfig(min_ops=1, max_ops=3, digits=1, max_operands=2)
+RL_TASK = TaskConfig(min_ops=2, max_ops=3, digits=1, max_operands=2)
+# The noisy teacher (`task.noisy_solution`): half of the training solutions box a wrong answer, so
+# the warm-up samples the right answer about half as often as its scratchpad gets it right, and RL
+# has something to learn.
+ANSWER_NOISE = 0.5
 
 PRESETS = {
     "smoke": sft.SFTConfig(model="tiny", task=SMOKE_TASK, eval_task=SMOKE_TASK, steps=20, warmup_steps=5, batch_size=8,
                            max_len=80, eval_problems=4, max_new_tokens=48, out="runs/smoke/sft"),
-    "cpu": sft.SFTConfig(model="tiny", task=TaskConfig(min_ops=1, max_ops=3, max_operands=2), eval_task=CPU_RL_TASK,
-                         steps=400, warmup_steps=40, batch_size=32, max_len=112, eval_problems=32, max_new_tokens=72,
-                         out="runs/cpu/sft"),
-    "h200": sft.SFTConfig(model="h200", task=TaskConfig(min_ops=1, max_ops=3, max_operands=2), eval_task=CPU_RL_TASK,
-                          steps=500, batch_size=128, max_len=112, lr=1e-3, warmup_steps=50, eval_problems=128,
-                          max_new_tokens=72, out="runs/h200/sft"),
+    "cpu": sft.SFTConfig(model="cpu", task=WARMUP_TASK, eval_task=RL_TASK, steps=400, warmup_steps=40, batch_size=32,
+                         max_len=112, eval_problems=64, max_new_tokens=72, answer_noise=ANSWER_NOISE, out="runs/cpu/sft"),
+    "h200": sft.SFTConfig(model="h200", task=WARMUP_TASK, eval_task=RL_TASK, steps=800, batch_size=128, max_len=112,
+                          lr=1e-3, warmup_steps=50, eval_problems=512, max_new_tokens=72, answer_noise=ANSWER_NOISE,
+                          out="runs/h200/sft"),
 }
 
 

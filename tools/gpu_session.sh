@@ -6,6 +6,7 @@
 #   bash tools/gpu_session.sh MODE...   # several modes in one device call, in order
 #   bash tools/gpu_session.sh bench     # compiled kernel suite + the four benchmarks
 #   bash tools/gpu_session.sh pilot     # h200 warm-up + the pilot arms (resumable)
+#   bash tools/gpu_session.sh learn     # h200 warm-up + bf16 RL (RL_ARGS), then the learning analysis
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
 #   bash tools/gpu_session.sh mosaic    # the compiled Mosaic GPU kernel suite alone
 #   bash tools/gpu_session.sh model     # the model GPU test alone (Triton impl == reference, bitwise)
@@ -132,8 +133,17 @@ case "$mode" in
     cp "$log" runs/pilot/log.txt
     tar czf "$OUT/pilot.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/pilot
     ;;
+  learn)
+    # The deterministic warm-up (experiments set --xla_gpu_deterministic_ops; sft_meta.json records
+    # the parameters' SHA-256), then bf16 RL with held-out evaluations and the learning verdict.
+    step warmup "${WARMUP_SECONDS:-240}" python -m experiments.sft --preset h200 ${SFT_ARGS:-}
+    step rl_bf16 "${RL_SECONDS:-420}" python -m experiments.rl --preset h200 --arm bf16 --seeds 2 ${RL_ARGS:-}
+    step learning 30 python -m fp4rl.analysis.learning runs/h200/rl/bf16
+    cp "$log" runs/h200/log.txt
+    tar czf "$OUT/learn.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200
+    ;;
   *)
-    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, probe, pilot" | tee -a "$log"; exit 2
+    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, probe, pilot, learn" | tee -a "$log"; exit 2
     ;;
 esac
 done

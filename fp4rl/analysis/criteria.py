@@ -130,7 +130,7 @@ class StabilityCriteria:
             "reward criterion also needs them to fail); without power it is UNDECIDED, never FAIL. A non-finite "
             "value is a collapse at any power.",
             f"final held-out accuracy (greedy and sampled) with a {c.ci_level:.0%} hierarchical bootstrap "
-            "interval (seeds resampled, then each seed's Binomial(eval/n, accuracy) evaluation error), and the "
+            "interval (seeds resampled, then each seed's evaluation error: Jeffreys posterior of k of eval/n), and the "
             "change of sampled accuracy from the first evaluation to the last; mismatch (sampler vs trainer "
             "k3 KL per token): reported, not judged.",
         ]

@@ -4,9 +4,9 @@
 - `reward_gap_ci`: a two-level bootstrap interval of the mean gap (seeds, then blocks of steps);
 - `bootstrap_ci`: percentile bootstrap of a mean over seeds;
 - `accuracy_ci` / `accuracy_change_ci`: hierarchical bootstrap of held-out accuracy: seeds
-  resampled with replacement, then each resampled seed's evaluation redrawn as
-  Binomial(n_eval, p_seed) / n_eval, so a few seeds evaluated on few problems get an interval
-  that carries both errors;
+  resampled with replacement, then each resampled seed's accuracy redrawn from its evaluation's
+  Jeffreys posterior Beta(k + 1/2, n_eval - k + 1/2), so a few seeds evaluated on few problems get
+  an interval that carries both errors;
 - `mismatch_summary`: trainer/sampler mismatch over a run.
 """
 
@@ -91,12 +91,15 @@ def _eval_sizes(p, n) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _redraw(rng, p: np.ndarray, n: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """[B, S]: the accuracy of resampled seed idx[b, s], redrawn as Binomial(n, p) / n where n
-    is known, kept at p where it is not."""
+    """[B, S]: the accuracy of resampled seed idx[b, s], redrawn where n is known from
+    Beta(k + 1/2, n - k + 1/2) with k = p * n correct (the Jeffreys posterior of the accuracy), kept
+    at p where it is not. Unlike a Binomial(n, p) redraw, this does not claim certainty when a
+    seed solved none or all of its problems (0 of 8 is not evidence of an accuracy of exactly 0)."""
     pi, ni = p[idx], n[idx]
     known = np.isfinite(ni)
     out = pi.copy()
-    out[known] = rng.binomial(ni[known].astype(np.int64), pi[known]) / ni[known]
+    k = pi[known] * ni[known]
+    out[known] = rng.beta(k + 0.5, ni[known] - k + 0.5)
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -154,6 +155,7 @@ def train(config: SFTConfig, progress: bool = True) -> dict:
         "accuracy": table,
         "params_sha256": params_digest(params),
         "backend": jax.default_backend(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
     (out / "sft_meta.json").write_text(json.dumps(meta, indent=2))
     (out / "accuracy.md").write_text(evaluation.accuracy_table_markdown(table))

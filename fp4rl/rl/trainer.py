@@ -57,7 +57,8 @@ class RLConfig:
     eval_every: held-out evaluation every this many steps (and at the last step; 0: never) on
     `eval_prompts` problems of stream `eval_task_seed`: greedy accuracy (`eval/accuracy`, RL.md's
     final accuracy) and sampled accuracy at `temperature` (`eval/sampled_accuracy`), the same
-    sampling keys at every evaluation so that differences between steps are not sampling noise.
+    sampling keys at every evaluation so that differences between steps are not sampling noise;
+    the policy before any update is evaluated too (`eval/initial_*`, logged with step 0).
     """
 
     arm: str = "bf16"
@@ -397,10 +398,16 @@ class Trainer:
                                                               "recipe": json.loads(self.recipe.to_json()),
                                                               "model_config": self.sft_meta["model_config"]}, indent=2))
         history = [[] for _ in self.seeds]
+        # The policy before any update, on the same held-out problems and keys: the baseline of
+        # "does RL learn" (logged with step 0 as eval/initial_*).
+        initial = self.evaluate(state["params"]) if c.eval_every and start == 0 else [{} for _ in self.seeds]
         bar = tqdm(range(start, c.steps), desc=f"rl {c.arm} x{len(self.seeds)} seeds", disable=not self.progress,
                    initial=start, total=c.steps)
         for step in bar:
             state, records, update_records = self.step(state, step)
+            if step == 0:
+                for r, e in zip(records, initial):
+                    r.update({k.replace("eval/", "eval/initial_"): v for k, v in e.items()})
             if c.eval_every and ((step + 1) % c.eval_every == 0 or step == c.steps - 1):
                 for r, e in zip(records, self.evaluate(state["params"])):
                     r.update(e)

@@ -1,0 +1,432 @@
+"""Statistics, decision rule, report and plots of the fixed-parameter gradient measurements
+(`fp4rl.rl.gradients`).
+
+Every interval is a 95% percentile bootstrap over the rollout batches (the mismatch: over its
+batches): one matrix of resampled batch counts serves every statistic, so the intervals of
+quantities measured on the same batches are paired. Definitions, per recipe r, reference ref
+(BF16 or the recipe's straight-through view), group of parameters and batch b, with m_b the mean
+of the recipe's gradients over its K keys and v_b their variance over keys (unbiased):
+- rel_error  = sqrt(sum_b E_k||g_bk - ref_b||^2 / sum_b ||ref_b||^2), where
+               E_k||g_bk - ref_b||^2 = ||m_b - ref_b||^2 + (K-1)/K v_b;
+- cosine     = mean_b cos(g_b0, ref_b) (the first key: the draw an update sees);
+- sr_std     = sqrt(sum_b v_b / sum_b ||ref_b||^2) (0 for a deterministic backward);
+- bias       = ||mean_b (m_b - ref_b)|| / ||mean_b ref_b|| (the error of the mean gradient);
+- coherent_bias = sqrt(U(d) / U(ref)): U(x) = mean over pairs of distinct batches of <x_b, x_b'>,
+               an unbiased estimate of ||E x||^2, so the batch noise left in `bias` cancels;
+- noise floor = the batch-to-batch variance of the BF16 gradient, sum_b ||g_b - mean g||^2 / (B-1);
+  noise_fraction = mean_b E_k||g_bk - g_bf16,b||^2 / noise floor (both squared norms: variances add).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from fp4rl.analysis.plots import arm_color
+
+CI_LEVEL = 0.95
+NOISE_FRACTION_MAX = 0.05
+COHERENT_BIAS_MAX = 0.1
+TAIL_FACTOR = 3.0
+TAIL_ALPHA = 0.05
+DECISION_GROUP = "all"
+DECISION_RULE = (
+    f"Judged on the parameter group '{DECISION_GROUP}', with {CI_LEVEL:.0%} bootstrap intervals over batches. "
+    f"A recipe PASSES when (1) its gradient error vs BF16 is below {NOISE_FRACTION_MAX:.0%} of the RL noise floor "
+    "(noise_fraction: mean squared error over batches and SR keys / batch-to-batch variance of the BF16 gradient), "
+    f"(2) its coherent bias ||E[g_r - g_bf16]|| is below {COHERENT_BIAS_MAX} of the BF16 signal ||E[g_bf16]||, and "
+    f"(3) its grad-norm tail rate (fraction of batches above {TAIL_FACTOR:g}x its median) does not exceed BF16's "
+    f"(one-sided Fisher exact test, p >= {TAIL_ALPHA}). It EXCEEDS when an interval lies wholly above threshold (1) "
+    f"or (2), or the test gives p < {TAIL_ALPHA}; otherwise, when an interval straddles a threshold, it is UNDECIDED. "
+    "If every recipe passes, the paper's mechanism (a precision-induced gradient error large enough to destabilise "
+    "RL) does not operate at this scale; if any recipe exceeds, it does, for the recipes that exceed; otherwise the "
+    "answer is UNDECIDED.")
+
+
+# ---------------------------------------------------------------------------------- statistics
+def ci(value: float, replicates: np.ndarray) -> dict:
+    """{"value", "lo", "hi"}: the statistic and the percentile interval of its replicates."""
+    alpha = (1.0 - CI_LEVEL) / 2
+    reps = np.asarray(replicates, np.float64)
+    reps = reps[~np.isnan(reps)]
+    lo, hi = np.quantile(reps, [alpha, 1 - alpha]) if reps.size else (np.nan, np.nan)
+    return {"value": float(value), "lo": float(lo), "hi": float(hi)}
+
+
+def resample(batches: int, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(index_NxB, counts_NxB): bootstrap resamples of the batches; row 0 is the sample itself."""
+    rng = np.random.default_rng(seed)
+    index = np.concatenate([np.arange(batches)[None], rng.integers(0, batches, (n_boot, batches))])
+    counts = np.stack([np.bincount(row, minlength=batches) for row in index]).astype(np.float64)
+    return index, counts
+
+
+def _ratio(num_B, den_B, counts):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (counts @ num_B) / (counts @ den_B)
+
+
+def _quad(gram_BxB, counts):
+    return np.einsum("nb,bc,nc->n", counts, gram_BxB, counts)
+
+
+def pair_mean(gram_BxB, counts):
+    """Mean of <x_b, x_b'> over pairs of distinct batches (weighted by counts): unbiased ||E x||^2."""
+    diag = np.diag(gram_BxB)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (_quad(gram_BxB, counts) - counts**2 @ diag) / (counts.sum(1) ** 2 - (counts**2).sum(1))
+
+
+def batch_variance(gram_BxB, counts):
+    """Unbiased variance over batches, sum_b ||x_b - mean x||^2 / (B - 1), per resample."""
+    b = counts.sum(1)
+    return (counts @ np.diag(gram_BxB) - _quad(gram_BxB, counts) / b) / (b - 1)
+
+
+def _safe_ratio(num, den):
+    """num / den, +inf where den <= 0 (e.g. a signal estimate that is not positive)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.inf)
+
+
+def _sqrt_ratio(num, den):
+    return np.sqrt(np.maximum(_safe_ratio(num, den), 0.0))
+
+
+def _stat(reps) -> dict:
+    return ci(reps[0], reps[1:])
+
+
+def fisher_exact_greater(a: int, b: int, c: int, d: int) -> float:
+    """One-sided Fisher exact test of the 2x2 table [[a, b], [c, d]]: P(X >= a) with X the top-left
+    count under the hypergeometric law of fixed margins (row 1 has the higher odds of column 1)."""
+    row1, col1, n = a + b, a + c, a + b + c + d
+    total = math.comb(n, row1)
+    tail = sum(math.comb(col1, x) * math.comb(n - col1, row1 - x) for x in range(a, min(row1, col1) + 1))
+    return tail / total
+
+
+def tail_count(norms, factor: float = TAIL_FACTOR) -> int:
+    return int(np.sum(norms > factor * np.median(norms)))
+
+
+# ---------------------------------------------------------------------------------- analysis
+def compare_stats(per_batch: Mapping, ref: str, k: int, gram_diff, gram_ref, counts, floor=None) -> dict:
+    """Per group: the statistics of one (source, reference) pair (see the module docstring)."""
+    cmp = per_batch["cmp"][ref]
+    out = {}
+    for g in range(gram_diff.shape[0]):
+        total = cmp["err_sq"][:, g] + (k - 1) / k * per_batch["sr_var"][:, g]
+        den = np.sqrt(cmp["g0_sq"][:, g] * cmp["ref_sq"][:, g])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cos = np.where(den > 0, cmp["dot0"][:, g] / den, np.nan)
+        stats = {
+            "rel_error": _stat(np.sqrt(_ratio(total, cmp["ref_sq"][:, g], counts))),
+            "cosine": _stat(np.nansum(counts * cos, 1) / (counts * ~np.isnan(cos)).sum(1)),
+            "sr_std": _stat(np.sqrt(_ratio(per_batch["sr_var"][:, g], cmp["ref_sq"][:, g], counts))),
+            "bias": _stat(_sqrt_ratio(_quad(gram_diff[g], counts), _quad(gram_ref[g], counts))),
+            "coherent_bias": _stat(_sqrt_ratio(pair_mean(gram_diff[g], counts), pair_mean(gram_ref[g], counts))),
+        }
+        if floor is not None:
+            stats["noise_fraction"] = _stat(_safe_ratio((counts @ total) / counts.sum(1), floor[g]))
+        out[g] = stats
+    return out
+
+
+def analyze(raw: Mapping, n_boot: int = 1000, seed: int = 0) -> dict:
+    """The statistics of `Session.gradients` + `Session.mismatch` raw arrays, and the decision."""
+    groups, ref = raw["groups"], raw["reference"]
+    index, counts = resample(raw["batches"], n_boot, seed)
+    gram_bf16 = raw["gram_ref"][ref]
+    floor = np.stack([batch_variance(gram_bf16[g], counts) for g in range(len(groups))])
+    noise = {group: {"noise_share": _stat(_safe_ratio(floor[g], counts @ np.diag(gram_bf16[g]) / counts.sum(1))),
+                     "noise_to_signal": _stat(_safe_ratio(floor[g], pair_mean(gram_bf16[g], counts)))}
+             for g, group in enumerate(groups)}
+    sources = {}
+    for src in raw["sources"]:
+        pb, k = raw["per_batch"][src], raw["sr_keys"][src]
+        entry = {"sr_keys": k, "max_abs_ratio_minus_1": float(np.max(pb["ratio_dev"]))}
+        for name, ref_src in raw["refs_of"][src].items():
+            by_group = compare_stats(pb, name, k, raw["gram_diff"][src][name], raw["gram_ref"][ref_src], counts,
+                                     floor if name == "bf16" else None)
+            entry[f"vs_{name}"] = {groups[g]: s for g, s in by_group.items()}
+        norms = np.sqrt(pb["cmp"]["bf16"]["g0_sq"][:, groups.index("all")])
+        entry["grad_norm"] = {"values": norms.tolist(), "median": _stat(np.median(norms[index], 1)),
+                              "tail_count": tail_count(norms),
+                              "tail_rate": _stat(np.mean(norms[index] > TAIL_FACTOR * np.median(norms[index], 1, keepdims=True), 1))}
+        sources[src] = entry
+    ref_norms = np.asarray(sources[ref]["grad_norm"]["values"])
+    recipes = {}
+    for name in raw["recipes"]:
+        entry = sources[name]
+        n = len(entry["grad_norm"]["values"])
+        t, t_ref = entry["grad_norm"]["tail_count"], tail_count(ref_norms)
+        entry["grad_norm"]["fisher_p_vs_bf16"] = fisher_exact_greater(t, n - t, t_ref, len(ref_norms) - t_ref)
+        kl = raw["kl"][name]
+        entry["policy_change_kl"] = {f"{lr:g}": _stat(counts @ kl[:, i] / counts.sum(1)) for i, lr in enumerate(raw["lrs"])}
+        entry["forward_class"] = raw["forward_class"][name]
+        entry["straight_through"] = raw["refs_of"][name]["ste"]
+        recipes[name] = entry
+    mismatch = {}
+    for cls, variants in raw["mismatch"].items():
+        mismatch[cls] = {}
+        for variant, k3 in variants.items():
+            if isinstance(k3, str):
+                mismatch[cls][variant] = k3
+                continue
+            _, c = resample(len(k3), n_boot, seed + 1)
+            mismatch[cls][variant] = _stat(c @ k3 / c.sum(1))
+    for name, entry in recipes.items():
+        entry["mismatch_k3"] = mismatch[entry["forward_class"]]
+    straight = {src: sources[src] for src in raw["sources"] if src not in recipes}
+    rollouts = {k: _stat(np.asarray(v, np.float64)[index].mean(1)) for k, v in raw["rollouts"].items()}
+    rollouts["batches_without_loss_tokens"] = int(np.sum(np.asarray(raw["rollouts"]["loss_tokens"]) == 0))
+    results = {"groups": groups, "batches": raw["batches"], "lrs": raw["lrs"], "sketched_groups": raw["sketched_groups"],
+               "ci": f"{CI_LEVEL:.0%} percentile bootstrap over the {raw['batches']} rollout batches ({n_boot} resamples)",
+               "rollouts": rollouts, "noise_floor": noise, "recipes": recipes, "straight_through": straight}
+    judged = {name: {"noise_fraction": e["vs_bf16"][DECISION_GROUP]["noise_fraction"],
+                     "coherent_bias": e["vs_bf16"][DECISION_GROUP]["coherent_bias"],
+                     "fisher_p": e["grad_norm"]["fisher_p_vs_bf16"]} for name, e in recipes.items() if name != ref}
+    results["decision"] = decide(judged)
+    return results
+
+
+# ---------------------------------------------------------------------------------- decision
+def _verdict(interval: Mapping, threshold: float) -> str:
+    if interval["hi"] < threshold:
+        return "pass"
+    if interval["lo"] > threshold:
+        return "exceeds"
+    return "undecided"
+
+
+def decide(judged: Mapping[str, Mapping]) -> dict:
+    """Apply DECISION_RULE to recipe -> {"noise_fraction": ci, "coherent_bias": ci, "fisher_p": p}."""
+    per_recipe = {}
+    for name, m in judged.items():
+        checks = {"noise_fraction": _verdict(m["noise_fraction"], NOISE_FRACTION_MAX),
+                  "coherent_bias": _verdict(m["coherent_bias"], COHERENT_BIAS_MAX),
+                  "tail": "exceeds" if m["fisher_p"] < TAIL_ALPHA else "pass"}
+        verdict = ("EXCEEDS" if "exceeds" in checks.values() else "UNDECIDED" if "undecided" in checks.values() else "PASSES")
+        per_recipe[name] = {"verdict": verdict, "checks": checks}
+    exceeds = [n for n, v in per_recipe.items() if v["verdict"] == "EXCEEDS"]
+    undecided = [n for n, v in per_recipe.items() if v["verdict"] == "UNDECIDED"]
+    if exceeds:
+        outcome = "operates"
+        conclusion = f"The mechanism OPERATES at this scale, for: {', '.join(exceeds)}."
+        if undecided:
+            conclusion += f" UNDECIDED for: {', '.join(undecided)}."
+    elif undecided:
+        outcome = "undecided"
+        conclusion = f"UNDECIDED: no recipe exceeds a threshold, but the intervals of {', '.join(undecided)} straddle one."
+    else:
+        outcome = "does not operate"
+        conclusion = "The mechanism does NOT operate at this scale: every recipe passes every check."
+    return {"rule": DECISION_RULE, "per_recipe": per_recipe, "outcome": outcome, "conclusion": conclusion}
+
+
+# ---------------------------------------------------------------------------------- output
+def _jsonable(x):
+    """Plain JSON: numpy scalars to floats, non-finite numbers to None (strict JSON has no inf)."""
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return float(x) if np.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def _flat_arrays(tree, prefix="") -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(_flat_arrays(v, f"{prefix}{k}/"))
+        elif isinstance(v, np.ndarray):
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def fmt(c) -> str:
+    """'value [lo, hi]' with 3 significant digits (n/a for a missing or non-finite value)."""
+    if isinstance(c, str):
+        return c
+    f = lambda x: "n/a" if x is None or not np.isfinite(x) else f"{x:.3g}"  # noqa: E731
+    return f"{f(c['value'])} [{f(c['lo'])}, {f(c['hi'])}]"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def report_markdown(results: Mapping) -> str:
+    recipes, groups, g = results["recipes"], results["groups"], DECISION_GROUP
+    model = results["model"]["config"]
+    lines = ["# Fixed-parameter gradient measurements", "",
+             f"Warm-up `{results['config']['init']}`: {model['num_layers']} layers, d_model {model['d_model']}, "
+             f"{model['num_experts']} experts (top {model['top_k']}), compute {model['dtype']}, backend "
+             f"{results['model']['backend']}, quantizer impl {results['model']['impl']}. "
+             f"{results['batches']} rollout batches of {results['config']['rollout']['prompts_per_step']} prompts x "
+             f"{results['config']['rollout']['group_size']} samples (BF16 sampler, temperature "
+             f"{results['config']['rollout']['temperature']}), shared by every recipe; {results['config']['sr_keys']} "
+             "stochastic-rounding keys per batch for quantized-backward recipes.",
+             "", f"Intervals: {results['ci']}. Definitions: `fp4rl/analysis/gradient_report.py`.",
+             "", "## Decision rule (stated before the results)", "", DECISION_RULE, ""]
+    if results["sketched_groups"]:
+        lines += [f"Groups measured through a CountSketch of {results['config']['sketch_dim']} buckets (inner products "
+                  f"to about 1/sqrt of that): {', '.join(results['sketched_groups'])}.", ""]
+    r = results["rollouts"]
+    lines += ["## Rollouts", "", f"Population accuracy {fmt(r['accuracy'])}, kept-group fraction {fmt(r['kept_group_frac'])}, "
+              f"generation batches per rollout batch {fmt(r['gen_batches'])}, loss tokens per batch {fmt(r['loss_tokens'])}.", ""]
+    if r["batches_without_loss_tokens"]:
+        lines += [f"**Warning**: {r['batches_without_loss_tokens']} of {results['batches']} batches have no loss token (every "
+                  "group's rewards were equal): their gradient is the load-balancing term alone.", ""]
+    lines += ["## RL noise floor (BF16, batch to batch)", ""]
+    lines += _table(["group", "noise share of per-batch energy", "noise / signal ||E g||^2"],
+                    [[grp, fmt(results["noise_floor"][grp]["noise_share"]), fmt(results["noise_floor"][grp]["noise_to_signal"])]
+                     for grp in groups])
+    lines += ["", f"## Gradient error, group '{g}'", ""]
+    header = ["recipe", "rel. error vs bf16", "cosine vs bf16", "bias vs bf16", "coherent bias vs bf16", "noise fraction",
+              "SR std", "rel. error vs STE", "cosine vs STE", "coherent bias vs STE"]
+    rows = []
+    for name, e in recipes.items():
+        b, s = e["vs_bf16"][g], e["vs_ste"][g]
+        rows.append([name, fmt(b["rel_error"]), fmt(b["cosine"]), fmt(b["bias"]), fmt(b["coherent_bias"]),
+                     fmt(b["noise_fraction"]), fmt(b["sr_std"]), fmt(s["rel_error"]), fmt(s["cosine"]), fmt(s["coherent_bias"])])
+    lines += _table(header, rows)
+    lines += ["", "## Noise fraction per group (error vs bf16 / RL noise floor)", ""]
+    lines += _table(["recipe", *groups], [[n, *(fmt(e["vs_bf16"][grp]["noise_fraction"]) for grp in groups)] for n, e in recipes.items()])
+    lines += ["", "## Relative error vs bf16 per group", ""]
+    lines += _table(["recipe", *groups], [[n, *(fmt(e["vs_bf16"][grp]["rel_error"]) for grp in groups)] for n, e in recipes.items()])
+    lines += ["", "## Straight-through views vs bf16 (the forward's quantization alone)", ""]
+    lines += _table(["view", "rel. error", "cosine", "coherent bias", "noise fraction"],
+                    [[n, fmt(e["vs_bf16"][g]["rel_error"]), fmt(e["vs_bf16"][g]["cosine"]), fmt(e["vs_bf16"][g]["coherent_bias"]),
+                      fmt(e["vs_bf16"][g]["noise_fraction"])] for n, e in results["straight_through"].items()])
+    lines += ["", f"## Pre-clip global grad norm over the batches (tail: > {TAIL_FACTOR:g}x the recipe's median)", ""]
+    lines += _table(["recipe", "median", "tail count", "tail rate", "Fisher p (tail > bf16's)", "max |ratio - 1|"],
+                    [[n, fmt(e["grad_norm"]["median"]), f"{e['grad_norm']['tail_count']}/{len(e['grad_norm']['values'])}",
+                      fmt(e["grad_norm"]["tail_rate"]), f"{e['grad_norm']['fisher_p_vs_bf16']:.3g}",
+                      f"{e['max_abs_ratio_minus_1']:.2g}"] for n, e in recipes.items()])
+    lines += ["", "## Policy change KL(old || new) of one AdamW update (k3, response tokens)", ""]
+    lrs = [f"{lr:g}" for lr in results["lrs"]]
+    lines += _table(["recipe", *(f"lr {lr}" for lr in lrs)], [[n, *(fmt(e["policy_change_kl"][lr]) for lr in lrs)] for n, e in recipes.items()])
+    lines += ["", "## Sampler vs trainer k3 KL at the warm-up policy, per forward class", ""]
+    mismatch = {e["forward_class"]: e["mismatch_k3"] for e in recipes.values()}
+    variants = list(next(iter(mismatch.values())))
+    lines += _table(["forward class", *variants], [[cls, *(fmt(m[v]) for v in variants)] for cls, m in mismatch.items()])
+    d = results["decision"]
+    lines += ["", "## Decision", ""]
+    lines += _table(["recipe", "noise fraction", "coherent bias", "tail", "verdict"],
+                    [[n, v["checks"]["noise_fraction"], v["checks"]["coherent_bias"], v["checks"]["tail"], f"**{v['verdict']}**"]
+                     for n, v in d["per_recipe"].items()])
+    lines += ["", f"**{d['conclusion']}**", ""]
+    t = results["timings"]
+    lines += ["## Timings", "", f"Total {t['total_s']:.1f} s: rollouts {t['rollouts_s']:.1f} s, gradients {t['gradients_s']:.1f} s, "
+              f"mismatch {t['mismatch_s']:.1f} s (compiling included); compile time summed over "
+              f"{len(t['compile_s'])} programs {t['compile_total_s']:.1f} s.", ""]
+    return "\n".join(lines)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def _values(cis, key) -> np.ndarray:
+    return np.array([np.nan if c[key] is None else c[key] for c in cis], np.float64)
+
+
+def _errorbars(ax, x, cis, color, **kw):
+    v, lo, hi = _values(cis, "value"), _values(cis, "lo"), _values(cis, "hi")
+    hi = np.where(np.isfinite(hi), hi, np.nanmax(np.r_[v, lo, 1.0]) * 10)
+    ax.errorbar(x, v, yerr=[np.clip(v - lo, 0, None), np.clip(hi - v, 0, None)], fmt="o", color=color, capsize=3, **kw)
+
+
+def plot_errors(results: Mapping, path: Path) -> Path:
+    """Per group: each recipe's noise fraction and coherent bias (vs bf16) with CIs and thresholds."""
+    groups, recipes = results["groups"], [n for n in results["recipes"] if n != "bf16"]
+    fig = Figure(figsize=(3.2 * len(groups), 7), layout="constrained")
+    axes = fig.subplots(2, len(groups), sharey="row", squeeze=False)
+    for j, grp in enumerate(groups):
+        for row, (key, threshold) in enumerate((("noise_fraction", NOISE_FRACTION_MAX), ("coherent_bias", COHERENT_BIAS_MAX))):
+            ax = axes[row, j]
+            for i, name in enumerate(recipes):
+                _errorbars(ax, [i], [results["recipes"][name]["vs_bf16"][grp][key]], arm_color(name))
+            ax.axhline(threshold, color="#d62728", linestyle="--", linewidth=1)
+            ax.set_yscale("log")
+            ax.set_xticks(range(len(recipes)), recipes, rotation=60, fontsize=8)
+            ax.grid(True, alpha=0.3)
+            if row == 0:
+                ax.set_title(grp)
+            if j == 0:
+                ax.set_ylabel("error / RL noise floor" if key == "noise_fraction" else "coherent bias / bf16 signal")
+    fig.suptitle(f"Gradient error vs BF16 with {results['ci']}; dashed: decision thresholds", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_grad_norms(results: Mapping, path: Path) -> Path:
+    """Per recipe the pre-clip grad norms over the batches, its median and the tail threshold."""
+    recipes = list(results["recipes"])
+    fig = Figure(figsize=(max(6, 0.9 * len(recipes) + 2), 4.5), layout="constrained")
+    ax = fig.subplots()
+    rng = np.random.default_rng(0)
+    for i, name in enumerate(recipes):
+        norms = np.asarray(results["recipes"][name]["grad_norm"]["values"])
+        med = np.median(norms)
+        tail = norms > TAIL_FACTOR * med
+        x = i + rng.uniform(-0.25, 0.25, norms.size)
+        ax.scatter(x[~tail], norms[~tail], s=12, color=arm_color(name), alpha=0.7)
+        ax.scatter(x[tail], norms[tail], s=40, marker="X", color="#d62728", zorder=5)
+        ax.hlines(med, i - 0.35, i + 0.35, color="0.2", linewidth=2)
+        ax.hlines(TAIL_FACTOR * med, i - 0.35, i + 0.35, color="#d62728", linestyle=":", linewidth=1.2)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(recipes)), recipes, rotation=45)
+    ax.set_ylabel("pre-clip global grad norm (log)")
+    ax.set_title(f"Grad norm per batch at the warm-up parameters: bar = median, dotted = {TAIL_FACTOR:g}x median, "
+                 "X = tail", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_policy_change(results: Mapping, path: Path) -> Path:
+    """KL(old || new) of one AdamW update against the learning rate, per recipe, with CIs."""
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.subplots()
+    lrs = results["lrs"]
+    for name, e in results["recipes"].items():
+        cis = [e["policy_change_kl"][f"{lr:g}"] for lr in lrs]
+        ax.plot(lrs, _values(cis, "value"), color=arm_color(name), marker="o", label=name)
+        ax.fill_between(lrs, _values(cis, "lo"), _values(cis, "hi"), color=arm_color(name), alpha=0.12, linewidth=0)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("KL(old || new), k3 per token")
+    ax.set_title("Policy change of one AdamW update from the warm-up", fontsize=10)
+    ax.legend(fontsize=8, ncols=2, frameon=False)
+    ax.grid(True, which="both", alpha=0.3)
+    return _save(fig, path)
+
+
+def write(results: Mapping, raw: Mapping, out: str | Path) -> dict[str, Path]:
+    """gradients.json (every number), gradients.npz (the raw per-batch arrays and Gram matrices),
+    report.md and three PNGs under `out`; returns their paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "gradients.json", "npz": out / "gradients.npz", "report": out / "report.md"}
+    paths["json"].write_text(json.dumps(_jsonable(results), indent=1))
+    np.savez_compressed(paths["npz"], **_flat_arrays({k: raw[k] for k in ("per_batch", "gram_diff", "gram_ref", "kl")}))
+    clean = json.loads(paths["json"].read_text())
+    paths["report"].write_text(report_markdown(clean))
+    paths["errors_png"] = plot_errors(clean, out / "gradient_error.png")
+    paths["grad_norms_png"] = plot_grad_norms(clean, out / "grad_norms.png")
+    paths["policy_change_png"] = plot_policy_change(clean, out / "policy_change.png")
+    return paths

@@ -1,0 +1,572 @@
+"""Fixed-parameter gradient measurements: does a recipe's policy gradient differ from BF16's by
+more than the RL noise does?
+
+At the warm-up parameters, `batches` rollout batches are drawn once with the BF16 sampler
+(dynamic sampling as in the trainer) and reused for every recipe. Per recipe and batch: the
+gradient of the trainer's loss (`policy.make_loss_fn`) on-policy (the old log-probs are the
+recipe's own forward: ratio 1), drawn under `sr_keys` stochastic-rounding / Hadamard keys when the
+recipe has a quantized backward (one key otherwise: nothing else is random), and compared at the
+same batch with two references: the BF16 gradient and the straight-through gradient of the
+recipe's own quantized forward (`straight_through`). Per batch the mean over keys is also
+projected (`Projection`) so that the cross-batch Gram matrices give the error of the mean
+gradient and the batch-to-batch noise of BF16 (the RL noise floor). Also measured: the policy
+change KL(old || new) of one AdamW update per learning rate, and the sampler/trainer k3 KL per
+forward class, compute dtype and quantizer implementation. `fp4rl.analysis.gradient_report` turns
+the raw arrays into statistics with bootstrap CIs over batches, the decision, report and plots.
+
+Programs: one gradient program per distinct recipe (arms that share a straight-through
+reference share it), one log-prob / sampler / sync program per forward class (and dtype, impl),
+and three small programs shared by all (compare, project, optimizer step). `Programs` compiles
+them ahead, on `compile_workers` threads (XLA compiles without holding the GIL), and times it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from tqdm.auto import tqdm
+
+from fp4rl import operands
+from fp4rl.model import sync as model_sync
+from fp4rl.model.config import DTYPES, ModelConfig
+from fp4rl.model.transformer import Transformer
+from fp4rl.recipe import ABLATION_ARMS, SITE_KINDS, PrecisionRecipe
+from fp4rl.rl import dapo, data, evaluation, policy, rollout, sft
+from fp4rl.rl.task import TaskConfig, make_problem
+from fp4rl.rl.trainer import OptimConfig, RLConfig
+
+GROUPS = ("routed_experts", "shared_expert", "attention", "last_layers", "all")
+REFERENCE = "bf16"
+DEFAULT_RECIPES = ABLATION_ARMS + ("mxfp8", "mxfp8+dq")
+F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """The rollout and loss settings, as in the RL runs (defaults: `RLConfig`'s)."""
+
+    task: TaskConfig = RLConfig.task
+    task_seed: int = RLConfig.task_seed
+    prompt_len: int = RLConfig.prompt_len
+    group_size: int = RLConfig.group_size
+    prompts_per_step: int = RLConfig.prompts_per_step
+    max_gen_batches: int = RLConfig.max_gen_batches
+    max_new_tokens: int = RLConfig.max_new_tokens
+    overlong_buffer: int = RLConfig.overlong_buffer
+    temperature: float = RLConfig.temperature
+    loss: policy.LossConfig = RLConfig.loss
+
+    def __post_init__(self):
+        if self.group_size < 2 or self.prompts_per_step < 1 or self.max_gen_batches < 1:
+            raise ValueError(f"need {self.group_size=} >= 2, {self.prompts_per_step=} >= 1, {self.max_gen_batches=} >= 1")
+        if self.temperature <= 0:
+            raise ValueError(f"{self.temperature=} must be > 0 (rollouts are sampled)")
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateConfig:
+    """The trainer's AdamW (`policy.make_optimizer`, warm-up 1) at each learning rate of `lrs`."""
+
+    lrs: tuple[float, ...] = (1e-5, 3e-5, 1e-4)
+    weight_decay: float = OptimConfig.weight_decay
+    b1: float = OptimConfig.b1
+    b2: float = OptimConfig.b2
+    clip_norm: float = OptimConfig.clip_norm
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientsConfig:
+    """batches: B rollout batches (prompts_per_step x group_size rows each), shared by every recipe.
+    sr_keys: keys per batch for recipes with a quantized backward (the others are deterministic).
+    recipes: `PrecisionRecipe` names; "bf16" (the reference) is always measured.
+    impl: quantizer implementation of the gradient programs (operands.IMPLS).
+    mismatch_batches / impls / dtypes: the sampler/trainer KL per forward class on the first
+      `mismatch_batches` prompt batches, per quantizer implementation (Triton and Mosaic on GPU
+      only) and compute dtype (the graphdef re-built with that `ModelConfig.dtype`, same params).
+    sketch_dim: per-batch projections keep a group of parameters exactly when it has at most this
+      many (0: always), else a CountSketch of this many buckets (`Projection`).
+    bootstrap: resamples of the batches per confidence interval (95%, percentile).
+    compile_workers: threads compiling the programs ahead (0: each compiles on first use).
+    init: the warm-up run directory; out: where gradients.json, report.md and the plots go.
+    """
+
+    rollout: RolloutConfig = RolloutConfig()
+    batches: int = 8
+    sr_keys: int = 4
+    optim: UpdateConfig = UpdateConfig()
+    recipes: tuple[str, ...] = DEFAULT_RECIPES
+    impl: str = "auto"
+    mismatch_batches: int = 2
+    impls: tuple[str, ...] = ("reference", "triton")
+    dtypes: tuple[str, ...] = ("bfloat16", "float32")
+    sketch_dim: int = 0
+    bootstrap: int = 1000
+    compile_workers: int = 0
+    init: str = "runs/sft"
+    out: str = "runs/gradients"
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in self.recipes:
+            PrecisionRecipe.from_name(name)  # a typo names the valid recipes
+        if self.batches < 2 or self.sr_keys < 2:
+            raise ValueError(f"need {self.batches=} >= 2 (noise floor) and {self.sr_keys=} >= 2 (SR variance)")
+        if not 1 <= self.mismatch_batches <= self.batches:
+            raise ValueError(f"need 1 <= {self.mismatch_batches=} <= {self.batches=}")
+        for impl in (self.impl, *self.impls):
+            operands.check_impl(impl)
+        if not set(self.dtypes) <= set(DTYPES):
+            raise ValueError(f"dtypes={self.dtypes}; valid options: {DTYPES}")
+        if self.sketch_dim < 0 or self.bootstrap < 1 or self.compile_workers < 0:
+            raise ValueError(f"need {self.sketch_dim=} >= 0, {self.bootstrap=} >= 1, {self.compile_workers=} >= 0")
+
+    @property
+    def recipe_names(self) -> tuple[str, ...]:
+        return (REFERENCE, *[r for r in self.recipes if r != REFERENCE])
+
+
+def from_rl_config(rl: RLConfig, **overrides) -> GradientsConfig:
+    """The measurement of an RL configuration: its rollout, loss, optimizer, impl and warm-up."""
+    names = [f.name for f in dataclasses.fields(RolloutConfig)]
+    rollout = RolloutConfig(**{n: getattr(rl, n) for n in names})
+    optim = UpdateConfig(weight_decay=rl.optim.weight_decay, b1=rl.optim.b1, b2=rl.optim.b2, clip_norm=rl.optim.clip_norm)
+    return dataclasses.replace(GradientsConfig(rollout=rollout, optim=optim, impl=rl.impl, init=rl.init), **overrides)
+
+
+# ---------------------------------------------------------------------------------- recipes
+def straight_through(recipe: PrecisionRecipe) -> PrecisionRecipe:
+    """The recipe's quantized forward with a BF16 backward on raw operands (straight-through);
+    arms with the same forward get equal views, and a recipe without quantized sites is itself."""
+    quantized = [k for k in SITE_KINDS if getattr(recipe, k).quantized]
+    if not quantized:
+        return recipe
+    sites = {k: dataclasses.replace(getattr(recipe, k), backward="bf16") for k in quantized}
+    return dataclasses.replace(recipe, name="straight-through", **sites)
+
+
+def draws_keys(recipe: PrecisionRecipe) -> bool:
+    """Only NVFP4's quantized backward is random (stochastic rounding, random Hadamard transform);
+    MXFP8's re-quantizes deterministically (qlinear)."""
+    return any(getattr(recipe, k).format == "nvfp4" and getattr(recipe, k).backward == "quantized" for k in SITE_KINDS)
+
+
+# ---------------------------------------------------------------------------------- parameter groups
+def leaf_groups(params, num_layers: int) -> tuple[tuple[int, ...], ...]:
+    """Per parameter leaf (tree order), the indices into GROUPS of the groups it belongs to."""
+    masks = policy.grad_group_masks(params, num_layers)
+    flags = [jax.tree.leaves(masks[g]) if g != "all" else [True] * len(jax.tree.leaves(params)) for g in GROUPS]
+    return tuple(tuple(i for i, f in enumerate(flags) if f[leaf]) for leaf in range(len(flags[0])))
+
+
+def group_sums(per_leaf: list, groups: tuple[tuple[int, ...], ...]) -> jax.Array:
+    """[len(GROUPS)] sums of per-leaf scalars over each group's leaves."""
+    return jnp.stack([sum((x for x, g in zip(per_leaf, groups) if i in g), F32(0)) for i in range(len(GROUPS))])
+
+
+def group_dots(a, b, groups) -> jax.Array:
+    return group_sums([jnp.vdot(x.astype(F32), y.astype(F32)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))], groups)
+
+
+@dataclasses.dataclass(frozen=True)
+class Projection:
+    """A linear per-batch summary of a gradient whose inner products give the group Gram matrices.
+
+    The leaves are partitioned into atoms by group membership (every group is a union of atoms,
+    so a group's inner product is the sum of its atoms'). An atom with at most `sketch_dim`
+    entries (any size when sketch_dim is 0) is kept exactly; a larger one becomes a CountSketch
+    (Charikar et al. 2002): entry i adds sign_i * x_i to bucket h_i, which keeps inner products
+    unbiased with a relative error of about 1/sqrt(sketch_dim) (of |x| |y|).
+    """
+
+    atoms: tuple[tuple[int, ...], ...]  # leaf indices of each atom
+    atom_groups: tuple[tuple[int, ...], ...]  # GROUPS indices each atom belongs to
+    sketch_dim: int
+    sketched: tuple[bool, ...]
+
+    @staticmethod
+    def build(params, groups, sketch_dim: int, seed: int) -> tuple["Projection", list]:
+        """(projection, hashes): hashes[a] is (buckets, signs) of a sketched atom, else None."""
+        sizes = [x.size for x in jax.tree.leaves(params)]
+        signatures = sorted(set(groups))
+        atoms = tuple(tuple(i for i, g in enumerate(groups) if g == s) for s in signatures)
+        hashes = []
+        for a, leaves in enumerate(atoms):
+            n = sum(sizes[i] for i in leaves)
+            rng = np.random.default_rng([seed, a])
+            hashes.append((jnp.asarray(rng.integers(0, sketch_dim, n), jnp.int32),
+                           jnp.asarray(rng.choice(np.array([-1.0, 1.0], np.float32), n)))
+                          if sketch_dim and n > sketch_dim else None)
+        return Projection(atoms, tuple(signatures), sketch_dim, tuple(h is not None for h in hashes)), hashes
+
+    def __call__(self, tree, hashes) -> list[jax.Array]:
+        leaves = jax.tree.leaves(tree)
+        out = []
+        for leaf_ids, h in zip(self.atoms, hashes):
+            v = jnp.concatenate([leaves[i].astype(F32).ravel() for i in leaf_ids])
+            out.append(v if h is None else jax.ops.segment_sum(v * h[1], h[0], num_segments=self.sketch_dim))
+        return out
+
+    def group_gram(self, vectors_A: list[np.ndarray]) -> np.ndarray:
+        """[len(GROUPS), B, B] float64 Gram matrices from per-atom [B, dim] arrays."""
+        gram = np.zeros((len(GROUPS), vectors_A[0].shape[0], vectors_A[0].shape[0]))
+        for v, member in zip(vectors_A, self.atom_groups):
+            v = v.astype(np.float64)
+            g = v @ v.T
+            for i in member:
+                gram[i] += g
+        return gram
+
+
+# ---------------------------------------------------------------------------------- programs
+class Programs:
+    """Jitted programs by key: registered with example arguments, compiled ahead (on worker
+    threads when `workers` > 0, in registration order) and timed; a call waits for its compile."""
+
+    def __init__(self, workers: int):
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers) if workers else None
+        self._specs: dict = {}
+        self._ready: dict = {}
+        self.seconds: dict[str, float] = {}
+
+    def add(self, key, label: str, fn: Callable, *example) -> None:
+        if key in self._specs:
+            return
+        self._specs[key] = (jax.jit(fn), example, label)
+        if self._pool is not None:
+            self._ready[key] = self._pool.submit(self._compile, key)
+
+    def _compile(self, key):
+        jitted, example, label = self._specs[key]
+        t0 = time.perf_counter()
+        compiled = jitted.lower(*example).compile()
+        self.seconds[label] = time.perf_counter() - t0
+        return compiled
+
+    def __call__(self, key, *args):
+        if key not in self._ready:
+            self._ready[key] = self._compile(key)
+        ready = self._ready[key]
+        if isinstance(ready, concurrent.futures.Future):
+            ready = self._ready[key] = ready.result()
+        return ready(*args)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+
+# ---------------------------------------------------------------------------------- measurement
+ROLLOUT_STREAM, SR_STREAM, MISMATCH_STREAM, PROMPT_STREAM = 0, 1, 2, 3
+KERNEL_IMPLS = ("triton", "mosaic")  # need a GPU
+
+
+def _has_quantized_site(recipe: PrecisionRecipe) -> bool:
+    return any(getattr(recipe, k).quantized for k in SITE_KINDS)
+
+
+def _key(root, *path):
+    for i in path:
+        root = jax.random.fold_in(root, i)
+    return root
+
+
+class Session:
+    """The warm-up, the recipes (name -> PrecisionRecipe, named or not) and their programs.
+
+    Gradient sources, each computed once per batch: BF16, the straight-through view of each
+    forward (named "ste:<first recipe>"), then every recipe not already among them. A recipe is
+    compared with "bf16" and with its straight-through view ("ste"); a view with "bf16" only.
+    Every program is registered (and, with compile workers, starts compiling) at construction.
+    `rollouts()`, then `gradients(batches)` and `mismatch(batches)` return the raw arrays that
+    `fp4rl.analysis.gradient_report.analyze` reads.
+    """
+
+    def __init__(self, config: GradientsConfig, recipes: dict[str, PrecisionRecipe], warmup=None, progress: bool = True):
+        self.config, self.recipes, self.progress = config, dict(recipes), progress
+        self.graphdef, self.params, meta = sft.load(config.init) if warmup is None else warmup
+        self.model_config = ModelConfig(**meta["model_config"])
+        self.impl = operands.resolve_impl(config.impl)
+        self.groups = leaf_groups(self.params, self.model_config.num_layers)
+        self.projection, self.hashes = Projection.build(self.params, self.groups, config.sketch_dim, config.seed)
+        r = config.rollout
+        self.rows, self.prompt_len, self.new_tokens = r.prompts_per_step * r.group_size, r.prompt_len, r.max_new_tokens
+        self.root = jax.random.key(config.seed)
+        bf16 = PrecisionRecipe.from_name(REFERENCE)
+        self.sources = {bf16: REFERENCE}
+        for name, recipe in self.recipes.items():
+            self.sources.setdefault(straight_through(recipe), f"ste:{name}")
+        for name, recipe in self.recipes.items():
+            self.sources.setdefault(recipe, name)
+        self.refs_of = {src: {"bf16": REFERENCE} for src in self.sources.values()}
+        for name, recipe in self.recipes.items():
+            self.refs_of[name] = {"bf16": REFERENCE, "ste": self.sources[straight_through(recipe)]}
+        self.classes = {}  # forward class (a `forward_only()` view) -> the names of its recipes
+        for name, recipe in [*self.recipes.items(), (REFERENCE, bf16)]:
+            names = self.classes.setdefault(recipe.forward_only(), [])
+            names += [] if name in names else [name]
+        self.programs = Programs(config.compile_workers)
+        self._register()
+
+    # ------------------------------------------------------------------ programs
+    def _class_name(self, cls) -> str:
+        return "|".join(self.classes[cls])
+
+    def _graphdef(self, dtype: str):
+        """The model's graphdef computing in `dtype` (same params: only the config differs)."""
+        if dtype == self.model_config.dtype:
+            return self.graphdef
+        config = dataclasses.replace(self.model_config, dtype=dtype)
+        return nnx.split(nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(params=0))), nnx.Param)[0]
+
+    def _impl(self, cls, impl: str) -> str:
+        return impl if _has_quantized_site(cls) else "reference"  # no quantizer runs: one program
+
+    def logp(self, cls, dtype: str, impl: str):
+        """(params, tokens, valid) -> response log-probs under the forward class."""
+        key = ("logp", cls, dtype, self._impl(cls, impl))
+        fn = policy.response_logprobs_fn(self._graphdef(dtype), cls, self.prompt_len, key[3], self.config.rollout.temperature)
+        n, length = self.rows, self.prompt_len + self.new_tokens
+        self.programs.add(key, f"logp {self._class_name(cls)} {dtype} {key[3]}", lambda p, t, v: fn(p, t, v)[0],
+                          self.params, _spec((n, length), jnp.int32), _spec((n, length), bool))
+        return key
+
+    def _sync_fn(self, cls, impl: str):
+        return lambda p: model_sync.sync_weights(p, self.model_config, cls, impl)[0]
+
+    def sync(self, cls, impl: str):
+        key = ("sync", cls, self._impl(cls, impl))
+        self.programs.add(key, f"sync {self._class_name(cls)} {key[2]}", self._sync_fn(cls, key[2]), self.params)
+        return key
+
+    def sampler(self, cls, dtype: str, impl: str):
+        """(qparams, prompt_ids, prompt_mask, key, temperature) -> SampleOutput."""
+        impl = self._impl(cls, impl)
+        key = ("sample", cls, dtype, impl)
+        scfg = evaluation.sampler_config(self.new_tokens, self.config.rollout.temperature)
+        qparams = jax.eval_shape(self._sync_fn(cls, impl), self.params)
+        self.programs.add(key, f"sample {self._class_name(cls)} {dtype} {impl}", evaluation.sample_fn(self._graphdef(dtype), cls, scfg, impl),
+                          qparams, _spec((self.rows, self.prompt_len), jnp.int32), _spec((self.rows, self.prompt_len), bool),
+                          jax.random.key(0), jnp.float32(1))
+        return key
+
+    def gradient(self, recipe: PrecisionRecipe):
+        """(params, batch, keys_K) -> g0 (the first key's gradient), mean over keys, SR variance per
+        group (unbiased over keys), max |ratio - 1| (on-policy check)."""
+        key, k, r = ("grad", recipe), (self.config.sr_keys if draws_keys(recipe) else 1), self.config.rollout
+        loss_fn = policy.make_loss_fn(self.graphdef, recipe, r.loss, self.model_config.aux_loss_coef, self.prompt_len,
+                                      self.impl, r.temperature)
+        groups = self.groups
+
+        def one(params, batch, key):
+            (_, stats), g = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
+            dev = jnp.maximum(jnp.abs(stats["ratio_max"] - 1), jnp.abs(stats["ratio_min"] - 1))
+            return g, jnp.where(jnp.any(batch.response_mask_NxTr), dev, 0.0)
+
+        def run(params, batch, keys_K):
+            g_K, dev_K = jax.lax.map(lambda key: one(params, batch, key), keys_K)
+            mean = jax.tree.map(lambda x: jnp.mean(x.astype(F32), 0), g_K)
+            spread = [jnp.sum(jnp.square(x.astype(F32) - m)) for x, m in zip(jax.tree.leaves(g_K), jax.tree.leaves(mean))]
+            return {"g0": jax.tree.map(lambda x: x[0], g_K), "mean": mean, "ratio_dev": jnp.max(dev_K),
+                    "sr_var": group_sums(spread, groups) / max(k - 1, 1)}
+
+        n, length, t = self.rows, self.prompt_len + self.new_tokens, self.new_tokens
+        batch = policy.Batch(_spec((n, length), jnp.int32), _spec((n, length), bool), _spec((n, t), bool), _spec((n, t), F32),
+                             _spec((n, t), F32), _spec((n, t), F32), _spec((n,), F32))
+        self.programs.add(key, f"grad {self.sources[recipe]}", run, self.params, batch, jax.random.split(jax.random.key(0), k))
+        return key
+
+    def _shared(self) -> None:
+        """compare (g0, mean, ref) -> per-group squared norms and dots; project; one AdamW step."""
+        groups, o = self.groups, self.config.optim
+
+        def compare(g0, mean, ref):
+            diff = jax.tree.map(jnp.subtract, mean, ref)
+            return {"err_sq": group_dots(diff, diff, groups), "dot0": group_dots(g0, ref, groups),
+                    "g0_sq": group_dots(g0, g0, groups), "ref_sq": group_dots(ref, ref, groups)}
+
+        def step(params, grads, lr):
+            optimizer = policy.make_optimizer(lr, 1, o.weight_decay, o.b1, o.b2, o.clip_norm)
+            updates, _ = optimizer.update(grads, optimizer.init(params), params)
+            return optax.apply_updates(params, updates)
+
+        self.programs.add("compare", "compare", compare, self.params, self.params, self.params)
+        self.programs.add("project", "project", self.projection, self.params, self.hashes)
+        self.programs.add("step", "adamw step", step, self.params, self.params, jnp.float32(0))
+
+    def _register(self) -> None:
+        """Every program, in the order first needed (compile-ahead starts with the rollout sampler)."""
+        c, dtype = self.config, self.model_config.dtype
+        bf16 = PrecisionRecipe.from_name(REFERENCE).forward_only()
+        self.sampler(bf16, dtype, self.impl)
+        for cls in self.classes:
+            self.logp(cls, dtype, self.impl)
+        for recipe in self.sources:
+            self.gradient(recipe)
+        self._shared()
+        for cls in self.classes:
+            for d in c.dtypes:
+                for impl in filter(_impl_available, c.impls):
+                    if _has_quantized_site(cls):
+                        self.sync(cls, impl)
+                    self.sampler(cls, d, impl)
+                    self.logp(cls, d, impl)
+
+    # ------------------------------------------------------------------ rollouts
+    def _prompts(self, rng):
+        r = self.config.rollout
+        indices = rng.integers(0, data.DataConfig().num_problems, r.prompts_per_step)
+        problems = [make_problem(int(i), r.task_seed, r.task) for i in indices]
+        cols = data.collate_prompts([{"prompt": p.prompt, "answer": p.answer, "index": int(i)} for p, i in zip(problems, indices)],
+                                    r.prompt_len)
+        ids, mask = (np.repeat(cols[k], r.group_size, 0) for k in ("prompt_ids_BxT", "prompt_mask_BxT"))
+        return ids.astype(np.int32), mask, cols["answer_B"]
+
+    def rollouts(self) -> tuple[list[dict], dict]:
+        """(batches, stats): per batch the `rollout.training_arrays` of one pool filled as the trainer
+        fills a step (up to `max_gen_batches` generation batches), plus its first prompts."""
+        r, p = self.config.rollout, self.programs
+        sample = self.sampler(PrecisionRecipe.from_name(REFERENCE).forward_only(), self.model_config.dtype, self.impl)
+        rng = np.random.default_rng([self.config.seed, PROMPT_STREAM])
+        batches, stats = [], {"accuracy": [], "gen_batches": [], "kept_group_frac": [], "loss_tokens": []}
+        for b in tqdm(range(self.config.batches), desc="rollouts (bf16 sampler)", disable=not self.progress):
+            pool, first = rollout.GroupPool(r.prompts_per_step), None
+            for i in range(r.max_gen_batches):
+                ids, mask, answers = self._prompts(rng)
+                out = jax.device_get(p(sample, self.params, ids, mask, _key(self.root, ROLLOUT_STREAM, b, i), jnp.float32(r.temperature)))
+                gen = rollout.Generation(ids, mask, out.tokens, out.logprobs, out.lengths, out.router_topk, answers)
+                pool.add(gen, *rollout.score(gen, r.group_size, r.max_new_tokens, r.overlong_buffer))
+                first = first or (ids, mask)
+                if pool.full:
+                    break
+            arrays = rollout.training_arrays(pool.filled(), r.group_size)
+            batches.append({**arrays, "prompt_ids": first[0], "prompt_mask": first[1]})
+            for name, value in (("accuracy", pool.accuracy), ("gen_batches", i + 1), ("kept_group_frac", float(np.mean(arrays["used"]))),
+                                ("loss_tokens", int(arrays["response_mask"].sum()))):
+                stats[name].append(value)
+        return batches, stats
+
+    # ------------------------------------------------------------------ gradients
+    def gradients(self, batches: list[dict]) -> dict:
+        """Per source and batch: comparisons with its references, SR variance, on-policy check and
+        projection; per recipe the KL(old || new) of one AdamW step per learning rate."""
+        c, p, dtype = self.config, self.programs, self.model_config.dtype
+        names = list(self.sources.values())
+        cmp = {src: {ref: [] for ref in self.refs_of[src]} for src in names}
+        sr_var, ratio_dev, vectors = ({src: [] for src in names} for _ in range(3))
+        kl = {name: [] for name in self.recipes}
+        lrs = [jnp.float32(lr) for lr in c.optim.lrs]
+        for b, arrays in enumerate(tqdm(batches, desc=f"gradients ({len(names)} per batch)", disable=not self.progress)):
+            tokens, valid = jnp.asarray(arrays["tokens"], jnp.int32), jnp.asarray(arrays["valid"], bool)
+            rmask = jnp.asarray(arrays["response_mask"], bool)
+            logp_old = {cls: p(self.logp(cls, dtype, self.impl), self.params, tokens, valid) for cls in self.classes}
+            keys = jax.random.split(_key(self.root, SR_STREAM, b), c.sr_keys)
+            means = {}
+            for recipe, src in self.sources.items():
+                cls = recipe.forward_only()
+                old = logp_old[cls]  # on-policy: the recipe's own forward
+                batch = policy.Batch(tokens, valid, rmask, old, jnp.asarray(arrays["logp_sampler"], F32), old,
+                                     jnp.asarray(arrays["advantages"], F32))
+                out = p(self.gradient(recipe), self.params, batch, keys if draws_keys(recipe) else keys[:1])
+                means[src] = out["mean"]
+                for ref, ref_src in self.refs_of[src].items():
+                    cmp[src][ref].append(jax.device_get(p("compare", out["g0"], out["mean"], means[ref_src])))
+                vectors[src].append([np.asarray(v) for v in p("project", out["mean"], self.hashes)])
+                sr_var[src].append(np.asarray(out["sr_var"]))
+                ratio_dev[src].append(float(out["ratio_dev"]))
+                if src in kl:
+                    news = [p(self.logp(cls, dtype, self.impl), p("step", self.params, out["g0"], lr), tokens, valid) for lr in lrs]
+                    kl[src].append([float(dapo.masked_mean(dapo.kl_k3(old, new), rmask)) for new in news])
+        atoms = {src: [np.stack([v[a] for v in vectors[src]]) for a in range(len(self.projection.atoms))] for src in names}
+        stack = lambda rows: {k: np.stack([r[k] for r in rows]) for k in rows[0]}  # noqa: E731
+        return {
+            "groups": list(GROUPS), "batches": len(batches), "lrs": list(c.optim.lrs), "reference": REFERENCE,
+            "recipes": list(self.recipes), "sources": names, "refs_of": self.refs_of,
+            "sr_keys": {src: (c.sr_keys if draws_keys(recipe) else 1) for recipe, src in self.sources.items()},
+            "forward_class": {name: self._class_name(recipe.forward_only()) for name, recipe in self.recipes.items()},
+            "per_batch": {src: {"cmp": {ref: stack(v) for ref, v in cmp[src].items()}, "sr_var": np.stack(sr_var[src]),
+                                "ratio_dev": np.asarray(ratio_dev[src])} for src in names},
+            # Gram matrices of m - ref (differences first: no cancellation) and of the references.
+            "gram_diff": {src: {ref: self.projection.group_gram([x - y for x, y in zip(atoms[src], atoms[ref_src])])
+                                for ref, ref_src in self.refs_of[src].items()} for src in names},
+            "gram_ref": {src: self.projection.group_gram(atoms[src]) for src in {r for v in self.refs_of.values() for r in v.values()}},
+            "kl": {name: np.asarray(v) for name, v in kl.items()},
+            "sketched_groups": [g for i, g in enumerate(GROUPS)
+                                if any(s and i in m for s, m in zip(self.projection.sketched, self.projection.atom_groups))],
+        }
+
+    # ------------------------------------------------------------------ sampler / trainer mismatch
+    def mismatch(self, batches: list[dict]) -> dict:
+        """forward class -> "dtype/impl" -> per batch k3 KL(sampler || trainer) on the response
+        tokens (sampler: synced weights and KV cache; trainer: `response_logprobs_fn` on the master
+        weights), or why the variant is not available."""
+        c, p = self.config, self.programs
+        out = {}
+        variants = [(cls, d, i) for cls in self.classes for d in c.dtypes for i in c.impls]
+        for cls, dtype, impl in tqdm(variants, desc="sampler/trainer mismatch", disable=not self.progress):
+            row = out.setdefault(self._class_name(cls), {})
+            if not _impl_available(impl):
+                row[f"{dtype}/{impl}"] = f"n/a ({impl} needs a GPU; backend {jax.default_backend()})"
+                continue
+            qparams = p(self.sync(cls, impl), self.params) if _has_quantized_site(cls) else self.params
+            k3 = []
+            for m in range(c.mismatch_batches):
+                ids, mask = batches[m]["prompt_ids"], batches[m]["prompt_mask"]
+                s = p(self.sampler(cls, dtype, impl), qparams, ids, mask, _key(self.root, MISMATCH_STREAM, m),
+                      jnp.float32(c.rollout.temperature))
+                response_valid = jnp.arange(self.new_tokens)[None, :] < s.lengths[:, None]
+                trainer = p(self.logp(cls, dtype, impl), self.params, jnp.concatenate([jnp.asarray(ids), s.tokens], 1),
+                            jnp.concatenate([jnp.asarray(mask), response_valid], 1))
+                k3.append(float(dapo.mismatch_stats(trainer, s.logprobs, response_valid)["mismatch_k3"]))
+            row[f"{dtype}/{impl}"] = np.asarray(k3)
+        return out
+
+
+def _spec(shape, dtype) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _impl_available(impl: str) -> bool:
+    return impl not in KERNEL_IMPLS or jax.default_backend() == "gpu"
+
+
+def run(config: GradientsConfig, warmup=None, progress: bool = True) -> dict:
+    """Measure every recipe of `config` (`warmup`: an already loaded `sft.load(config.init)`), write
+    gradients.json, gradients.npz, report.md and the plots under `config.out`, print the
+    conclusion; returns the results (what gradients.json holds)."""
+    from fp4rl.analysis import gradient_report
+
+    t0 = time.perf_counter()
+    recipes = {name: PrecisionRecipe.from_name(name) for name in config.recipe_names}
+    session = Session(config, recipes, warmup, progress)
+    timings = {}
+    try:
+        t = time.perf_counter()
+        batches, rollout_stats = session.rollouts()
+        timings["rollouts_s"], t = time.perf_counter() - t, time.perf_counter()
+        raw = session.gradients(batches)
+        timings["gradients_s"], t = time.perf_counter() - t, time.perf_counter()
+        raw["mismatch"] = session.mismatch(batches)
+        timings["mismatch_s"] = time.perf_counter() - t
+    finally:
+        session.programs.close()
+    raw["rollouts"] = rollout_stats
+    results = gradient_report.analyze(raw, config.bootstrap, config.seed)
+    mc = session.model_config
+    results["config"] = json.loads(json.dumps(dataclasses.asdict(config), default=str))
+    results["model"] = {"config": dataclasses.asdict(mc), "backend": jax.default_backend(), "impl": session.impl,
+                        "high_precision": {n: r.high_precision_summary(mc.num_layers) for n, r in recipes.items()}}
+    compile_s = session.programs.seconds
+    results["timings"] = {**timings, "compile_s": dict(sorted(compile_s.items(), key=lambda kv: -kv[1])),
+                          "compile_total_s": sum(compile_s.values()), "total_s": time.perf_counter() - t0}
+    gradient_report.write(results, raw, config.out)
+    print(results["decision"]["conclusion"])
+    return results

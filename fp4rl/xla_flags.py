@@ -1,0 +1,25 @@
+"""XLA flags that the experiments set before JAX initialises its backend (no jax import here).
+
+XLA reads `XLA_FLAGS` once, when the first backend starts, so an entry point calls `add` at
+import time, before anything imports jax. A flag the user already set (any value) wins.
+
+DETERMINISTIC_GPU: XLA:GPU otherwise reduces with atomics in some scatters and reductions
+(e.g. the MoE combine and embedding gradients), so two runs of the same warm-up differ in the
+last bits and every RL arm would start from a slightly different checkpoint. With it, a device
+call recreates the warm-up bit for bit (`sft_meta.json` records the parameters' SHA-256).
+No effect on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+DETERMINISTIC_GPU = "--xla_gpu_deterministic_ops=true"
+
+
+def add(flag: str) -> None:
+    """Append `flag` to XLA_FLAGS unless the flag's name is already there."""
+    name = flag.split("=", 1)[0]
+    current = os.environ.get("XLA_FLAGS", "")
+    if name not in current:
+        os.environ["XLA_FLAGS"] = f"{current} {flag}".strip()
