@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
+from experiments import sft as sft_experiment
 from fp4rl import xla_flags
-
-xla_flags.add(xla_flags.DETERMINISTIC_GPU)  # before jax starts a backend
-
-import jax  # noqa: E402
-
-from experiments import sft as sft_experiment  # noqa: E402
-from fp4rl.config_cli import cli  # noqa: E402
-from fp4rl.rl import sft, trainer  # noqa: E402
+from fp4rl.config_cli import cli
+from fp4rl.rl import sft, trainer
 
 PRESETS = {
     "smoke": trainer.RLConfig(steps=2, task=sft_experiment.SMOKE_TASK, group_size=4, prompts_per_step=2, max_gen_batches=2,
@@ -27,8 +24,8 @@ PRESETS = {
                             init="runs/cpu/sft", out="runs/cpu/rl"),
     "h200": trainer.RLConfig(steps=100, task=sft_experiment.RL_TASK, group_size=8, prompts_per_step=32,
                              max_gen_batches=3, mini_batches=2, max_new_tokens=72, overlong_buffer=8, prompt_len=40,
-                             optim=trainer.OptimConfig(lr=3e-5, warmup_steps=3), eval_every=25, eval_prompts=512,
-                             checkpoint_every=25, init="runs/h200/sft", out="runs/h200/rl"),
+                             optim=trainer.OptimConfig(lr=3e-5, warmup_steps=3), eval_every=20, eval_prompts=512,
+                             checkpoint_every=50, init="runs/h200/sft", out="runs/h200/rl"),
 }
 
 
@@ -44,6 +41,8 @@ def ensure_warmup(preset: str | None, init: str) -> None:
 
 def main(argv=None) -> None:
     config = cli(trainer.RLConfig, PRESETS, argv)
+    if not sft.is_finished(config.init):  # it trains the warm-up: reproducibly (before the backend starts)
+        xla_flags.add(xla_flags.DETERMINISTIC_GPU)
     print(f"devices: {jax.devices()}")
     preset = next((name for name, p in PRESETS.items() if p.init == config.init), None)
     ensure_warmup(preset, config.init)

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 from fp4rl import xla_flags
-
-xla_flags.add(xla_flags.DETERMINISTIC_GPU)  # before jax starts a backend
-
-import jax  # noqa: E402
-
-from fp4rl.config_cli import cli  # noqa: E402
-from fp4rl.rl import evaluation, sft  # noqa: E402
-from fp4rl.rl.task import TaskConfig  # noqa: E402
+from fp4rl.config_cli import cli
+from fp4rl.rl import evaluation, sft
+from fp4rl.rl.task import TaskConfig
 
 # The RL band (RL.md's difficulty knobs): two or three operations on one-digit literals, two
 # operands per step; the warm-up trains on one to three. Short problems keep CPU runs fast and let
@@ -30,14 +27,15 @@ PRESETS = {
                            max_len=80, eval_problems=4, max_new_tokens=48, out="runs/smoke/sft"),
     "cpu": sft.SFTConfig(model="cpu", task=WARMUP_TASK, eval_task=RL_TASK, steps=400, warmup_steps=40, batch_size=32,
                          max_len=112, eval_problems=64, max_new_tokens=72, answer_noise=ANSWER_NOISE, out="runs/cpu/sft"),
-    "h200": sft.SFTConfig(model="h200", task=WARMUP_TASK, eval_task=RL_TASK, steps=800, batch_size=128, max_len=112,
-                          lr=1e-3, warmup_steps=50, eval_problems=512, max_new_tokens=72, answer_noise=ANSWER_NOISE,
+    "h200": sft.SFTConfig(model="h200", task=WARMUP_TASK, eval_task=RL_TASK, steps=400, batch_size=128, max_len=112,
+                          lr=1e-3, warmup_steps=40, eval_problems=512, max_new_tokens=72, answer_noise=ANSWER_NOISE,
                           out="runs/h200/sft"),
 }
 
 
 def main(argv=None) -> None:
     config = cli(sft.SFTConfig, PRESETS, argv)
+    xla_flags.add(xla_flags.DETERMINISTIC_GPU)  # before the first jax.devices() starts the backend
     print(f"devices: {jax.devices()}")
     print(f"config: {dataclasses.asdict(config)}")
     meta = sft.train(config)

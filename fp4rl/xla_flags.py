@@ -1,12 +1,14 @@
 """XLA flags that the experiments set before JAX initialises its backend (no jax import here).
 
-XLA reads `XLA_FLAGS` once, when the first backend starts, so an entry point calls `add` at
-import time, before anything imports jax. A flag the user already set (any value) wins.
+XLA reads `XLA_FLAGS` once, when the first backend starts (the first `jax.devices()` or array,
+not `import jax`), so an entry point calls `add` before that. A flag the user already set (any
+value) wins.
 
 DETERMINISTIC_GPU: XLA:GPU otherwise reduces with atomics in some scatters and reductions
 (e.g. the MoE combine and embedding gradients), so two runs of the same warm-up differ in the
 last bits and every RL arm would start from a slightly different checkpoint. With it, a device
-call recreates the warm-up bit for bit (`sft_meta.json` records the parameters' SHA-256).
+call recreates the warm-up bit for bit (`sft_meta.json` records the parameters' SHA-256). The
+entry points set it only for the warm-up: RL seeds differ anyway, and it slows some kernels.
 No effect on CPU.
 """
 

@@ -66,6 +66,21 @@ def init_cache(config: ModelConfig, batch: int, size: int) -> KVCache:
     )
 
 
+ONE_HOT_MAX_VOCAB = 1024
+
+
+def embed_lookup(embed_VxD, tokens_BxL):
+    """embed[tokens]. For a small vocabulary as a one-hot matmul at full f32 precision (exact: each
+    output is 1 * one row + 0 * the others), whose gradient is a matmul too. A gather's gradient is
+    a scatter-add of every token onto its row: with ~100 rows and thousands of tokens per batch
+    almost all updates collide, and under `--xla_gpu_deterministic_ops` (the reproducible GPU
+    warm-up) XLA serialises colliding scatter updates."""
+    if embed_VxD.shape[0] > ONE_HOT_MAX_VOCAB:
+        return embed_VxD[tokens_BxL]
+    one_hot = jax.nn.one_hot(tokens_BxL, embed_VxD.shape[0], dtype=embed_VxD.dtype)
+    return jnp.einsum("blv,vd->bld", one_hot, embed_VxD, precision=jax.lax.Precision.HIGHEST)
+
+
 class Block(nnx.Module):
     def __init__(self, config: ModelConfig, layer: int, rngs: nnx.Rngs):
         pd = dtype_of(config.param_dtype)
@@ -177,8 +192,8 @@ class Transformer(nnx.Module):
         own_LxS = k_slot_S[None, :] == q_slot_L[:, None]
         mask_BxLxS = causal_LxS[None] & (key_valid_BxS[:, None, :] | own_LxS[None])
 
-        # The embedding is a gather, never a quantized site (site "embed" is BF16 in every preset).
-        x_BxLxD = self.embed.get_value()[tokens_BxL].astype(dtype)
+        # The embedding is never a quantized site (site "embed" is BF16 in every preset).
+        x_BxLxD = embed_lookup(self.embed.get_value(), tokens_BxL).astype(dtype)
         new_k, new_v, moe_aux = [], [], []
         runs = layer_runs(config, ctx.recipe) if ctx.scan_layers else [(i, i + 1) for i in range(config.num_layers)]
         for start, stop in runs:
