@@ -28,6 +28,7 @@ from fp4rl.analysis.statistics import (
 GREEDY_EVAL = "eval/accuracy"
 SAMPLED_EVAL = "eval/sampled_accuracy"
 EVAL_SIZE = "eval/n"
+INITIAL_EVAL_SIZE = "eval/initial_n"  # the policy before RL, logged with step 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +45,8 @@ class SeedSummary:
     """Every criterion's measurement for one (arm, seed) run.
 
     final_greedy / final_sampled / first_sampled: the last greedy, last and first sampled
-    evaluations with a finite accuracy (None if never logged). reward_gap: NaN without a
+    evaluations with a finite accuracy (None if never logged); the first is the policy before
+    RL (step -1) when the trainer evaluated it. reward_gap: NaN without a
     reference arm or population reward.
     """
 
@@ -118,10 +120,17 @@ class ArmSummary:
 
 
 def _eval_points(run: SeedRun, key: str) -> list[EvalPoint]:
+    """The evaluations of `key`, in step order; the policy before RL first (step -1) when the
+    trainer logged it (`eval/initial_*` with step 0)."""
+    points = []
+    initial = key.replace("eval/", "eval/initial_")
+    if initial in run.metrics and run.logged(initial)[0].size:
+        v, n = run.logged(initial)[1][0], run.logged(INITIAL_EVAL_SIZE)[1]
+        if np.isfinite(v):
+            points.append(EvalPoint(-1, float(v), int(n[0]) if n.size and np.isfinite(n[0]) and n[0] >= 1 else None))
     steps, values = run.logged(key)
     ok = np.isfinite(values)
     sizes = dict(zip(*(a.tolist() for a in run.logged(EVAL_SIZE))))
-    points = []
     for s, v in zip(steps[ok], values[ok]):
         n = sizes.get(int(s))
         points.append(EvalPoint(int(s), float(v), int(n) if n is not None and np.isfinite(n) and n >= 1 else None))
