@@ -13,6 +13,7 @@ O0 does not, which changes such results in the last bit. An XLA_FLAGS that alrea
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
@@ -32,19 +33,33 @@ if __name__ == "__main__" and _is_smoke(sys.argv[1:]):
 
 import jax  # noqa: E402
 
+from experiments import gradients as gradients_experiment  # noqa: E402
 from experiments import rl as rl_experiment  # noqa: E402
 from experiments import sft as sft_experiment  # noqa: E402
+from fp4rl import xla_flags  # noqa: E402
 from fp4rl.config_cli import cli  # noqa: E402
+from fp4rl.rl import sft  # noqa: E402
 from fp4rl.rl.ablation import AblationConfig, run  # noqa: E402
 
 
-def _preset(name: str, seeds: int, compile_workers: int) -> AblationConfig:
-    return AblationConfig(sft=sft_experiment.PRESETS[name], rl=rl_experiment.PRESETS[name], seeds=seeds,
-                          compile_workers=compile_workers, out=f"runs/{name}/ablation")
+def _preset(name: str, seeds: int, compile_workers: int, measure_gradients: bool = False, learning_steps: int = 0,
+            arm_steps: int | None = None) -> AblationConfig:
+    rl = rl_experiment.PRESETS[name]
+    return AblationConfig(sft=sft_experiment.PRESETS[name], rl=rl if arm_steps is None else dataclasses.replace(rl, steps=arm_steps),
+                          gradients=gradients_experiment.PRESETS[name], measure_gradients=measure_gradients,
+                          learning_steps=learning_steps, seeds=seeds, compile_workers=compile_workers, out=f"runs/{name}/ablation")
 
 
 # The CPU presets compile later arms on 2 threads while an arm trains (AblationConfig.compile_workers).
-PRESETS = {"smoke": _preset("smoke", 1, 2), "cpu": _preset("cpu", 1, 2), "h200": _preset("h200", 2, 0)}
+# The default main job (cpu): the gradient measurements at the warm-up, a bf16 run long enough to
+# show learning, then the nine arms for a few steps each: a machinery check, not a stability result
+# (the report marks every criterion UNDECIDED for lack of steps). On the H200 the gradient
+# measurements are their own command (`python -m experiments.gradients --preset h200`).
+PRESETS = {
+    "smoke": _preset("smoke", 1, 2),
+    "cpu": _preset("cpu", 2, 2, measure_gradients=True, learning_steps=16, arm_steps=3),
+    "h200": _preset("h200", 2, 0),
+}
 
 
 def main(argv=None) -> None:
@@ -59,6 +74,8 @@ def main(argv=None) -> None:
     if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         jax.config.update("jax_compilation_cache_dir", str(Path(config.out) / ".jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    if not sft.is_finished(Path(config.out) / "sft"):  # it trains the warm-up: reproducibly
+        xla_flags.add(xla_flags.DETERMINISTIC_GPU)
     print(f"devices: {jax.devices()}")
     print(f"arms: {', '.join(config.arms)}; seeds per arm: {config.seeds}; out: {config.out}")
     command = "python -m experiments.ablation " + " ".join(shlex.quote(a) for a in argv)

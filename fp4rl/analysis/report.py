@@ -148,8 +148,10 @@ def _notes(run: RunData, summaries: Mapping[str, ArmSummary]) -> list[str]:
 def render_report(
     run: RunData, summaries: Mapping[str, ArmSummary], verdicts: Mapping[str, ArmVerdict], claim: ClaimResult,
     criteria: StabilityCriteria, figures: Sequence[Path], config_text: str = "", commands: Sequence[str] = (),
+    sections: Sequence[str] = (),
 ) -> str:
-    """The report.md text (figures are linked by file name, relative to the report)."""
+    """The report.md text (figures are linked by file name, relative to the report). `sections`:
+    markdown placed after the claim (the ablation runner's learning run and gradient measurements)."""
     status = {True: "REPRODUCED", False: "NOT REPRODUCED", None: "UNDECIDED"}[claim.reproduced]
     out = [
         f"# Ablation report: `{run.root.name}`",
@@ -167,6 +169,7 @@ def render_report(
         "",
         *[f"- `{arm}`: {text}" for arm, text in claim.details.items()],
         "",
+        *[f"{section.rstrip()}\n" for section in sections],
         "## Criteria (declared before the run)",
         "",
         *[f"- {line}" for line in criteria.describe()],
@@ -218,9 +221,10 @@ def write_report(
     config_text: str = "",
     commands: Sequence[str] = (),
     criteria: StabilityCriteria = StabilityCriteria(),
+    sections: Sequence[str] = (),
 ) -> ReportPaths:
     """Load `run_dir`, judge it, and write report.md and the three PNGs into `out_dir`
-    (default: `run_dir` itself). Returns the four paths."""
+    (default: `run_dir` itself). Returns the four paths. `sections`: see `render_report`."""
     run = load_run(run_dir)
     out = Path(run_dir) if out_dir is None else Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -234,6 +238,6 @@ def write_report(
         summary_png=plots.plot_summary(summaries, out / "summary.png", criteria),
     )
     text = render_report(run, summaries, verdicts, claim, criteria,
-                         (paths.grad_norm_png, paths.seeds_png, paths.summary_png), config_text, commands)
+                         (paths.grad_norm_png, paths.seeds_png, paths.summary_png), config_text, commands, sections)
     paths.report_md.write_text(text, encoding="utf-8")
     return paths

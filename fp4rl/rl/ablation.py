@@ -1,7 +1,9 @@
-"""The ablation runner: one warm-up, every arm of RL.md's matrix with N seeds, then the report.
+"""The ablation runner: one warm-up, the fixed-parameter gradient measurements, every arm of
+RL.md's matrix with N seeds, then the report.
 
 Layout of a run directory (what `fp4rl.analysis` reads):
     <out>/sft/                       the warm-up checkpoint (reused when present)
+    <out>/gradients/                 `fp4rl.rl.gradients` at the warm-up (report.md, JSON, PNGs)
     <out>/<arm>/seed<k>/metrics.jsonl
     <out>/<arm>/checkpoint/          resumable state (not needed by the report)
     <out>/report.md, grad_norm.png, seeds.png, summary.png
@@ -23,9 +25,10 @@ import json
 import time
 from pathlib import Path
 
+from fp4rl.analysis import learning
 from fp4rl.analysis.report import write_report
 from fp4rl.recipe import ABLATION_ARMS, PrecisionRecipe
-from fp4rl.rl import sft, trainer
+from fp4rl.rl import gradients, sft, trainer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,10 +37,17 @@ class AblationConfig:
     compile_workers: threads that compile the arms' programs ahead of their turn (0: every program
     compiles on its first call, in the training thread). The CPU presets use 2, as compiling is
     most of their time; off by default because on a GPU it would autotune kernels while an arm
-    trains on the same device. On CPU the results are the same either way."""
+    trains on the same device. On CPU the results are the same either way.
+    gradients: the fixed-parameter measurements at the warm-up (`measure_gradients`: run them first).
+    learning_steps: > 0 runs the `bf16` arm for that many steps first, into <out>/learning/ (with the
+      matrix's settings and seeds otherwise), and the report states whether it learned
+      (`fp4rl.analysis.learning`): a matrix of short arms alone cannot show that RL works."""
 
     sft: sft.SFTConfig = sft.SFTConfig()
     rl: trainer.RLConfig = trainer.RLConfig()
+    gradients: gradients.GradientsConfig = gradients.GradientsConfig()
+    measure_gradients: bool = False
+    learning_steps: int = 0
     arms: tuple[str, ...] = ABLATION_ARMS
     seeds: int = 1
     compile_workers: int = 0
@@ -48,12 +58,32 @@ class AblationConfig:
             PrecisionRecipe.from_name(arm)  # a typo names the valid arms
         if self.seeds < 1:
             raise ValueError(f"{self.seeds=} must be >= 1")
-        if self.compile_workers < 0:
-            raise ValueError(f"{self.compile_workers=} must be >= 0")
+        if self.compile_workers < 0 or self.learning_steps < 0:
+            raise ValueError(f"need {self.compile_workers=} >= 0 and {self.learning_steps=} >= 0")
 
 
 def arm_config(config: AblationConfig, arm: str) -> trainer.RLConfig:
     return dataclasses.replace(config.rl, arm=arm, seeds=config.seeds, init=str(Path(config.out) / "sft"), out=config.out)
+
+
+def learning_config(config: AblationConfig) -> trainer.RLConfig:
+    return dataclasses.replace(arm_config(config, "bf16"), steps=config.learning_steps, out=str(Path(config.out) / "learning"))
+
+
+def _sections(config: AblationConfig, out: Path) -> list[str]:
+    """The report's sections on the learning run and the gradient measurements."""
+    sections = []
+    if config.learning_steps:
+        result = learning.summarize(Path(learning_config(config).out) / "bf16")
+        (out / "learning").mkdir(exist_ok=True)
+        learning.plot(result, out / "learning" / "learning.png")
+        sections.append(learning.markdown(result).replace("## Learning:", "## Does RL learn? Learning run:", 1)
+                        + "\n![learning](learning/learning.png)\n")
+    if config.measure_gradients:
+        decision = json.loads((out / "gradients" / "gradients.json").read_text())["decision"]
+        sections.append("## Fixed-parameter gradient measurements\n\n"
+                        f"{decision['conclusion']}\n\nDetails: [gradients/report.md](gradients/report.md).\n")
+    return sections
 
 
 def run(config: AblationConfig, commands: tuple[str, ...] = (), progress: bool = True) -> dict:
@@ -71,7 +101,21 @@ def run(config: AblationConfig, commands: tuple[str, ...] = (), progress: bool =
         sft.train(dataclasses.replace(config.sft, out=str(sft_dir)), progress=progress)
         status["sft"] = "ran"
     pending = [arm for arm in config.arms if not trainer.is_finished(arm_config(config, arm))]
-    warmup = sft.load(sft_dir) if pending else None  # loaded once for every arm
+    grad_dir = out / "gradients"
+    measure = config.measure_gradients and not (grad_dir / "gradients.json").exists()
+    warmup = sft.load(sft_dir) if pending or measure else None  # loaded once for every arm
+    if measure:
+        print(f"[gradients] fixed-parameter measurements of {', '.join(config.gradients.recipe_names)} -> {grad_dir}")
+        gradients.run(dataclasses.replace(config.gradients, init=str(sft_dir), out=str(grad_dir)), warmup, progress)
+        status["gradients"] = "ran"
+    elif config.measure_gradients:
+        print(f"[gradients] reusing {grad_dir}")
+        status["gradients"] = "skipped"
+    learning = learning_config(config)
+    if config.learning_steps and not trainer.is_finished(learning):
+        print(f"[learning] bf16, {config.seeds} seed(s) x {config.learning_steps} steps -> {learning.out}")
+        trainer.Trainer(learning, progress=progress, warmup=warmup or sft.load(sft_dir)).run()
+        status["learning"] = "ran"
     pool = concurrent.futures.ThreadPoolExecutor(config.compile_workers) if config.compile_workers and pending else None
     trainers, compiling, tasks = {}, {}, {}
     try:
@@ -98,6 +142,6 @@ def run(config: AblationConfig, commands: tuple[str, ...] = (), progress: bool =
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     config_text = json.dumps(json.loads(json.dumps(dataclasses.asdict(config), default=str)), indent=2)
-    paths = write_report(out, config_text=config_text, commands=commands)
+    paths = write_report(out, config_text=config_text, commands=commands, sections=_sections(config, out))
     print(f"[report] {paths.report_md} (total {time.time() - t0:.0f}s)")
     return {"status": status, "report": paths}
