@@ -7,6 +7,7 @@
 #   bash tools/gpu_session.sh bench     # compiled kernel suite + the four benchmarks
 #   bash tools/gpu_session.sh pilot     # h200 warm-up + the pilot arms (resumable)
 #   bash tools/gpu_session.sh learn     # h200 warm-up + bf16 RL (RL_ARGS), then the learning analysis
+#   bash tools/gpu_session.sh gradients # h200 warm-up + the fixed-parameter gradient measurements (GRAD_ARGS)
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
 #   bash tools/gpu_session.sh mosaic    # the compiled Mosaic GPU kernel suite alone
 #   bash tools/gpu_session.sh model     # the model GPU test alone (Triton impl == reference, bitwise)
@@ -142,8 +143,14 @@ case "$mode" in
     cp "$log" runs/h200/log.txt
     tar czf "$OUT/learn.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200
     ;;
+  gradients)
+    step warmup "${WARMUP_SECONDS:-240}" python -m experiments.sft --preset h200 ${SFT_ARGS:-}
+    step gradients "${GRAD_SECONDS:-330}" python -m experiments.gradients --preset h200 ${GRAD_ARGS:-}
+    cp "$log" runs/h200/log.txt
+    tar czf "$OUT/gradients.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache --exclude='*.npz' runs/h200
+    ;;
   *)
-    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, probe, pilot, learn" | tee -a "$log"; exit 2
+    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, probe, pilot, learn, gradients" | tee -a "$log"; exit 2
     ;;
 esac
 done

@@ -55,7 +55,8 @@ def ci(value: float, replicates: np.ndarray) -> dict:
     alpha = (1.0 - CI_LEVEL) / 2
     reps = np.asarray(replicates, np.float64)
     reps = reps[~np.isnan(reps)]
-    lo, hi = np.quantile(reps, [alpha, 1 - alpha]) if reps.size else (np.nan, np.nan)
+    # "nearest": order statistics, no interpolation (replicates may be +inf: an undetectable signal)
+    lo, hi = np.quantile(reps, [alpha, 1 - alpha], method="nearest") if reps.size else (np.nan, np.nan)
     return {"value": float(value), "lo": float(lo), "hi": float(hi)}
 
 
@@ -157,9 +158,10 @@ def analyze(raw: Mapping, n_boot: int = 1000, seed: int = 0) -> dict:
                                      floor if name == "bf16" else None)
             entry[f"vs_{name}"] = {groups[g]: s for g, s in by_group.items()}
         norms = np.sqrt(pb["cmp"]["bf16"]["g0_sq"][:, groups.index("all")])
-        entry["grad_norm"] = {"values": norms.tolist(), "median": _stat(np.median(norms[index], 1)),
-                              "tail_count": tail_count(norms),
-                              "tail_rate": _stat(np.mean(norms[index] > TAIL_FACTOR * np.median(norms[index], 1, keepdims=True), 1))}
+        resampled = norms[index]
+        tail_rate = np.mean(resampled > TAIL_FACTOR * np.median(resampled, 1, keepdims=True), 1)
+        entry["grad_norm"] = {"values": norms.tolist(), "median": _stat(np.median(resampled, 1)),
+                              "tail_count": tail_count(norms), "tail_rate": _stat(tail_rate)}
         sources[src] = entry
     ref_norms = np.asarray(sources[ref]["grad_norm"]["values"])
     recipes = {}
@@ -183,7 +185,7 @@ def analyze(raw: Mapping, n_boot: int = 1000, seed: int = 0) -> dict:
             _, c = resample(len(k3), n_boot, seed + 1)
             mismatch[cls][variant] = _stat(c @ k3 / c.sum(1))
     for name, entry in recipes.items():
-        entry["mismatch_k3"] = mismatch[entry["forward_class"]]
+        entry["mismatch_k3"] = mismatch.get(entry["forward_class"], {})
     straight = {src: sources[src] for src in raw["sources"] if src not in recipes}
     rollouts = {k: _stat(np.asarray(v, np.float64)[index].mean(1)) for k, v in raw["rollouts"].items()}
     rollouts["batches_without_loss_tokens"] = int(np.sum(np.asarray(raw["rollouts"]["loss_tokens"]) == 0))
@@ -278,6 +280,8 @@ def report_markdown(results: Mapping) -> str:
              f"{results['config']['rollout']['group_size']} samples (BF16 sampler, temperature "
              f"{results['config']['rollout']['temperature']}), shared by every recipe; {results['config']['sr_keys']} "
              "stochastic-rounding keys per batch for quantized-backward recipes.",
+             "", "Selective high precision: " + ("; ".join(f"{n}: {s}" for n, s in results["model"]["high_precision"].items()
+                                                         if not s.startswith("0 of")) or "none") + ".",
              "", f"Intervals: {results['ci']}. Definitions: `fp4rl/analysis/gradient_report.py`.",
              "", "## Decision rule (stated before the results)", "", DECISION_RULE, ""]
     if results["sketched_groups"]:
@@ -302,10 +306,13 @@ def report_markdown(results: Mapping) -> str:
         rows.append([name, fmt(b["rel_error"]), fmt(b["cosine"]), fmt(b["bias"]), fmt(b["coherent_bias"]),
                      fmt(b["noise_fraction"]), fmt(b["sr_std"]), fmt(s["rel_error"]), fmt(s["cosine"]), fmt(s["coherent_bias"])])
     lines += _table(header, rows)
+    lines += ["", "A coherent-bias interval ending in n/a: the BF16 signal ||E g||^2 is not positive in some resamples "
+              "(not detectable from these batches), so the ratio is unbounded there."]
     lines += ["", "## Noise fraction per group (error vs bf16 / RL noise floor)", ""]
-    lines += _table(["recipe", *groups], [[n, *(fmt(e["vs_bf16"][grp]["noise_fraction"]) for grp in groups)] for n, e in recipes.items()])
+    per_group = lambda key: [[n, *(fmt(e["vs_bf16"][grp][key]) for grp in groups)] for n, e in recipes.items()]  # noqa: E731
+    lines += _table(["recipe", *groups], per_group("noise_fraction"))
     lines += ["", "## Relative error vs bf16 per group", ""]
-    lines += _table(["recipe", *groups], [[n, *(fmt(e["vs_bf16"][grp]["rel_error"]) for grp in groups)] for n, e in recipes.items()])
+    lines += _table(["recipe", *groups], per_group("rel_error"))
     lines += ["", "## Straight-through views vs bf16 (the forward's quantization alone)", ""]
     lines += _table(["view", "rel. error", "cosine", "coherent bias", "noise fraction"],
                     [[n, fmt(e["vs_bf16"][g]["rel_error"]), fmt(e["vs_bf16"][g]["cosine"]), fmt(e["vs_bf16"][g]["coherent_bias"]),
@@ -317,11 +324,17 @@ def report_markdown(results: Mapping) -> str:
                       f"{e['max_abs_ratio_minus_1']:.2g}"] for n, e in recipes.items()])
     lines += ["", "## Policy change KL(old || new) of one AdamW update (k3, response tokens)", ""]
     lrs = [f"{lr:g}" for lr in results["lrs"]]
-    lines += _table(["recipe", *(f"lr {lr}" for lr in lrs)], [[n, *(fmt(e["policy_change_kl"][lr]) for lr in lrs)] for n, e in recipes.items()])
+    lines += _table(["recipe", *(f"lr {lr}" for lr in lrs)],
+                    [[n, *(fmt(e["policy_change_kl"][lr]) for lr in lrs)] for n, e in recipes.items()])
     lines += ["", "## Sampler vs trainer k3 KL at the warm-up policy, per forward class", ""]
     mismatch = {e["forward_class"]: e["mismatch_k3"] for e in recipes.values()}
     variants = list(next(iter(mismatch.values())))
-    lines += _table(["forward class", *variants], [[cls, *(fmt(m[v]) for v in variants)] for cls, m in mismatch.items()])
+    if variants:
+        lines += [f"Over {results['config']['mismatch_batches']} batch(es) of the rollout prompts; compute dtype / quantizer "
+                  "implementation.", ""]
+        lines += _table(["forward class", *variants], [[cls, *(fmt(m[v]) for v in variants)] for cls, m in mismatch.items()])
+    else:
+        lines += ["Not measured (no compute dtype or implementation configured)."]
     d = results["decision"]
     lines += ["", "## Decision", ""]
     lines += _table(["recipe", "noise fraction", "coherent bias", "tail", "verdict"],
@@ -329,9 +342,9 @@ def report_markdown(results: Mapping) -> str:
                      for n, v in d["per_recipe"].items()])
     lines += ["", f"**{d['conclusion']}**", ""]
     t = results["timings"]
-    lines += ["## Timings", "", f"Total {t['total_s']:.1f} s: rollouts {t['rollouts_s']:.1f} s, gradients {t['gradients_s']:.1f} s, "
-              f"mismatch {t['mismatch_s']:.1f} s (compiling included); compile time summed over "
-              f"{len(t['compile_s'])} programs {t['compile_total_s']:.1f} s.", ""]
+    lines += ["## Timings", "", f"Total {t['total_s']:.1f} s: rollouts {t['rollouts_s']:.1f} s, "
+              f"gradients {t['gradients_s']:.1f} s, mismatch {t['mismatch_s']:.1f} s (compiling included); compile time "
+              f"summed over {len(t['compile_s'])} programs {t['compile_total_s']:.1f} s (per program: gradients.json).", ""]
     return "\n".join(lines)
 
 
@@ -345,10 +358,15 @@ def _values(cis, key) -> np.ndarray:
     return np.array([np.nan if c[key] is None else c[key] for c in cis], np.float64)
 
 
-def _errorbars(ax, x, cis, color, **kw):
+def _errorbars(ax, x, cis, color) -> bool:
+    """Points with CI bars on a log axis (an infinite upper end drawn to the panel's top);
+    returns whether any point was drawable (positive)."""
     v, lo, hi = _values(cis, "value"), _values(cis, "lo"), _values(cis, "hi")
+    v = np.where(v > 0, v, np.nan)
+    lo = np.where(lo > 0, lo, v)
     hi = np.where(np.isfinite(hi), hi, np.nanmax(np.r_[v, lo, 1.0]) * 10)
-    ax.errorbar(x, v, yerr=[np.clip(v - lo, 0, None), np.clip(hi - v, 0, None)], fmt="o", color=color, capsize=3, **kw)
+    ax.errorbar(x, v, yerr=[np.clip(v - lo, 0, None), np.clip(hi - v, 0, None)], fmt="o", color=color, capsize=3)
+    return bool(np.any(np.isfinite(v)))
 
 
 def plot_errors(results: Mapping, path: Path) -> Path:
@@ -359,10 +377,11 @@ def plot_errors(results: Mapping, path: Path) -> Path:
     for j, grp in enumerate(groups):
         for row, (key, threshold) in enumerate((("noise_fraction", NOISE_FRACTION_MAX), ("coherent_bias", COHERENT_BIAS_MAX))):
             ax = axes[row, j]
-            for i, name in enumerate(recipes):
-                _errorbars(ax, [i], [results["recipes"][name]["vs_bf16"][grp][key]], arm_color(name))
+            drawn = [_errorbars(ax, [i], [results["recipes"][name]["vs_bf16"][grp][key]], arm_color(name))
+                     for i, name in enumerate(recipes)]
             ax.axhline(threshold, color="#d62728", linestyle="--", linewidth=1)
-            ax.set_yscale("log")
+            if any(drawn):
+                ax.set_yscale("log")
             ax.set_xticks(range(len(recipes)), recipes, rotation=60, fontsize=8)
             ax.grid(True, alpha=0.3)
             if row == 0:
@@ -401,13 +420,15 @@ def plot_policy_change(results: Mapping, path: Path) -> Path:
     """KL(old || new) of one AdamW update against the learning rate, per recipe, with CIs."""
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
-    lrs = results["lrs"]
+    lrs, positive = results["lrs"], False
     for name, e in results["recipes"].items():
         cis = [e["policy_change_kl"][f"{lr:g}"] for lr in lrs]
         ax.plot(lrs, _values(cis, "value"), color=arm_color(name), marker="o", label=name)
         ax.fill_between(lrs, _values(cis, "lo"), _values(cis, "hi"), color=arm_color(name), alpha=0.12, linewidth=0)
+        positive |= bool(np.any(_values(cis, "value") > 0))
     ax.set_xscale("log")
-    ax.set_yscale("log")
+    if positive:
+        ax.set_yscale("log")
     ax.set_xlabel("learning rate")
     ax.set_ylabel("KL(old || new), k3 per token")
     ax.set_title("Policy change of one AdamW update from the warm-up", fontsize=10)

@@ -14,19 +14,18 @@ change KL(old || new) of one AdamW update per learning rate, and the sampler/tra
 forward class, compute dtype and quantizer implementation. `fp4rl.analysis.gradient_report` turns
 the raw arrays into statistics with bootstrap CIs over batches, the decision, report and plots.
 
-Programs: one gradient program per distinct recipe (arms that share a straight-through
-reference share it), one log-prob / sampler / sync program per forward class (and dtype, impl),
-and three small programs shared by all (compare, project, optimizer step). `Programs` compiles
-them ahead, on `compile_workers` threads (XLA compiles without holding the GIL), and times it.
+Programs: one gradient program per distinct gradient source (arms with the same forward share
+their straight-through view), one log-prob / sampler / sync program per forward class (and dtype,
+impl), and three small programs shared by all (compare, project, optimizer step).
+`gradient_programs.Programs` compiles them ahead, on `compile_workers` threads (XLA compiles
+without holding the GIL), and times each: on CPU compiling is most of the run.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import json
 import time
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -36,15 +35,16 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from fp4rl import operands
+from fp4rl.analysis import gradient_report
 from fp4rl.model import sync as model_sync
 from fp4rl.model.config import DTYPES, ModelConfig
 from fp4rl.model.transformer import Transformer
 from fp4rl.recipe import ABLATION_ARMS, SITE_KINDS, PrecisionRecipe
 from fp4rl.rl import dapo, data, evaluation, policy, rollout, sft
+from fp4rl.rl.gradient_programs import GROUPS, Programs, Projection, group_dots, group_sums, leaf_groups
 from fp4rl.rl.task import TaskConfig, make_problem
 from fp4rl.rl.trainer import OptimConfig, RLConfig
 
-GROUPS = ("routed_experts", "shared_expert", "attention", "last_layers", "all")
 REFERENCE = "bf16"
 DEFAULT_RECIPES = ABLATION_ARMS + ("mxfp8", "mxfp8+dq")
 F32 = jnp.float32
@@ -91,7 +91,8 @@ class GradientsConfig:
     impl: quantizer implementation of the gradient programs (operands.IMPLS).
     mismatch_batches / impls / dtypes: the sampler/trainer KL per forward class on the first
       `mismatch_batches` prompt batches, per quantizer implementation (Triton and Mosaic on GPU
-      only) and compute dtype (the graphdef re-built with that `ModelConfig.dtype`, same params).
+      only) and compute dtype (the graphdef re-built with that `ModelConfig.dtype`, same params);
+      no dtypes or impls: not measured.
     sketch_dim: per-batch projections keep a group of parameters exactly when it has at most this
       many (0: always), else a CountSketch of this many buckets (`Projection`).
     bootstrap: resamples of the batches per confidence interval (95%, percentile).
@@ -156,112 +157,8 @@ def straight_through(recipe: PrecisionRecipe) -> PrecisionRecipe:
 def draws_keys(recipe: PrecisionRecipe) -> bool:
     """Only NVFP4's quantized backward is random (stochastic rounding, random Hadamard transform);
     MXFP8's re-quantizes deterministically (qlinear)."""
-    return any(getattr(recipe, k).format == "nvfp4" and getattr(recipe, k).backward == "quantized" for k in SITE_KINDS)
-
-
-# ---------------------------------------------------------------------------------- parameter groups
-def leaf_groups(params, num_layers: int) -> tuple[tuple[int, ...], ...]:
-    """Per parameter leaf (tree order), the indices into GROUPS of the groups it belongs to."""
-    masks = policy.grad_group_masks(params, num_layers)
-    flags = [jax.tree.leaves(masks[g]) if g != "all" else [True] * len(jax.tree.leaves(params)) for g in GROUPS]
-    return tuple(tuple(i for i, f in enumerate(flags) if f[leaf]) for leaf in range(len(flags[0])))
-
-
-def group_sums(per_leaf: list, groups: tuple[tuple[int, ...], ...]) -> jax.Array:
-    """[len(GROUPS)] sums of per-leaf scalars over each group's leaves."""
-    return jnp.stack([sum((x for x, g in zip(per_leaf, groups) if i in g), F32(0)) for i in range(len(GROUPS))])
-
-
-def group_dots(a, b, groups) -> jax.Array:
-    return group_sums([jnp.vdot(x.astype(F32), y.astype(F32)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))], groups)
-
-
-@dataclasses.dataclass(frozen=True)
-class Projection:
-    """A linear per-batch summary of a gradient whose inner products give the group Gram matrices.
-
-    The leaves are partitioned into atoms by group membership (every group is a union of atoms,
-    so a group's inner product is the sum of its atoms'). An atom with at most `sketch_dim`
-    entries (any size when sketch_dim is 0) is kept exactly; a larger one becomes a CountSketch
-    (Charikar et al. 2002): entry i adds sign_i * x_i to bucket h_i, which keeps inner products
-    unbiased with a relative error of about 1/sqrt(sketch_dim) (of |x| |y|).
-    """
-
-    atoms: tuple[tuple[int, ...], ...]  # leaf indices of each atom
-    atom_groups: tuple[tuple[int, ...], ...]  # GROUPS indices each atom belongs to
-    sketch_dim: int
-    sketched: tuple[bool, ...]
-
-    @staticmethod
-    def build(params, groups, sketch_dim: int, seed: int) -> tuple["Projection", list]:
-        """(projection, hashes): hashes[a] is (buckets, signs) of a sketched atom, else None."""
-        sizes = [x.size for x in jax.tree.leaves(params)]
-        signatures = sorted(set(groups))
-        atoms = tuple(tuple(i for i, g in enumerate(groups) if g == s) for s in signatures)
-        hashes = []
-        for a, leaves in enumerate(atoms):
-            n = sum(sizes[i] for i in leaves)
-            rng = np.random.default_rng([seed, a])
-            hashes.append((jnp.asarray(rng.integers(0, sketch_dim, n), jnp.int32),
-                           jnp.asarray(rng.choice(np.array([-1.0, 1.0], np.float32), n)))
-                          if sketch_dim and n > sketch_dim else None)
-        return Projection(atoms, tuple(signatures), sketch_dim, tuple(h is not None for h in hashes)), hashes
-
-    def __call__(self, tree, hashes) -> list[jax.Array]:
-        leaves = jax.tree.leaves(tree)
-        out = []
-        for leaf_ids, h in zip(self.atoms, hashes):
-            v = jnp.concatenate([leaves[i].astype(F32).ravel() for i in leaf_ids])
-            out.append(v if h is None else jax.ops.segment_sum(v * h[1], h[0], num_segments=self.sketch_dim))
-        return out
-
-    def group_gram(self, vectors_A: list[np.ndarray]) -> np.ndarray:
-        """[len(GROUPS), B, B] float64 Gram matrices from per-atom [B, dim] arrays."""
-        gram = np.zeros((len(GROUPS), vectors_A[0].shape[0], vectors_A[0].shape[0]))
-        for v, member in zip(vectors_A, self.atom_groups):
-            v = v.astype(np.float64)
-            g = v @ v.T
-            for i in member:
-                gram[i] += g
-        return gram
-
-
-# ---------------------------------------------------------------------------------- programs
-class Programs:
-    """Jitted programs by key: registered with example arguments, compiled ahead (on worker
-    threads when `workers` > 0, in registration order) and timed; a call waits for its compile."""
-
-    def __init__(self, workers: int):
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers) if workers else None
-        self._specs: dict = {}
-        self._ready: dict = {}
-        self.seconds: dict[str, float] = {}
-
-    def add(self, key, label: str, fn: Callable, *example) -> None:
-        if key in self._specs:
-            return
-        self._specs[key] = (jax.jit(fn), example, label)
-        if self._pool is not None:
-            self._ready[key] = self._pool.submit(self._compile, key)
-
-    def _compile(self, key):
-        jitted, example, label = self._specs[key]
-        t0 = time.perf_counter()
-        compiled = jitted.lower(*example).compile()
-        self.seconds[label] = time.perf_counter() - t0
-        return compiled
-
-    def __call__(self, key, *args):
-        if key not in self._ready:
-            self._ready[key] = self._compile(key)
-        ready = self._ready[key]
-        if isinstance(ready, concurrent.futures.Future):
-            ready = self._ready[key] = ready.result()
-        return ready(*args)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+    sites = [getattr(recipe, k) for k in SITE_KINDS]
+    return any(site.format == "nvfp4" and site.backward == "quantized" for site in sites)
 
 
 # ---------------------------------------------------------------------------------- measurement
@@ -353,9 +250,10 @@ class Session:
         key = ("sample", cls, dtype, impl)
         scfg = evaluation.sampler_config(self.new_tokens, self.config.rollout.temperature)
         qparams = jax.eval_shape(self._sync_fn(cls, impl), self.params)
-        self.programs.add(key, f"sample {self._class_name(cls)} {dtype} {impl}", evaluation.sample_fn(self._graphdef(dtype), cls, scfg, impl),
-                          qparams, _spec((self.rows, self.prompt_len), jnp.int32), _spec((self.rows, self.prompt_len), bool),
-                          jax.random.key(0), jnp.float32(1))
+        prompts = (_spec((self.rows, self.prompt_len), jnp.int32), _spec((self.rows, self.prompt_len), bool))
+        self.programs.add(key, f"sample {self._class_name(cls)} {dtype} {impl}",
+                          evaluation.sample_fn(self._graphdef(dtype), cls, scfg, impl), qparams, *prompts, jax.random.key(0),
+                          jnp.float32(1))
         return key
 
     def gradient(self, recipe: PrecisionRecipe):
@@ -374,7 +272,8 @@ class Session:
         def run(params, batch, keys_K):
             g_K, dev_K = jax.lax.map(lambda key: one(params, batch, key), keys_K)
             mean = jax.tree.map(lambda x: jnp.mean(x.astype(F32), 0), g_K)
-            spread = [jnp.sum(jnp.square(x.astype(F32) - m)) for x, m in zip(jax.tree.leaves(g_K), jax.tree.leaves(mean))]
+            spread = [jnp.sum(jnp.square(x.astype(F32) - m))  # per leaf: sum over keys of ||g_k - mean||^2
+                      for x, m in zip(jax.tree.leaves(g_K), jax.tree.leaves(mean))]
             return {"g0": jax.tree.map(lambda x: x[0], g_K), "mean": mean, "ratio_dev": jnp.max(dev_K),
                     "sr_var": group_sums(spread, groups) / max(k - 1, 1)}
 
@@ -425,8 +324,8 @@ class Session:
         r = self.config.rollout
         indices = rng.integers(0, data.DataConfig().num_problems, r.prompts_per_step)
         problems = [make_problem(int(i), r.task_seed, r.task) for i in indices]
-        cols = data.collate_prompts([{"prompt": p.prompt, "answer": p.answer, "index": int(i)} for p, i in zip(problems, indices)],
-                                    r.prompt_len)
+        records = [{"prompt": p.prompt, "answer": p.answer, "index": int(i)} for p, i in zip(problems, indices)]
+        cols = data.collate_prompts(records, r.prompt_len)
         ids, mask = (np.repeat(cols[k], r.group_size, 0) for k in ("prompt_ids_BxT", "prompt_mask_BxT"))
         return ids.astype(np.int32), mask, cols["answer_B"]
 
@@ -441,7 +340,8 @@ class Session:
             pool, first = rollout.GroupPool(r.prompts_per_step), None
             for i in range(r.max_gen_batches):
                 ids, mask, answers = self._prompts(rng)
-                out = jax.device_get(p(sample, self.params, ids, mask, _key(self.root, ROLLOUT_STREAM, b, i), jnp.float32(r.temperature)))
+                key = _key(self.root, ROLLOUT_STREAM, b, i)
+                out = jax.device_get(p(sample, self.params, ids, mask, key, jnp.float32(r.temperature)))
                 gen = rollout.Generation(ids, mask, out.tokens, out.logprobs, out.lengths, out.router_topk, answers)
                 pool.add(gen, *rollout.score(gen, r.group_size, r.max_new_tokens, r.overlong_buffer))
                 first = first or (ids, mask)
@@ -449,9 +349,10 @@ class Session:
                     break
             arrays = rollout.training_arrays(pool.filled(), r.group_size)
             batches.append({**arrays, "prompt_ids": first[0], "prompt_mask": first[1]})
-            for name, value in (("accuracy", pool.accuracy), ("gen_batches", i + 1), ("kept_group_frac", float(np.mean(arrays["used"]))),
-                                ("loss_tokens", int(arrays["response_mask"].sum()))):
-                stats[name].append(value)
+            stats["accuracy"].append(pool.accuracy)
+            stats["gen_batches"].append(i + 1)
+            stats["kept_group_frac"].append(float(np.mean(arrays["used"])))
+            stats["loss_tokens"].append(int(arrays["response_mask"].sum()))
         return batches, stats
 
     # ------------------------------------------------------------------ gradients
@@ -482,8 +383,9 @@ class Session:
                 vectors[src].append([np.asarray(v) for v in p("project", out["mean"], self.hashes)])
                 sr_var[src].append(np.asarray(out["sr_var"]))
                 ratio_dev[src].append(float(out["ratio_dev"]))
-                if src in kl:
-                    news = [p(self.logp(cls, dtype, self.impl), p("step", self.params, out["g0"], lr), tokens, valid) for lr in lrs]
+                if src in kl:  # one AdamW step with the first key's gradient, then the same forward
+                    news = [p(self.logp(cls, dtype, self.impl), p("step", self.params, out["g0"], lr), tokens, valid)
+                            for lr in lrs]
                     kl[src].append([float(dapo.masked_mean(dapo.kl_k3(old, new), rmask)) for new in news])
         atoms = {src: [np.stack([v[a] for v in vectors[src]]) for a in range(len(self.projection.atoms))] for src in names}
         stack = lambda rows: {k: np.stack([r[k] for r in rows]) for k in rows[0]}  # noqa: E731
@@ -497,7 +399,8 @@ class Session:
             # Gram matrices of m - ref (differences first: no cancellation) and of the references.
             "gram_diff": {src: {ref: self.projection.group_gram([x - y for x, y in zip(atoms[src], atoms[ref_src])])
                                 for ref, ref_src in self.refs_of[src].items()} for src in names},
-            "gram_ref": {src: self.projection.group_gram(atoms[src]) for src in {r for v in self.refs_of.values() for r in v.values()}},
+            "gram_ref": {src: self.projection.group_gram(atoms[src])
+                         for src in {r for refs in self.refs_of.values() for r in refs.values()}},
             "kl": {name: np.asarray(v) for name, v in kl.items()},
             "sketched_groups": [g for i, g in enumerate(GROUPS)
                                 if any(s and i in m for s, m in zip(self.projection.sketched, self.projection.atom_groups))],
@@ -542,8 +445,6 @@ def run(config: GradientsConfig, warmup=None, progress: bool = True) -> dict:
     """Measure every recipe of `config` (`warmup`: an already loaded `sft.load(config.init)`), write
     gradients.json, gradients.npz, report.md and the plots under `config.out`, print the
     conclusion; returns the results (what gradients.json holds)."""
-    from fp4rl.analysis import gradient_report
-
     t0 = time.perf_counter()
     recipes = {name: PrecisionRecipe.from_name(name) for name in config.recipe_names}
     session = Session(config, recipes, warmup, progress)

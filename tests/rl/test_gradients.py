@@ -1,0 +1,123 @@
+"""Fixed-parameter gradient measurements end to end on the smoke preset and a tiny warm-up.
+
+The smoke warm-up is trained once (module fixture) and the smoke measurement run once; the
+exactness checks then reuse its compiled programs (same process, persistent compilation cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments import gradients as gradients_experiment
+from experiments import sft as sft_experiment
+from fp4rl.analysis import gradient_report
+from fp4rl.recipe import PrecisionRecipe
+from fp4rl.rl import gradients, sft
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def warmup_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sft")
+    sft.train(dataclasses.replace(sft_experiment.PRESETS["smoke"], out=str(out)), progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def smoke(warmup_dir, tmp_path_factory):
+    config = dataclasses.replace(gradients_experiment.PRESETS["smoke"], init=str(warmup_dir),
+                                 out=str(tmp_path_factory.mktemp("gradients")))
+    return config, gradients.run(config, progress=False)
+
+
+def _with_signal(batches):
+    """The batches with every response token in the loss and advantages +1/-1 by row: the smoke
+    warm-up solves nothing, so dynamic sampling masks every group and only the load-balancing
+    term would reach the gradient."""
+    out = []
+    for b in batches:
+        response = b["valid"][:, -b["response_mask"].shape[1]:]
+        advantages = np.where(np.arange(len(response)) % 2, -1.0, 1.0).astype(np.float32)
+        out.append({**b, "response_mask": response, "advantages": advantages})
+    return out
+
+
+def test_smoke_writes_json_report_and_plots(smoke):
+    config, results = smoke
+    out = Path(config.out)
+    for name in ("gradients.json", "gradients.npz", "report.md", "gradient_error.png", "grad_norms.png", "policy_change.png"):
+        assert (out / name).stat().st_size > 0, name
+    saved = json.loads((out / "gradients.json").read_text())
+    assert set(saved["recipes"]) == set(config.recipe_names)
+    assert saved["decision"]["rule"] == gradient_report.DECISION_RULE
+    assert saved["decision"]["outcome"] in ("operates", "does not operate", "undecided")
+    for name, entry in saved["recipes"].items():
+        assert len(entry["grad_norm"]["values"]) == config.batches
+        assert set(entry["policy_change_kl"]) == {f"{lr:g}" for lr in config.optim.lrs}
+        assert set(entry["vs_bf16"]) == set(gradients.GROUPS) == set(entry["vs_ste"])
+        for group in gradients.GROUPS:
+            c = entry["vs_bf16"][group]["rel_error"]
+            assert c["lo"] <= c["value"] <= c["hi"], (name, group, c)
+    # sampler/trainer variants: measured on CPU for the reference impl, marked n/a for Triton
+    assert saved["recipes"]["nvfp4"]["mismatch_k3"]["float32/reference"]["value"] >= 0
+    report = (out / "report.md").read_text()
+    assert report.index("## Decision rule") < report.index("## Gradient error") < report.index("## Decision\n")
+    assert saved["decision"]["conclusion"] in report
+
+
+def test_bf16_against_itself_is_exact(smoke):
+    _, results = smoke
+    bf16 = results["recipes"]["bf16"]
+    for group in gradients.GROUPS:
+        for ref in ("vs_bf16", "vs_ste"):
+            assert bf16[ref][group]["rel_error"] == {"value": 0.0, "lo": 0.0, "hi": 0.0}
+            assert bf16[ref][group]["cosine"]["value"] == 1.0
+            assert bf16[ref][group]["bias"]["value"] == 0.0
+    assert bf16["grad_norm"]["fisher_p_vs_bf16"] == 1.0
+
+
+def test_straight_through_backward_equals_its_reference_exactly(smoke, warmup_dir):
+    config, _ = smoke
+    nvfp4 = PrecisionRecipe.from_name("nvfp4")
+    manual = dataclasses.replace(gradients.straight_through(nvfp4), name="nvfp4-bwd-bf16")  # its own program
+    assert gradients.straight_through(manual) == gradients.straight_through(nvfp4) != manual
+    session = gradients.Session(dataclasses.replace(config, batches=2), {"nvfp4": nvfp4, "nvfp4-bwd-bf16": manual},
+                                sft.load(warmup_dir), progress=False)
+    batches, _ = session.rollouts()
+    raw = session.gradients(_with_signal(batches))
+    session.programs.close()
+    same, differs = raw["per_batch"]["nvfp4-bwd-bf16"]["cmp"]["ste"], raw["per_batch"]["nvfp4"]["cmp"]["ste"]
+    assert np.all(same["ref_sq"] > 0)
+    np.testing.assert_array_equal(same["err_sq"], 0.0)
+    np.testing.assert_array_equal(same["dot0"], same["ref_sq"])
+    routed = gradients.GROUPS.index("routed_experts")
+    assert np.all(differs["err_sq"][:, routed] > 0)  # the quantized backward differs from straight-through
+    assert np.all(raw["per_batch"]["nvfp4"]["sr_var"][:, routed] > 0)  # and varies with the SR key
+    np.testing.assert_array_equal(raw["per_batch"]["nvfp4-bwd-bf16"]["sr_var"], 0.0)  # one key: no SR variance
+    np.testing.assert_array_equal(raw["per_batch"]["bf16"]["cmp"]["bf16"]["err_sq"], 0.0)
+    kl = raw["kl"]["nvfp4"]  # [batches, lrs]
+    assert np.all(kl[:, 0] > 0) and np.all(kl[:, -1] > kl[:, 0])  # a larger step moves the policy more
+    assert np.all(raw["per_batch"]["nvfp4"]["ratio_dev"] < 1e-5)  # on-policy: ratio 1
+
+
+def test_draws_keys_and_straight_through_views():
+    assert gradients.draws_keys(PrecisionRecipe.from_name("nvfp4"))
+    assert not gradients.draws_keys(PrecisionRecipe.from_name("+dq"))
+    assert not gradients.draws_keys(PrecisionRecipe.from_name("mxfp8"))  # MXFP8 re-quantizes deterministically
+    bf16 = PrecisionRecipe.from_name("bf16")
+    assert gradients.straight_through(bf16) is bf16
+    views = {gradients.straight_through(PrecisionRecipe.from_name(n)) for n in ("nvfp4", "+dq", "full", "full-dq")}
+    assert len(views) == 2  # arms differing only in their backward share a straight-through view
+
+
+def test_cli_help_lists_presets(capsys):
+    with pytest.raises(SystemExit) as e:
+        gradients_experiment.main(["--help"])
+    assert e.value.code == 0
+    assert "smoke, cpu, h200" in capsys.readouterr().out
