@@ -57,7 +57,7 @@ def _preset(name: str, seeds: int, compile_workers: int, measure_gradients: bool
 # measurements are their own command (`python -m experiments.gradients --preset h200`).
 PRESETS = {
     "smoke": _preset("smoke", 1, 2),
-    "cpu": _preset("cpu", 2, 2, measure_gradients=True, learning_steps=16, arm_steps=3),
+    "cpu": _preset("cpu", 2, 2, measure_gradients=True, learning_steps=12, arm_steps=2),
     "h200": _preset("h200", 2, 0),
 }
 
