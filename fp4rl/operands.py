@@ -98,8 +98,10 @@ def gemm_operand(packed, dtype=jnp.bfloat16):
     return nvfp4.scaled_operand(packed, dtype)
 
 
-def dequantized(packed, dtype):
-    """DQ(Q(.)) in float32, then one rounding to `dtype` (the backward GEMMs' input dtype)."""
+def dequantized(packed):
+    """DQ(Q(.)) in float32 (NUMERICS.md s2: fl(fl(dec(q) * sf) * S_dec), one rounding). Rounding
+    it to bf16 would round twice; where a GEMM can take the scale as an epilogue, use
+    `gemm_operand` instead."""
     if isinstance(packed, mx.MXTensor):
-        return mx.dequantize(packed, jnp.float32).astype(dtype)
-    return nvfp4.dequantize(packed, jnp.float32).astype(dtype)
+        return mx.dequantize(packed, jnp.float32)
+    return nvfp4.dequantize(packed, jnp.float32)

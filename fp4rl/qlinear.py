@@ -16,8 +16,13 @@ Backward modes (NUMERICS.md s7), a plain `jax.custom_vjp` over arrays:
   Hadamard transform along tokens on both wgrad operands. The key is an explicit argument.
 A BF16 site (format "bf16") goes through the same custom_vjp with no quantization at all:
 y = x @ w in x's dtype and the exact gradient, so every site shares the grouped-GEMM code.
-Backward GEMMs take their inputs in the cotangent's dtype (bf16 in training; DQ(Q(.)) is
-computed in f32 and rounded once to it) and accumulate in f32.
+Backward GEMMs accumulate in f32. Quantized operands enter them as the forward's do: the exact
+bf16 values dec(q) * sf, with the global decode scale multiplying the f32 result (per expert for
+a stack). DQ(Q(.)) = values * scale is not representable in bf16 in general, so rounding it to
+bf16 would add a second rounding to the contract's one (NUMERICS.md s2). The one exception is
+the dequantized wgrad with per-token activation scales: the scale varies along the tokens that
+wgrad contracts over, so it cannot be an epilogue; there DQ(Q(x)) stays in f32 (its single
+rounding) and that GEMM runs in f32.
 
 Weight layouts: w [K, N] with x [..., K]; w [E, K, N] with x [E, ..., K] (equal-size
 groups, vmapped); w [E, K, N] with x [R, K] sorted by expert and `group_sizes` [E] (ragged,
@@ -140,9 +145,8 @@ def _qdot_bwd(site: SiteConfig, impl: str, saved, g_TxN):
     backward = site.backward if site.quantized else "bf16"  # an unquantized site: the exact gradient
     if backward == "dequantized":
         xq, wq, w_dtype = residuals
-        w_dq = _swap(_per_weight(operands.dequantized, wq, dtype))  # DQ(Q(w)) as [K, N] / [E, K, N]
-        dx = _gemm(g_TxN, _swap(w_dq), group_sizes)
-        dw = _wgrad_gemm(operands.dequantized(xq, dtype), g_TxN, group_sizes)
+        dx = _dequantized_dgrad(g_TxN, wq, group_sizes)
+        dw = _dequantized_wgrad(xq, g_TxN, group_sizes)
         x_dtype, w_dtype = dtype, w_dtype.dtype
     elif backward == "bf16":
         x, w, _ = residuals
@@ -157,6 +161,24 @@ def _qdot_bwd(site: SiteConfig, impl: str, saved, g_TxN):
 
 
 _qdot.defvjp(_qdot_fwd, _qdot_bwd)
+
+
+def _dequantized_dgrad(g_TxN, wq, group_sizes):
+    """g @ DQ(Q(w))^T as the forward computes its GEMM: (g @ Wv) * S_dec,w, Wv = dec(q) * sf
+    exact in g's dtype, the weight's global decode scale (one per expert) on the f32 result."""
+    wv, sw = _per_weight(operands.gemm_operand, wq)  # Q(w^T) values [N, K] / [E, N, K]
+    acc = _gemm(g_TxN, wv.astype(g_TxN.dtype), group_sizes)
+    return acc * _per_row(sw, group_sizes, acc.shape[0])
+
+
+def _dequantized_wgrad(xq, g_TxN, group_sizes):
+    """DQ(Q(x))^T @ g. A per-tensor scale (MX: 1) is an epilogue, as in dgrad. A per-token scale
+    multiplies the rows of x, the axis wgrad sums over, so it must enter before the sum: then
+    DQ(Q(x)) is formed in f32 (the contract's one rounding) and the GEMM runs in f32."""
+    xv, sx = operands.gemm_operand(xq)
+    if jnp.ndim(sx) == 0:
+        return _wgrad_gemm(xv.astype(g_TxN.dtype), g_TxN, group_sizes) * sx
+    return _wgrad_gemm(operands.dequantized(xq), g_TxN.astype(F32), group_sizes)
 
 
 def _backward_config(site: SiteConfig, role: str) -> nvfp4.NVFP4Config | None:

@@ -96,10 +96,15 @@ def test_bf16_backward_is_the_gradient_of_x_at_w():
 def test_dequantized_backward_formula_and_straight_through(site):
     x, w, g = _inputs(1)
     _, dx, dw = _vjp(site, x, w, g)
-    w_dq = _dq(nvfp4.quantize(w.T, site.weight_config())).T  # [K, N]
+    wq = nvfp4.quantize(w.T, site.weight_config())
+    w_dq = _dq(wq).T  # [K, N]
     x_dq = _dq(nvfp4.quantize(x, site.act_config()))
-    np.testing.assert_array_equal(np.asarray(dx), np.asarray(jnp.matmul(g, w_dq.T)))
-    np.testing.assert_array_equal(np.asarray(dw), np.asarray(_tn(x_dq, g)))
+    wv, sw = nvfp4.scaled_operand(wq)  # dgrad as the forward's GEMM: exact values, scale after
+    expected_dx = jnp.matmul(g, wv, preferred_element_type=jnp.float32) * sw
+    np.testing.assert_array_equal(np.asarray(dx), np.asarray(expected_dx))
+    # = g @ DQ(Q(w))^T up to f32 re-association of the scale (operands exact): 4 n 2^-24
+    np.testing.assert_allclose(np.asarray(dx), np.asarray(jnp.matmul(g, w_dq.T)), rtol=4 * N * 2**-24, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(dw), np.asarray(_tn(x_dq, g)))  # per-token scales: f32 DQ(Q(x))
 
     def straight_through(x, w):
         x_hat = x + jax.lax.stop_gradient(x_dq - x)
@@ -132,6 +137,127 @@ def test_quantized_backward_matches_the_pretraining_recipe_formula():
     gv, sg = nvfp4.scaled_operand(nvfp4.quantize(gt, per_tensor, sr_key=k_wgrad))
     expected_dw = _tn(xv.T, gv.T) * (sx * sg)
     np.testing.assert_array_equal(np.asarray(dw), np.asarray(expected_dw))
+
+
+# ---------------------------------------------------------------- bf16 backward vs a float64 oracle
+# Unit roundoffs (round to nearest moves y by at most half an ulp): bf16 has 8 significant bits, so
+# for |y| in [2^e, 2^(e+1)) the move is <= 2^-9 * 2^(e+1) <= 2^-8 |y|; f32 (24 bits): 2^-24 |y|.
+U_BF16, U_F32 = 2.0**-8, 2.0**-24
+BF16 = jnp.bfloat16
+
+
+def _f64(a):
+    return np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+
+
+def _assert_gemm_matches_oracle(got, a, b, scale, out_bf16):
+    """`got` against the exact (a @ b) * scale in float64, on the GEMM's own operands a, b.
+
+    f32 accumulation of n products: |error| <= n 2^-24 sum|a_i b_i| (gamma_n, Higham 3.1); add one
+    2^-24 for products that are themselves rounded (an f32 operand times a bf16 one) and one per
+    scale multiplication (two at most), so (n + 3) 2^-24 sum|a_i b_i| |scale|. A bf16 output rounds
+    that once more: + 2^-8 |exact|, and the f32 error grows by at most (1 + 2^-8).
+    """
+    n = a.shape[-1]
+    exact = (_f64(a) @ _f64(b)) * np.float64(scale)
+    magnitude = (np.abs(_f64(a)) @ np.abs(_f64(b))) * np.abs(np.float64(scale))
+    tol = (n + 3) * U_F32 * magnitude * (1 + U_BF16) + (U_BF16 * np.abs(exact) if out_bf16 else 0.0)
+    err = np.abs(_f64(got) - exact)
+    assert np.all(err <= tol), f"{np.sum(err > tol)} elements past the bound, worst by {np.max(err - tol):.3g}"
+
+
+def _bf16_training_inputs(seed):
+    """x and the cotangent g in bf16 (the h200 compute dtype), w an f32 master weight."""
+    x, w, g = _inputs(seed)
+    return x.astype(BF16), w, g.astype(BF16)
+
+
+@pytest.mark.parametrize("site", [_nvfp4_site("bf16"), _nvfp4_site("dequantized"),
+                                  _nvfp4_site("dequantized", act_scale="tensor", weight_46="mae", act_46="mae"),
+                                  _nvfp4_site("quantized")],
+                         ids=["bf16", "dequantized", "dequantized-tensor-46", "quantized"])
+def test_bf16_backward_against_float64_oracle(site):
+    """dx (bf16, x's dtype) and dw (f32, w's dtype) against float64 products of the operands each
+    backward GEMM consumes, rebuilt here from the same bytes (the quantized mode from the same key)."""
+    x, w, g = _bf16_training_inputs(6)
+    key = jax.random.key(11)
+    _, dx, dw = _vjp(site, x, w, g, key if site.backward == "quantized" else None)
+    assert dx.dtype == BF16 and dw.dtype == jnp.float32
+    if site.backward == "bf16":  # g @ w^T on w rounded to the cotangent's dtype; x^T @ g
+        _assert_gemm_matches_oracle(dx, g, w.astype(BF16).T, 1.0, out_bf16=True)
+        _assert_gemm_matches_oracle(dw, x.T, g, 1.0, out_bf16=False)
+    elif site.backward == "dequantized":
+        wv, sw = nvfp4.scaled_operand(nvfp4.quantize(w.T, site.weight_config()))  # [N, K]
+        _assert_gemm_matches_oracle(dx, g, wv, sw, out_bf16=True)
+        xq = nvfp4.quantize(x, site.act_config())
+        if site.act_scale == "tensor":
+            xv, sx = nvfp4.scaled_operand(xq)
+            _assert_gemm_matches_oracle(dw, xv.T, g, sx, out_bf16=False)
+        else:  # per-token scales: DQ(Q(x)) in f32
+            _assert_gemm_matches_oracle(dw, _dq(xq).T, g, 1.0, out_bf16=False)
+    else:
+        k_dgrad, k_wgrad, k_rht = jax.random.split(key, 3)
+        per_tensor = nvfp4.NVFP4Config(scale="tensor")
+        gv, sg = nvfp4.scaled_operand(nvfp4.quantize(g, per_tensor, sr_key=k_dgrad))
+        wv, sw = nvfp4.scaled_operand(nvfp4.quantize(w, site.weight_config()))  # along N: [K, N]
+        _assert_gemm_matches_oracle(dx, gv, wv.T, sw * sg, out_bf16=True)
+        pad = -T % qlinear.TOKEN_ALIGN
+        xt = hadamard.random_hadamard(jnp.pad(x.astype(jnp.float32), ((0, pad), (0, 0))).T, k_rht, axis=-1)
+        gt = hadamard.random_hadamard(jnp.pad(g.astype(jnp.float32), ((0, pad), (0, 0))).T, k_rht, axis=-1)
+        xv, sx = nvfp4.scaled_operand(nvfp4.quantize(xt, per_tensor))
+        gv, sg = nvfp4.scaled_operand(nvfp4.quantize(gt, per_tensor, sr_key=k_wgrad))
+        _assert_gemm_matches_oracle(dw, xv, gv.T, sx * sg, out_bf16=False)
+
+
+def _rounds_up_in_bf16():
+    """Positive operands whose DQ(Q(.)) never round down to bf16 and mostly round up: with amax 1.1
+    (w, f32) or 0.98828125 (x, bf16) the global scale S_dec puts dec(q) * sf * S_dec just above a
+    bf16 value for the codes that occur (checked by the test), so rounding DQ(Q(.)) to bf16 before
+    the GEMM would bias every product the same way."""
+    rng = np.random.default_rng(0)
+    w = rng.uniform(0.1, 1.0, (K, N)).astype(np.float32) * np.float32(1.1)
+    w[0, 0] = 1.1
+    x = np.array(jnp.asarray(rng.uniform(0.1, 1.0, (T, K)) * 0.98828125, BF16).astype(jnp.float32))
+    x[:, 0] = 0.98828125  # every token's amax, so per-token and per-tensor scales are equal
+    g = rng.uniform(0.5, 1.0, (T, N)).astype(np.float32)
+    return jnp.asarray(x, BF16), jnp.asarray(w), jnp.asarray(g, BF16)
+
+
+@pytest.mark.parametrize("act_scale", ["token", "tensor"])
+def test_dequantized_backward_takes_exact_operands_and_epilogue_scales(act_scale):
+    site = _nvfp4_site("dequantized", act_scale=act_scale)
+    x, w, g = _rounds_up_in_bf16()
+    _, dx, dw = _vjp(site, x, w, g)
+    wq = nvfp4.quantize(w.T, site.weight_config())
+    xq = nvfp4.quantize(x, site.act_config())
+    for t in (wq, xq):  # the construction: rounding DQ(Q(.)) to bf16 never lowers it, on average +1e-3
+        rel = _f64(_dq(t).astype(BF16)) / _f64(_dq(t)) - 1
+        assert (rel >= 0).all() and rel.mean() > 1e-3
+
+    # dgrad is the forward's GEMM on the same packed weight: bitwise
+    wv, sw = nvfp4.scaled_operand(wq)
+    f32_dx = jnp.matmul(g, wv, preferred_element_type=jnp.float32) * sw
+    np.testing.assert_array_equal(np.asarray(dx), np.asarray(f32_dx.astype(BF16)))
+    # wgrad: per-tensor scale as an epilogue; per-token scales sum along tokens, so f32 DQ(Q(x))
+    if act_scale == "tensor":
+        xv, sx = nvfp4.scaled_operand(xq)
+        expected_dw = _tn(xv, g) * sx
+    else:
+        expected_dw = _tn(_dq(xq), g.astype(jnp.float32))
+    np.testing.assert_array_equal(np.asarray(dw), np.asarray(expected_dw))
+
+    # Against the exact product the error is the final rounding only (dx in bf16: unbiased, the mean
+    # relative error of 3072 elements has a std below 2^-8 / sqrt(3 * 3072) = 4e-5; dw in f32), while
+    # rounding DQ(Q(.)) to bf16 first shifts the products by the construction's ~+1e-3.
+    exact_dx = (_f64(g) @ _f64(wv)) * np.float64(sw)
+    rounded_dx = jnp.matmul(g, _dq(wq).astype(BF16), preferred_element_type=jnp.float32).astype(BF16)
+    assert abs(np.mean(_f64(dx) / exact_dx - 1)) < 2e-4
+    assert np.mean(_f64(rounded_dx) / exact_dx - 1) > 5e-4
+    assert np.mean(np.asarray(rounded_dx) != np.asarray(dx)) > 0.25
+    exact_dw = _f64(_dq(xq)).T @ _f64(g)
+    rounded_dw = _tn(_dq(xq).astype(BF16), g)
+    assert abs(np.mean(np.asarray(dw, np.float64) / exact_dw - 1)) < 2e-4
+    assert np.mean(np.asarray(rounded_dw, np.float64) / exact_dw - 1) > 5e-4
 
 
 def test_quantized_backward_needs_a_key():

@@ -8,6 +8,16 @@ checkpoint imported by `fp4rl.model.hf` reproduces transformers' logits:
 - Weights are stored [in, out] (HF stores [out, in]); q|k|v and gate|up are fused column-wise;
   biases are added after the matmul.
 Every matmul with a weight goes through `sites.site_dot`; norms are never quantized.
+
+Stored values. In bf16 compute, every op that widens a bf16 activation to f32 (RMSNorm, RoPE,
+the SwiGLU activation, the router input, the MoE combine and the shared-expert gate) reads it
+through `widen`. XLA allows excess precision by default (`xla_allow_excess_precision`): it may
+hand a widening op the producer's unrounded f32 value instead of the stored bf16 one (XLA:CPU
+does so for the residual add that feeds RMSNorm). That is a compiler decision which depends on
+the program, so the rounding, and the NVFP4 codes downstream, could differ between the sampler's
+decode, the trainer's forward and two fusions of one program. `widen` puts `ieee.as_stored`, the
+barrier the quantizers put on their input, before the cast; RMSNorm's output is stored too, since
+the LM head widens it.
 """
 
 from __future__ import annotations
@@ -17,10 +27,16 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from fp4rl.formats import ieee
 from fp4rl.model.config import ModelConfig
 from fp4rl.model.sites import Ctx, site_dot
 
 F32 = jnp.float32
+
+
+def widen(x):
+    """`x` in f32 from its stored value (never the producer's unrounded f32; module docstring)."""
+    return ieee.as_stored(x).astype(F32)
 
 
 def dtype_of(name: str):
@@ -38,10 +54,11 @@ class RMSNorm(nnx.Module):
         self.eps = eps
 
     def __call__(self, x):
-        # HF order: normalise in f32, cast to the input dtype, then multiply by w.
-        x32 = x.astype(F32)
+        # HF order: normalise in f32, cast to the input dtype, then multiply by w (stored: the LM
+        # head widens it to f32).
+        x32 = widen(x)
         y = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return y.astype(x.dtype) * self.w.get_value().astype(x.dtype)
+        return ieee.as_stored(y.astype(x.dtype) * self.w.get_value().astype(x.dtype))
 
 
 def rope(x_BxLxHxDh, positions_BxL, theta: float):
@@ -50,7 +67,7 @@ def rope(x_BxLxHxDh, positions_BxL, theta: float):
     inv_freq = 1.0 / (theta ** (jnp.arange(0, dh, 2, dtype=F32) / dh))  # [Dh/2], as HF computes it
     angle_BxLx1xDh2 = (positions_BxL.astype(F32)[..., None] * inv_freq)[:, :, None, :]
     cos, sin = jnp.cos(angle_BxLx1xDh2), jnp.sin(angle_BxLx1xDh2)
-    x1, x2 = jnp.split(x_BxLxHxDh.astype(F32), 2, axis=-1)
+    x1, x2 = jnp.split(widen(x_BxLxHxDh), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x_BxLxHxDh.dtype)
 
@@ -149,5 +166,5 @@ class SwiGLU(nnx.Module):
 
 def swiglu_act(gate_up):
     """silu(gate) * up of a fused [..., 2F] projection, in f32, rounded once to its dtype."""
-    g32, u32 = jnp.split(gate_up.astype(F32), 2, axis=-1)
+    g32, u32 = jnp.split(widen(gate_up), 2, axis=-1)
     return (g32 * jax.nn.sigmoid(g32) * u32).astype(gate_up.dtype)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp4rl.model.config import ModelConfig
-from fp4rl.model.layers import SwiGLU, dtype_of, normal_init, swiglu_act
+from fp4rl.model.layers import SwiGLU, dtype_of, normal_init, swiglu_act, widen
 from fp4rl.model.sites import Ctx, site_dot
 
 F32 = jnp.float32
@@ -79,7 +79,7 @@ class MoE(nnx.Module):
     def route(self, x_TxD, ctx: Ctx):
         """(probs_TxE f32, weight_TxK f32, expert_TxK int32), top-k in descending probability."""
         # f32 logits: near-ties between experts decide routing, and bf16 logits would flip them.
-        logits_TxE = site_dot(x_TxD.astype(F32), self.router.get_value(), ctx, self.site_kinds()["router"],
+        logits_TxE = site_dot(widen(x_TxD), self.router.get_value(), ctx, self.site_kinds()["router"],
                               self.layer, "router")
         probs_TxE = jax.nn.softmax(logits_TxE.astype(F32), axis=-1)
         weight_TxK, expert_TxK = jax.lax.top_k(probs_TxE, self.top_k)
@@ -99,7 +99,7 @@ class MoE(nnx.Module):
         h_RxF = swiglu_act(dot(x_RxD, "gate_up"))
         y_RxD = dot(h_RxF, "down")
         y_TxKxD = y_RxD[row_of_pair_P].reshape(T, self.top_k, D)
-        y_TxD = jnp.einsum("tk,tkd->td", weight_TxK, y_TxKxD.astype(F32))  # combine in f32
+        y_TxD = jnp.einsum("tk,tkd->td", weight_TxK, widen(y_TxKxD))  # combine in f32
         return y_TxD.astype(x_TxD.dtype)
 
     def __call__(self, x_BxLxD, valid_BxL, ctx: Ctx):
@@ -114,7 +114,7 @@ class MoE(nnx.Module):
             if self.has_shared_gate:  # Qwen2-MoE: a per-token scalar gate; a router-like site
                 g_Tx1 = site_dot(x_TxD, self.shared_gate.get_value(), ctx, self.site_kinds()["shared_gate"], self.layer,
                                  "shared_gate")
-                shared_TxD = (jax.nn.sigmoid(g_Tx1.astype(F32)) * shared_TxD.astype(F32)).astype(x_TxD.dtype)
+                shared_TxD = (jax.nn.sigmoid(widen(g_Tx1)) * widen(shared_TxD)).astype(x_TxD.dtype)
             y_TxD = y_TxD + shared_TxD
 
         valid_T = valid_BxL.reshape(-1).astype(F32)

@@ -107,7 +107,7 @@ def layer_runs(config: ModelConfig, recipe: PrecisionRecipe) -> list[tuple[int, 
     """Maximal runs [start, stop) of consecutive layers that share their structure (MoE or dense)
     and every site's SiteConfig: one run traces one block and scans it over its layers.
 
-    E.g. h200 + `full` (last 2 of 8 layers in BF16): [(0, 6), (6, 8)].
+    E.g. h200 + `full` (last 1 of 8 layers in BF16): [(0, 7), (7, 8)].
     """
     def signature(layer):
         return config.is_moe(layer), tuple(recipe.site(kind, layer, config.num_layers) for kind in SITE_KINDS)

@@ -23,12 +23,12 @@ THREE = dataclasses.replace(TINY, num_layers=3)
 
 
 def test_layer_runs_follow_structure_and_precision():
-    h200 = ModelConfig.from_name("h200")
-    assert layer_runs(h200, PrecisionRecipe.from_name("full")) == [(0, 6), (6, 8)]
+    h200 = ModelConfig.from_name("h200")  # `full` keeps round(0.15 * 8) = 1 of 8 layers in BF16
+    assert layer_runs(h200, PrecisionRecipe.from_name("full")) == [(0, 7), (7, 8)]
     assert layer_runs(h200, PrecisionRecipe.from_name("nvfp4")) == [(0, 8)]
     assert layer_runs(h200, PrecisionRecipe.from_name("bf16")) == [(0, 8)]
     dense_first = dataclasses.replace(h200, dense_layers=(0,))
-    assert layer_runs(dense_first, PrecisionRecipe.from_name("full")) == [(0, 1), (1, 6), (6, 8)]
+    assert layer_runs(dense_first, PrecisionRecipe.from_name("full")) == [(0, 1), (1, 7), (7, 8)]
 
 
 def _assert_trees_equal(a, b):
