@@ -6,7 +6,7 @@ temperature, `eval/n` problems; the same problems and sampling keys each time). 
 
 - per seed, the sampled and greedy accuracy at every evaluation (x = updates done so far);
 - the change of sampled accuracy from the initial evaluation to the last, with a two-level
-  bootstrap CI over seeds and each evaluation's binomial error (`statistics.accuracy_change_ci`);
+  bootstrap CI over seeds and each evaluation's error (`statistics.accuracy_change_ci`);
 - the slope of sampled accuracy per 100 steps by least squares, pooled over seeds with one
   intercept per seed, and its t-statistic (residual standard error; the evaluations of one seed
   share problems, so points are not independent draws: the t-statistic is descriptive, the
@@ -33,7 +33,7 @@ from fp4rl.analysis.statistics import BootstrapCI, accuracy_change_ci
 MIN_GAIN = 0.10
 LEARNING_RULE = (f"The arm learns when its mean held-out sampled accuracy rises by >= {MIN_GAIN:.2f} from the initial "
                  "evaluation to the last and the 95% CI of that change (two-level bootstrap: seeds, and each "
-                 "evaluation's binomial error) excludes 0; it does not learn (at that level) when the CI's upper end "
+                 "evaluation's error as the Jeffreys posterior of k of n) excludes 0; it does not learn (at that level) when the CI's upper end "
                  f"is below {MIN_GAIN:.2f}; otherwise UNDECIDED.")
 
 
