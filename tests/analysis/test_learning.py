@@ -1,0 +1,73 @@
+"""`fp4rl.analysis.learning`: curves from the trainer's evaluations, the slope, the decision rule."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fp4rl.analysis import learning
+from fp4rl.analysis.statistics import BootstrapCI
+
+
+def _write_seed(path, initial, later, n=256):
+    """metrics.jsonl of one seed: eval/initial_* with step 0, then evaluations after steps 10, 20..."""
+    path.mkdir(parents=True)
+    lines = []
+    for step in range(10 * len(later)):
+        record = {"step": step}
+        if step == 0:
+            record.update({"eval/initial_sampled_accuracy": initial, "eval/initial_accuracy": 0.9, "eval/initial_n": n})
+        if (step + 1) % 10 == 0:
+            acc = later[(step + 1) // 10 - 1]
+            record.update({"eval/sampled_accuracy": acc, "eval/accuracy": 0.9, "eval/n": n})
+        lines.append(json.dumps(record))
+    (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_a_clear_gain_is_learning(tmp_path):
+    for seed, start in ((0, 0.40), (1, 0.42)):
+        _write_seed(tmp_path / "bf16" / f"seed{seed}", start, [0.6, 0.7, 0.75])
+    result = learning.summarize(tmp_path / "bf16")
+    assert [c.steps.tolist() for c in result.curves] == [[0, 10, 20, 30]] * 2
+    assert result.change.mean == pytest.approx(0.75 - 0.41)
+    assert result.verdict == "learns" and result.change.low > 0
+    assert result.slope_per_100 > 0 and result.slope_t > 2
+    text = learning.markdown(result)
+    assert "verdict: learns" in text and learning.LEARNING_RULE in text
+    assert learning.plot(result, tmp_path / "l.png").stat().st_size > 0
+
+
+def test_no_change_on_few_problems_is_undecided_not_a_failure(tmp_path):
+    """0 of 8 before and after: the Jeffreys redraw keeps the interval wide, so no verdict."""
+    for seed in (0, 1):
+        _write_seed(tmp_path / "bf16" / f"seed{seed}", 0.0, [0.0], n=8)
+    result = learning.summarize(tmp_path / "bf16")
+    assert result.verdict == "UNDECIDED", result.reason
+    assert result.change.low < 0 < result.change.high
+
+
+def test_decision_rule_outcomes():
+    ci = lambda mean, low, high: BootstrapCI(mean, low, high, 2, 0.95, False)  # noqa: E731
+    assert learning.decide(ci(0.2, 0.05, 0.3))[0] == "learns"
+    assert learning.decide(ci(0.2, -0.01, 0.3))[0] == "UNDECIDED"  # CI touches 0
+    assert learning.decide(ci(0.05, 0.01, 0.08))[0] == "does not learn"  # CI below the 0.10 gain
+    assert learning.decide(ci(0.08, 0.01, 0.15))[0] == "UNDECIDED"
+
+
+def test_pooled_slope_removes_seed_offsets():
+    curves = [learning.SeedCurve(s, np.array([0, 10, 20]), np.array([0.1, 0.2, 0.3]) + s, np.zeros(3), np.full(3, 64))
+              for s in (0, 1)]
+    slope, t = learning.pooled_slope(curves)
+    assert slope == pytest.approx(0.01) and t > 1e6  # a perfect line: no residual but rounding
+
+
+def test_a_run_without_the_initial_evaluation_is_refused(tmp_path):
+    seed = tmp_path / "bf16" / "seed0"
+    seed.mkdir(parents=True)
+    (seed / "metrics.jsonl").write_text(json.dumps({"step": 0}) + "\n")
+    with pytest.raises(ValueError, match="eval/initial_sampled_accuracy"):
+        learning.summarize(tmp_path / "bf16")
+    with pytest.raises(FileNotFoundError):
+        learning.summarize(tmp_path / "missing")
