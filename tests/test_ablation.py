@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def test_smoke_ablation_runs_every_arm_reports_and_resumes(tmp_path, capsys):
     out = tmp_path / "ablation"
     start = time.time()
-    ablation.main(["--preset", "smoke", f"--out={out}"])
+    ablation.main(["--preset", "smoke", f"--out={out}", "--learning_steps=2"])
     elapsed = time.time() - start
     for name in ("report.md", "grad_norm.png", "seeds.png", "summary.png"):
         assert (out / name).stat().st_size > 0, name
@@ -32,11 +32,13 @@ def test_smoke_ablation_runs_every_arm_reports_and_resumes(tmp_path, capsys):
     for arm in ABLATION_ARMS:
         assert (out / arm / "seed0" / "metrics.jsonl").exists(), arm
         assert f"| {arm} " in report or f"| `{arm}` " in report, arm
+    assert (out / "learning" / "bf16" / "seed0" / "metrics.jsonl").exists()
+    assert "## Does RL learn? Learning run: `bf16`" in report and (out / "learning" / "learning.png").exists()
     with capsys.disabled():  # shown with pytest -s (capsys would swallow it)
         print(f"smoke ablation (9 arms): {elapsed:.0f}s")
 
     capsys.readouterr()
-    ablation.main(["--preset", "smoke", f"--out={out}"])  # a rerun trains nothing
+    ablation.main(["--preset", "smoke", f"--out={out}", "--learning_steps=2"])  # a rerun trains nothing
     printed = capsys.readouterr().out
     assert "reusing" in printed
     assert printed.count("finished earlier, skipped") == len(ABLATION_ARMS)

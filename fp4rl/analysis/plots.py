@@ -82,6 +82,12 @@ class _PlainLogFormatter(LogFormatter):
 
 
 def _log_y(ax) -> None:
+    """A log y axis, unless nothing drawn on `ax` is positive (e.g. no update ran: every grad norm
+    is 0), where a log axis cannot be drawn: then the axis stays linear and says why."""
+    drawn = [np.asarray(line.get_ydata(), np.float64) for line in ax.get_lines()]
+    if not any(np.any(np.isfinite(y) & (y > 0)) for y in drawn):
+        ax.text(0.5, 0.5, "no positive value to draw (no update ran)", transform=ax.transAxes, ha="center", color="0.4")
+        return
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(_PlainLogFormatter(labelOnlyBase=False))
     ax.yaxis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))

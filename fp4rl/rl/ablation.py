@@ -111,10 +111,10 @@ def run(config: AblationConfig, commands: tuple[str, ...] = (), progress: bool =
     elif config.measure_gradients:
         print(f"[gradients] reusing {grad_dir}")
         status["gradients"] = "skipped"
-    learning = learning_config(config)
-    if config.learning_steps and not trainer.is_finished(learning):
-        print(f"[learning] bf16, {config.seeds} seed(s) x {config.learning_steps} steps -> {learning.out}")
-        trainer.Trainer(learning, progress=progress, warmup=warmup or sft.load(sft_dir)).run()
+    learning_run = learning_config(config) if config.learning_steps else None
+    if learning_run is not None and not trainer.is_finished(learning_run):
+        print(f"[learning] bf16, {config.seeds} seed(s) x {config.learning_steps} steps -> {learning_run.out}")
+        trainer.Trainer(learning_run, progress=progress, warmup=warmup or sft.load(sft_dir)).run()
         status["learning"] = "ran"
     pool = concurrent.futures.ThreadPoolExecutor(config.compile_workers) if config.compile_workers and pending else None
     trainers, compiling, tasks = {}, {}, {}
