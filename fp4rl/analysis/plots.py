@@ -120,6 +120,13 @@ def spread_over_steps(steps: np.ndarray) -> np.ndarray:
     return steps + rank / np.repeat(counts, counts)
 
 
+def _error_bar(ci) -> list[list[float]]:
+    """matplotlib's [[below], [above]] for an interval around its mean. An interval need not
+    contain the mean (a Jeffreys redraw of 0 of n correct lies above 0): the bar then starts at
+    the mean and the marker shows where the mean is."""
+    return [[max(0.0, ci.mean - ci.low)], [max(0.0, ci.high - ci.mean)]]
+
+
 def _save(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)
     fig.savefig(path, dpi=120)
@@ -263,13 +270,13 @@ def plot_summary(
             ax_g.hlines(summaries[arm].reward_gap_mean, x[i] - 0.3, x[i] + 0.3, color=arm_color(arm), linewidth=2.5)
         gap_ci = summaries[arm].reward_gap_ci
         if gap_ci is not None:
-            ax_g.errorbar(x[i] + 0.32, gap_ci.mean, yerr=[[gap_ci.mean - gap_ci.low], [gap_ci.high - gap_ci.mean]],
+            ax_g.errorbar(x[i] + 0.32, gap_ci.mean, yerr=_error_bar(gap_ci),
                           fmt="none", ecolor=arm_color(arm), capsize=4, elinewidth=1.5, zorder=4)
         acc = np.array([s.final_accuracy for s in seeds])
         ax_a.scatter(x[i] + dx, acc, color=arm_color(arm), s=18, alpha=0.45, zorder=3)
         ci = summaries[arm].final_accuracy
         if ci is not None:
-            ax_a.errorbar(x[i], ci.mean, yerr=[[ci.mean - ci.low], [ci.high - ci.mean]], fmt="D",
+            ax_a.errorbar(x[i], ci.mean, yerr=_error_bar(ci), fmt="D",
                           color=arm_color(arm), markersize=7, capsize=6, elinewidth=2, zorder=4)
         else:
             ax_a.text(x[i], 0.5, "no eval", ha="center", va="center", rotation=90, fontsize=8, color="0.4",
