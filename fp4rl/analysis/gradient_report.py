@@ -50,6 +50,8 @@ DECISION_RULE = (
 
 
 # ---------------------------------------------------------------------------------- statistics
+RESULTS_FILE = "gradients.json"  # every number of a run; the ablation runner reads its decision
+
 def ci(value: float, replicates: np.ndarray) -> dict:
     """{"value", "lo", "hi"}: the statistic and the percentile interval of its replicates."""
     alpha = (1.0 - CI_LEVEL) / 2
@@ -442,7 +444,7 @@ def write(results: Mapping, raw: Mapping, out: str | Path) -> dict[str, Path]:
     report.md and three PNGs under `out`; returns their paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "gradients.json", "npz": out / "gradients.npz", "report": out / "report.md"}
+    paths = {"json": out / RESULTS_FILE, "npz": out / "gradients.npz", "report": out / "report.md"}
     paths["json"].write_text(json.dumps(_jsonable(results), indent=1))
     np.savez_compressed(paths["npz"], **_flat_arrays({k: raw[k] for k in ("per_batch", "gram_diff", "gram_ref", "kl")}))
     clean = json.loads(paths["json"].read_text())

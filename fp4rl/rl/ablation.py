@@ -25,7 +25,7 @@ import json
 import time
 from pathlib import Path
 
-from fp4rl.analysis import learning
+from fp4rl.analysis import gradient_report, learning
 from fp4rl.analysis.report import write_report
 from fp4rl.recipe import ABLATION_ARMS, PrecisionRecipe
 from fp4rl.rl import gradients, sft, trainer
@@ -80,7 +80,7 @@ def _sections(config: AblationConfig, out: Path) -> list[str]:
         sections.append(learning.markdown(result).replace("## Learning:", "## Does RL learn? Learning run:", 1)
                         + "\n![learning](learning/learning.png)\n")
     if config.measure_gradients:
-        decision = json.loads((out / "gradients" / "gradients.json").read_text())["decision"]
+        decision = json.loads((out / "gradients" / gradient_report.RESULTS_FILE).read_text())["decision"]
         sections.append("## Fixed-parameter gradient measurements\n\n"
                         f"{decision['conclusion']}\n\nDetails: [gradients/report.md](gradients/report.md).\n")
     return sections
@@ -102,7 +102,7 @@ def run(config: AblationConfig, commands: tuple[str, ...] = (), progress: bool =
         status["sft"] = "ran"
     pending = [arm for arm in config.arms if not trainer.is_finished(arm_config(config, arm))]
     grad_dir = out / "gradients"
-    measure = config.measure_gradients and not (grad_dir / "gradients.json").exists()
+    measure = config.measure_gradients and not (grad_dir / gradient_report.RESULTS_FILE).exists()
     warmup = sft.load(sft_dir) if pending or measure else None  # loaded once for every arm
     if measure:
         print(f"[gradients] fixed-parameter measurements of {', '.join(config.gradients.recipe_names)} -> {grad_dir}")
