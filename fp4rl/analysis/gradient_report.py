@@ -48,10 +48,10 @@ DECISION_RULE = (
     "RL) does not operate at this scale; if any recipe exceeds, it does, for the recipes that exceed; otherwise the "
     "answer is UNDECIDED.")
 
-
-# ---------------------------------------------------------------------------------- statistics
 RESULTS_FILE = "gradients.json"  # every number of a run; the ablation runner reads its decision
 
+
+# ---------------------------------------------------------------------------------- statistics
 def ci(value: float, replicates: np.ndarray) -> dict:
     """{"value", "lo", "hi"}: the statistic and the percentile interval of its replicates."""
     alpha = (1.0 - CI_LEVEL) / 2
