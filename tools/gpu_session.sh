@@ -26,6 +26,8 @@ export PYTHONUNBUFFERED=1
 # The kernel suites compile hundreds of small kernels (CPU-bound): GPU_WORKERS pytest processes
 # share the GPU, each allocating on demand instead of preallocating most of its memory.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
+# Compiled programs outlive a call while the machine stays warm (the next call skips compiling them).
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache}
 par="-n ${GPU_WORKERS:-4}"
 log="$OUT/log.txt"
 START=$(date +%s)
@@ -55,6 +57,23 @@ mosaic_tests() {  # mosaic_tests SECONDS  (MOSAIC_K: a pytest -k selection; MOSA
   [ -n "${MOSAIC_IDS:-}" ] && tests=$(cat "$MOSAIC_IDS")
   # shellcheck disable=SC2086  # the ids are words
   step gpu_tests_mosaic "$1" python -m pytest $par -v -rf --tb=line -m gpu $tests -p no:cacheprovider ${MOSAIC_K:+-k "$MOSAIC_K"}
+}
+# The h200 warm-up, deterministic (experiments.sft sets --xla_gpu_deterministic_ops). A call on a
+# machine still warm from the previous one copies it from WARMUP_CACHE instead of retraining; either
+# way its parameters' SHA-256 is compared with the committed run's (results/learning_h200).
+warmup() {
+  local cache=${WARMUP_CACHE:-/tmp/fp4rl-warmup/h200-sft}
+  if [ -f "$cache/sft_meta.json" ] && [ ! -e runs/h200/sft/sft_meta.json ]; then
+    mkdir -p runs/h200 && cp -r "$cache" runs/h200/sft && echo "=== warmup: copied from $cache" | tee -a "$log"
+  elif [ ! -e runs/h200/sft/sft_meta.json ]; then
+    step warmup "${WARMUP_SECONDS:-240}" python -m experiments.sft --preset h200 ${SFT_ARGS:-} || return 1
+    mkdir -p "$(dirname "$cache")" && rm -rf "$cache" && cp -r runs/h200/sft "$cache"
+  fi
+  python - runs/h200/sft/sft_meta.json results/learning_h200/sft/sft_meta.json <<'PY' 2>&1 | tee -a "$log"
+import json, sys
+new, ref = (json.load(open(p))["params_sha256"] for p in sys.argv[1:])
+print(f"=== warmup params_sha256 {new} {'== the committed run' if new == ref else '!= the committed run ' + ref}")
+PY
 }
 python -c "import jax; print(jax.devices())" >>"$log" 2>&1
 for mode in "${@:-bench}"; do
@@ -137,17 +156,17 @@ case "$mode" in
   learn)
     # The deterministic warm-up (experiments set --xla_gpu_deterministic_ops; sft_meta.json records
     # the parameters' SHA-256), then bf16 RL with held-out evaluations and the learning verdict.
-    step warmup "${WARMUP_SECONDS:-240}" python -m experiments.sft --preset h200 ${SFT_ARGS:-}
+    warmup
     step rl_bf16 "${RL_SECONDS:-420}" python -m experiments.rl --preset h200 --arm bf16 --seeds 2 ${RL_ARGS:-}
     step learning 30 python -m fp4rl.analysis.learning runs/h200/rl/bf16
     cp "$log" runs/h200/log.txt
     tar czf "$OUT/learn.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200
     ;;
   gradients)
-    step warmup "${WARMUP_SECONDS:-240}" python -m experiments.sft --preset h200 ${SFT_ARGS:-}
+    warmup
     step gradients "${GRAD_SECONDS:-330}" python -m experiments.gradients --preset h200 ${GRAD_ARGS:-}
     cp "$log" runs/h200/log.txt
-    tar czf "$OUT/gradients.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache --exclude='*.npz' runs/h200
+    tar czf "$OUT/gradients.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200
     ;;
   *)
     echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, probe, pilot, learn, gradients" | tee -a "$log"; exit 2
