@@ -194,21 +194,58 @@ class HFModel:
         return self.forward(tokens_BxL)[0]
 
 
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def read_tensors(path: str) -> dict[str, np.ndarray]:
+    """The checkpoint's tensors by name. With model.safetensors.index.json (a sharded checkpoint),
+    exactly the files its weight_map lists, each tensor from its listed file: another
+    *.safetensors in the folder (an older export, a stray copy) is not read. Without an index,
+    every *.safetensors, and a tensor name in two files is an error naming both: which one HF
+    would load depends on the loader, not on the folder."""
+    index_path = os.path.join(path, INDEX_FILE)
+    if os.path.isfile(index_path):
+        with open(index_path) as f:
+            try:
+                weight_map = json.load(f).get("weight_map")
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{index_path}: unreadable JSON ({err.msg} at line {err.lineno})") from None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index_path} has no weight_map (tensor name -> file)")
+        tensors = {}
+        for file in sorted(set(weight_map.values())):
+            full = os.path.join(path, file)
+            if not os.path.isfile(full):
+                raise FileNotFoundError(f"{full}, listed in {index_path}, does not exist")
+            loaded = load_file(full)
+            for name in (n for n, f in weight_map.items() if f == file):
+                if name not in loaded:
+                    raise ValueError(f"{index_path} places tensor {name} in {file}, which does not hold it")
+                tensors[name] = loaded[name]
+        return tensors
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    tensors, source = {}, {}
+    for file in files:
+        for name, array in load_file(file).items():
+            if name in source:
+                raise ValueError(f"tensor {name} is in both {source[name]} and {file}; remove the stale file "
+                                 f"or add a {INDEX_FILE} naming each tensor's file")
+            tensors[name], source[name] = array, file
+    return tensors
+
+
 def from_pretrained(path: str, recipe="bf16", dtype: str = "float32") -> HFModel:
-    """Load `path` (a local directory: config.json + one or more *.safetensors) for `recipe`."""
+    """Load `path` (a local directory: config.json + one or more *.safetensors, with
+    model.safetensors.index.json when sharded; see `read_tensors`) for `recipe`."""
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"{config_path} not found (from_pretrained reads local directories only)")
     with open(config_path) as f:
         hf_config = json.load(f)
     config = config_from_hf(hf_config, dtype)
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {path}")
-    tensors: dict[str, np.ndarray] = {}
-    for file in files:
-        tensors.update(load_file(file))
-    W = _Tensors(tensors)
+    W = _Tensors(read_tensors(path))
     model = _load_params(config, W)
     W.check(path)
     graphdef, params = nnx.split(model, nnx.Param)

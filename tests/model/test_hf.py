@@ -112,3 +112,52 @@ def test_tied_embeddings_match_the_numpy_reference(tmp_path):
     model = from_pretrained(str(tmp_path))
     assert model.config.tie_embeddings
     np.testing.assert_allclose(np.asarray(model(ids)), expected, rtol=0, atol=LOGITS_ATOL)
+
+
+def _sharded_copy(tmp_path, name="qwen2_moe_tiny"):
+    """The fixture split into two shards with a model.safetensors.index.json, as the Hub stores
+    large checkpoints; returns (directory, tensors)."""
+    src = _fixture(name)
+    shutil.copy(os.path.join(src, "config.json"), tmp_path / "config.json")
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, part in shards.items():
+        save_file({n: tensors[n] for n in part}, str(tmp_path / file))
+    index = {"metadata": {}, "weight_map": {n: f for f, part in shards.items() for n in part}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    return tmp_path, tensors
+
+
+def test_the_index_names_the_files_and_a_stray_file_is_not_read(tmp_path):
+    """A stale full export beside the shards (named to sort after them) must not override them."""
+    path, tensors = _sharded_copy(tmp_path)
+    save_file({n: np.zeros_like(t) for n, t in tensors.items()}, str(path / "old_export.safetensors"))
+    ref = np.load(os.path.join(_fixture("qwen2_moe_tiny"), "reference_logits.npz"))
+    logits = from_pretrained(str(path))(ref["input_ids"])
+    np.testing.assert_allclose(np.asarray(logits), ref["logits"], rtol=0, atol=LOGITS_ATOL)
+
+
+def test_an_index_that_misplaces_a_tensor_or_names_a_missing_file_is_an_error(tmp_path):
+    path, _ = _sharded_copy(tmp_path)
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    name = "model.embed_tokens.weight"
+    other = next(f for f in sorted(set(index["weight_map"].values())) if f != index["weight_map"][name])
+    index["weight_map"][name] = other
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=f"places tensor {name} in {other}, which does not hold it"):
+        from_pretrained(str(path))
+    index["weight_map"][name] = "model-00003-of-00002.safetensors"
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(FileNotFoundError, match="model-00003-of-00002.safetensors, listed in"):
+        from_pretrained(str(path))
+
+
+def test_a_tensor_in_two_files_without_an_index_names_both(tmp_path):
+    src = _fixture("qwen2_moe_tiny")
+    shutil.copy(os.path.join(src, "config.json"), tmp_path / "config.json")
+    shutil.copy(os.path.join(src, "model.safetensors"), tmp_path / "model.safetensors")
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    save_file({"model.norm.weight": np.zeros_like(tensors["model.norm.weight"])}, str(tmp_path / "stray.safetensors"))
+    with pytest.raises(ValueError, match=r"tensor model\.norm\.weight is in both .*model\.safetensors and .*stray\.safetensors"):
+        from_pretrained(str(tmp_path))
