@@ -9,8 +9,13 @@ So the pipeline can run on the real data set where a user has it. Two schemas:
 Column names are configurable (`prompt_key`, `answer_key`, dotted paths reach into nested
 dicts). Ground truths go through `verifier.parse_integer`, the same rule the reward uses,
 so a row whose ground truth is not an integer literal ("1/2", "7.5", "\\frac{1}{2}") is
-dropped and counted: the reward could never be +1 on it. A missing column is a schema
-error and raises instead. This module needs no grain; `data.file_records` wraps the rows.
+dropped and counted: the reward could never be +1 on it. This module needs no grain;
+`data.file_records` wraps the rows.
+
+Policy: a malformed row fails the load with an error naming the file and the line (the row,
+for parquet): a line that is not JSON, a row that is not a JSON object, a row without the
+prompt or an answer column. Skipping it would train on a silently smaller data set. Rows that
+are well formed but unusable (the reasons of `load_math_rows`) are dropped and counted.
 """
 
 from __future__ import annotations
@@ -66,6 +71,11 @@ def _prompt_text(value) -> str | None:
 
 def read_rows(path: str | os.PathLike) -> list[dict]:
     """Rows of a .jsonl/.json-lines file or (with pyarrow) a .parquet file."""
+    return [row for _, row in _located_rows(path)]
+
+
+def _located_rows(path: str | os.PathLike) -> list[tuple[str, dict]]:
+    """("<file>:<line>" or "<file> row <n>", row) of every row; a malformed one raises ValueError."""
     path = os.fspath(path)
     if path.endswith(".parquet"):
         try:
@@ -75,11 +85,23 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
                 f"reading {path!r} needs pyarrow (`pip install pyarrow`), which is not "
                 "installed; or convert the file to JSONL"
             ) from e
-        return pq.read_table(path).to_pylist()
-    if path.endswith((".jsonl", ".json")):
+        rows = [(f"{path} row {n}", row) for n, row in enumerate(pq.read_table(path).to_pylist())]
+    elif path.endswith((".jsonl", ".json")):
+        rows = []
         with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    raise ValueError(f"{path=} must end in .jsonl, .json (JSON lines) or .parquet")
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append((f"{path}:{lineno}", json.loads(line)))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{lineno}: malformed row, not JSON ({err.msg}); fix or delete the line") from None
+    else:
+        raise ValueError(f"{path=} must end in .jsonl, .json (JSON lines) or .parquet")
+    for where, row in rows:
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: malformed row, a JSON {type(row).__name__} instead of an object")
+    return rows
 
 
 def load_math_rows(
@@ -98,17 +120,17 @@ def load_math_rows(
     (neither a string nor a chat list with a user message), "unencodable" (a character
     outside the tokenizer vocabulary, e.g. non-ASCII), "too_long".
     """
-    rows = read_rows(path)
+    rows = _located_rows(path)
     prompts, answers = [], []
     dropped = dict.fromkeys(
         ("not_integer", "answer_out_of_int64", "bad_prompt", "unencodable", "too_long"), 0
     )
-    for n, row in enumerate(rows):
+    for where, row in rows:
         keys = (answer_key,) if answer_key is not None else DEFAULT_ANSWER_KEYS
         key = next((k for k in keys if _has(row, k)), None)
         if key is None or not _has(row, prompt_key):
             raise KeyError(
-                f"row {n} of {os.fspath(path)!r} lacks {prompt_key=} or an answer column "
+                f"{where}: malformed row, it lacks {prompt_key=} or an answer column "
                 f"among {keys}; its keys are {sorted(row)}"
             )
         answer = parse_integer(_lookup(row, key))

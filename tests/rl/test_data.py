@@ -153,3 +153,16 @@ def test_parquet_needs_pyarrow(tmp_path):
     rows = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet")
     assert load_math_rows(tmp_path / "rows.parquet").answers == load_math_rows(FIXTURE).answers
+
+
+@pytest.mark.parametrize("bad_line, match", [
+    ('{"prompt": "1+1?", "answer": ', r":2: malformed row, not JSON"),
+    ('[1, 2]', r":2: malformed row, a JSON list instead of an object"),
+    ('{"question": "1+1?", "answer": 2}', r":2: malformed row, it lacks prompt_key='prompt'"),
+])
+def test_a_malformed_row_fails_the_load_naming_file_and_line(tmp_path, bad_line, match):
+    """The policy of math_file: a malformed row is an error, not a silently smaller data set."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"prompt": "2+2?", "answer": 4}\n' + bad_line + '\n\n{"prompt": "3+3?", "answer": 6}\n')
+    with pytest.raises((ValueError, KeyError), match=f"{path}{match}"):
+        load_math_rows(path)
