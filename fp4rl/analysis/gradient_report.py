@@ -172,8 +172,10 @@ def analyze(raw: Mapping, n_boot: int = 1000, seed: int = 0) -> dict:
         n = len(entry["grad_norm"]["values"])
         t, t_ref = entry["grad_norm"]["tail_count"], tail_count(ref_norms)
         entry["grad_norm"]["fisher_p_vs_bf16"] = fisher_exact_greater(t, n - t, t_ref, len(ref_norms) - t_ref)
-        kl = raw["kl"][name]
-        entry["policy_change_kl"] = {f"{lr:g}": _stat(counts @ kl[:, i] / counts.sum(1)) for i, lr in enumerate(raw["lrs"])}
+        kl = raw["kl"][name]  # the first kl_batches batches: resampled on their own
+        kl_counts = counts if len(kl) == raw["batches"] else resample(len(kl), n_boot, seed + 2)[1]
+        entry["policy_change_kl"] = {f"{lr:g}": _stat(kl_counts @ kl[:, i] / kl_counts.sum(1))
+                                     for i, lr in enumerate(raw["lrs"])}
         entry["forward_class"] = raw["forward_class"][name]
         entry["straight_through"] = raw["refs_of"][name]["ste"]
         recipes[name] = entry
@@ -326,6 +328,9 @@ def report_markdown(results: Mapping) -> str:
                       f"{e['max_abs_ratio_minus_1']:.2g}"] for n, e in recipes.items()])
     lines += ["", "## Policy change KL(old || new) of one AdamW update (k3, response tokens)", ""]
     lrs = [f"{lr:g}" for lr in results["lrs"]]
+    kl_batches = results["config"]["kl_batches"]
+    if kl_batches is not None:
+        lines += [f"Measured on the first {kl_batches} of the {results['batches']} batches.", ""]
     lines += _table(["recipe", *(f"lr {lr}" for lr in lrs)],
                     [[n, *(fmt(e["policy_change_kl"][lr]) for lr in lrs)] for n, e in recipes.items()])
     lines += ["", "## Sampler vs trainer k3 KL at the warm-up policy, per forward class", ""]
@@ -336,7 +341,9 @@ def report_markdown(results: Mapping) -> str:
                   "implementation.", ""]
         lines += _table(["forward class", *variants], [[cls, *(fmt(m[v]) for v in variants)] for cls, m in mismatch.items()])
     else:
-        lines += ["Not measured (no compute dtype or implementation configured)."]
+        c = results["config"]
+        lines += ["Not measured yet (this report was written before the mismatch measurement finished)."
+                  if c["dtypes"] and c["impls"] else "Not measured (no compute dtype or implementation configured)."]
     d = results["decision"]
     lines += ["", "## Decision", ""]
     lines += _table(["recipe", "noise fraction", "coherent bias", "tail", "verdict"],
@@ -344,8 +351,9 @@ def report_markdown(results: Mapping) -> str:
                      for n, v in d["per_recipe"].items()])
     lines += ["", f"**{d['conclusion']}**", ""]
     t = results["timings"]
+    mismatch_s = f"{t['mismatch_s']:.1f} s" if "mismatch_s" in t else "not run"
     lines += ["## Timings", "", f"Total {t['total_s']:.1f} s: rollouts {t['rollouts_s']:.1f} s, "
-              f"gradients {t['gradients_s']:.1f} s, mismatch {t['mismatch_s']:.1f} s (compiling included); compile time "
+              f"gradients {t['gradients_s']:.1f} s, mismatch {mismatch_s} (compiling included); compile time "
               f"summed over {len(t['compile_s'])} programs {t['compile_total_s']:.1f} s (per program: gradients.json).", ""]
     return "\n".join(lines)
 

@@ -97,6 +97,8 @@ class GradientsConfig:
       many (0: always), else a CountSketch of this many buckets (`Projection`).
     bootstrap: resamples of the batches per confidence interval (95%, percentile).
     compile_workers: threads compiling the programs ahead (0: each compiles on first use).
+    kl_batches: the one-update policy change is measured on the first this many batches (None: all);
+      three optimizer steps and forwards per recipe and batch make it the costliest measurement.
     init: the warm-up run directory; out: where gradients.json, report.md and the plots go.
     """
 
@@ -112,6 +114,7 @@ class GradientsConfig:
     sketch_dim: int = 0
     bootstrap: int = 1000
     compile_workers: int = 0
+    kl_batches: int | None = None
     init: str = "runs/sft"
     out: str = "runs/gradients"
     seed: int = 0
@@ -121,6 +124,8 @@ class GradientsConfig:
             PrecisionRecipe.from_name(name)  # a typo names the valid recipes
         if self.batches < 2 or self.sr_keys < 2:
             raise ValueError(f"need {self.batches=} >= 2 (noise floor) and {self.sr_keys=} >= 2 (SR variance)")
+        if self.kl_batches is not None and not 2 <= self.kl_batches <= self.batches:
+            raise ValueError(f"need 2 <= {self.kl_batches=} <= {self.batches=} (or None: every batch)")
         if not 1 <= self.mismatch_batches <= self.batches:
             raise ValueError(f"need 1 <= {self.mismatch_batches=} <= {self.batches=}")
         for impl in (self.impl, *self.impls):
@@ -365,6 +370,7 @@ class Session:
         sr_var, ratio_dev, vectors = ({src: [] for src in names} for _ in range(3))
         kl = {name: [] for name in self.recipes}
         lrs = [jnp.float32(lr) for lr in c.optim.lrs]
+        kl_batches = len(batches) if c.kl_batches is None else c.kl_batches
         for b, arrays in enumerate(tqdm(batches, desc=f"gradients ({len(names)} per batch)", disable=not self.progress)):
             tokens, valid = jnp.asarray(arrays["tokens"], jnp.int32), jnp.asarray(arrays["valid"], bool)
             rmask = jnp.asarray(arrays["response_mask"], bool)
@@ -383,7 +389,7 @@ class Session:
                 vectors[src].append([np.asarray(v) for v in p("project", out["mean"], self.hashes)])
                 sr_var[src].append(np.asarray(out["sr_var"]))
                 ratio_dev[src].append(float(out["ratio_dev"]))
-                if src in kl:  # one AdamW step with the first key's gradient, then the same forward
+                if src in kl and b < kl_batches:  # one AdamW step with the first key's gradient, then the same forward
                     news = [p(self.logp(cls, dtype, self.impl), p("step", self.params, out["g0"], lr), tokens, valid)
                             for lr in lrs]
                     kl[src].append([float(dapo.masked_mean(dapo.kl_k3(old, new), rmask)) for new in news])
@@ -449,25 +455,32 @@ def run(config: GradientsConfig, warmup=None, progress: bool = True) -> dict:
     recipes = {name: PrecisionRecipe.from_name(name) for name in config.recipe_names}
     session = Session(config, recipes, warmup, progress)
     timings = {}
+    mc = session.model_config
+
+    def write(raw, timings):  # every number so far, so that a run cut short by a time limit keeps them
+        results = gradient_report.analyze(raw, config.bootstrap, config.seed)
+        results["config"] = json.loads(json.dumps(dataclasses.asdict(config), default=str))
+        results["model"] = {"config": dataclasses.asdict(mc), "backend": jax.default_backend(), "impl": session.impl,
+                            "high_precision": {n: r.high_precision_summary(mc.num_layers) for n, r in recipes.items()}}
+        compile_s = session.programs.seconds
+        results["timings"] = {**timings, "compile_s": dict(sorted(compile_s.items(), key=lambda kv: -kv[1])),
+                              "compile_total_s": sum(compile_s.values()), "total_s": time.perf_counter() - t0}
+        gradient_report.write(results, raw, config.out)
+        return results
+
     try:
         t = time.perf_counter()
         batches, rollout_stats = session.rollouts()
         timings["rollouts_s"], t = time.perf_counter() - t, time.perf_counter()
         raw = session.gradients(batches)
         timings["gradients_s"], t = time.perf_counter() - t, time.perf_counter()
-        raw["mismatch"] = session.mismatch(batches)
-        timings["mismatch_s"] = time.perf_counter() - t
+        raw["rollouts"], raw["mismatch"] = rollout_stats, {}
+        if config.dtypes and config.impls:
+            write(raw, timings)
+            raw["mismatch"] = session.mismatch(batches)
+            timings["mismatch_s"] = time.perf_counter() - t
     finally:
         session.programs.close()
-    raw["rollouts"] = rollout_stats
-    results = gradient_report.analyze(raw, config.bootstrap, config.seed)
-    mc = session.model_config
-    results["config"] = json.loads(json.dumps(dataclasses.asdict(config), default=str))
-    results["model"] = {"config": dataclasses.asdict(mc), "backend": jax.default_backend(), "impl": session.impl,
-                        "high_precision": {n: r.high_precision_summary(mc.num_layers) for n, r in recipes.items()}}
-    compile_s = session.programs.seconds
-    results["timings"] = {**timings, "compile_s": dict(sorted(compile_s.items(), key=lambda kv: -kv[1])),
-                          "compile_total_s": sum(compile_s.values()), "total_s": time.perf_counter() - t0}
-    gradient_report.write(results, raw, config.out)
+    results = write(raw, timings)
     print(results["decision"]["conclusion"])
     return results
