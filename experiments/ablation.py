@@ -39,15 +39,22 @@ from experiments import sft as sft_experiment  # noqa: E402
 from fp4rl import xla_flags  # noqa: E402
 from fp4rl.config_cli import cli  # noqa: E402
 from fp4rl.rl import sft  # noqa: E402
-from fp4rl.rl.ablation import AblationConfig, run  # noqa: E402
+from fp4rl.rl.ablation import RUNNER_SET, AblationConfig, field_default, run  # noqa: E402
 
 
 def _preset(name: str, seeds: int, compile_workers: int, measure_gradients: bool = False, learning_steps: int = 0,
             arm_steps: int | None = None) -> AblationConfig:
-    rl = rl_experiment.PRESETS[name]
-    return AblationConfig(sft=sft_experiment.PRESETS[name], rl=rl if arm_steps is None else dataclasses.replace(rl, steps=arm_steps),
-                          gradients=gradients_experiment.PRESETS[name], measure_gradients=measure_gradients,
-                          learning_steps=learning_steps, seeds=seeds, compile_workers=compile_workers, out=f"runs/{name}/ablation")
+    """The experiments' presets of `name`, with the fields the runner sets itself (`RUNNER_SET`:
+    directories, arm, seeds) left at their defaults, as AblationConfig requires."""
+    def runner_fields_unset(config, sub: str):
+        fields = [dotted.split(".")[1] for dotted in RUNNER_SET if dotted.startswith(sub + ".")]
+        return dataclasses.replace(config, **{f: field_default(type(config), f) for f in fields})
+
+    rl = rl_experiment.PRESETS[name] if arm_steps is None else dataclasses.replace(rl_experiment.PRESETS[name], steps=arm_steps)
+    return AblationConfig(sft=runner_fields_unset(sft_experiment.PRESETS[name], "sft"), rl=runner_fields_unset(rl, "rl"),
+                          gradients=runner_fields_unset(gradients_experiment.PRESETS[name], "gradients"),
+                          measure_gradients=measure_gradients, learning_steps=learning_steps, seeds=seeds,
+                          compile_workers=compile_workers, out=f"runs/{name}/ablation")
 
 
 # The CPU presets compile later arms on 2 threads while an arm trains (AblationConfig.compile_workers).

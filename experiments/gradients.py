@@ -22,7 +22,7 @@ if __name__ == "__main__" and any(a in ("--preset=smoke", "smoke") for a in sys.
 import jax  # noqa: E402
 
 from experiments import rl as rl_experiment  # noqa: E402
-from fp4rl.config_cli import cli  # noqa: E402
+from fp4rl.config_cli import cli, preset_of  # noqa: E402
 from fp4rl.rl import gradients  # noqa: E402
 
 
@@ -58,8 +58,7 @@ def main(argv=None) -> None:
         argv = ["--preset", "cpu", *argv]
     config = cli(gradients.GradientsConfig, PRESETS, argv)
     print(f"devices: {jax.devices()}")
-    preset = next((name for name, p in PRESETS.items() if p.init == config.init), None)
-    rl_experiment.ensure_warmup(preset, config.init)
+    rl_experiment.ensure_warmup(preset_of(argv), config.init)
     gradients.run(config)
     print(f"report: {config.out}/report.md")
 

@@ -1,19 +1,23 @@
 """DAPO RL of one arm: `python -m experiments.rl --preset {smoke,cpu,h200} --arm NAME --seeds N`.
 
-Runs (or reuses) the preset's BF16 warm-up first, then the arm's seeds in one program.
-Rerunning the same command resumes an interrupted run.
+Runs (or reuses) the BF16 warm-up of the same --preset into --init first, then the arm's seeds in
+one program. Rerunning the same command resumes an interrupted run; rerunning it with other
+settings is refused unless `--resume=force` (`fp4rl.rl.resume`). Progress goes to
+<out>/<arm>/train.log too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import jax
 
 from experiments import sft as sft_experiment
 from fp4rl import xla_flags
-from fp4rl.config_cli import cli
+from fp4rl.config_cli import cli, preset_of
 from fp4rl.rl import sft, trainer
+from fp4rl.rl.run_dir import prepare_out
 
 PRESETS = {
     "smoke": trainer.RLConfig(steps=2, task=sft_experiment.SMOKE_TASK, group_size=4, prompts_per_step=2, max_gen_batches=2,
@@ -29,23 +33,29 @@ PRESETS = {
 }
 
 
+def warmup_config(preset: str | None, init: str) -> sft.SFTConfig:
+    """The warm-up `--preset NAME` trains into `init` when none is there: experiments.sft's preset
+    of the same name (no --preset: SFTConfig's defaults, as the RL settings are then RLConfig's)."""
+    return dataclasses.replace(sft.SFTConfig() if preset is None else sft_experiment.PRESETS[preset], out=init)
+
+
 def ensure_warmup(preset: str | None, init: str) -> None:
-    """Run the matching warm-up preset into `init` unless it is already there."""
+    """Run the warm-up of `preset` into `init` unless one is already there (then it is used as given)."""
     if sft.is_finished(init):
         print(f"reusing warm-up checkpoint {init}")
         return
-    base = sft_experiment.PRESETS[preset or "cpu"]
-    print(f"no warm-up at {init}: running experiments.sft --preset {preset or 'cpu'}")
-    sft.train(dataclasses.replace(base, out=init))
+    print(f"no warm-up at {init}: running experiments.sft {'--preset ' + preset if preset else '(defaults)'} --out={init}")
+    sft.train(warmup_config(preset, init))
 
 
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
     config = cli(trainer.RLConfig, PRESETS, argv)
     if not sft.is_finished(config.init):  # it trains the warm-up: reproducibly (before the backend starts)
         xla_flags.add(xla_flags.DETERMINISTIC_GPU)
     print(f"devices: {jax.devices()}")
-    preset = next((name for name, p in PRESETS.items() if p.init == config.init), None)
-    ensure_warmup(preset, config.init)
+    prepare_out(config.out)  # before the warm-up trains, not after
+    ensure_warmup(preset_of(argv), config.init)
     history = trainer.train(config)
     last = [h[-1] for h in history if h]
     for seed, record in enumerate(last):

@@ -174,6 +174,12 @@ def parse(cls: type[T], argv: Sequence[str], presets: Mapping[str, T] | None = N
     return _apply(base, _nest(cls, overrides))
 
 
+def preset_of(argv: Sequence[str]) -> str | None:
+    """The `--preset` name `argv` picks (None: no --preset), for a `main()` whose other steps
+    follow the preset (e.g. the warm-up an RL run trains first)."""
+    return _split_argv(argv)[0]
+
+
 def describe(config, prefix: str = "") -> list[str]:
     """`--dotted.key=value` lines for every leaf field of `config` (help text and logs)."""
     lines = []

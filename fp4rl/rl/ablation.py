@@ -9,6 +9,9 @@ Layout of a run directory (what `fp4rl.analysis` reads):
     <out>/report.md, grad_norm.png, seeds.png, summary.png
 Resumable: a finished arm (`done.json`) is skipped, an unfinished one continues from its
 last checkpoint, so rerunning the same command after an interruption only does what is left.
+A rerun under other settings is refused for finished arms as for unfinished ones
+(`fp4rl.rl.resume`), and the report states the settings each arm ran with, read from its
+config.json, not those of the command that wrote the report.
 
 Compiling ahead: after the warm-up, the arms still to run are set up and `compile_workers`
 threads compile their programs (`Trainer.compile_tasks`, in arm order, one task per distinct
@@ -28,7 +31,25 @@ from pathlib import Path
 from fp4rl.analysis import gradient_report, learning
 from fp4rl.analysis.report import write_report
 from fp4rl.recipe import ABLATION_ARMS, PrecisionRecipe
-from fp4rl.rl import gradients, sft, trainer
+from fp4rl.rl import gradients, resume, sft, trainer
+from fp4rl.rl.run_dir import prepare_out, read_json
+
+# Sub-config fields the runner sets itself (`arm_config`, `learning_config`, `run`), with the
+# runner option that controls each: a value given for one would be ignored, so any value other
+# than the field's default is refused.
+RUNNER_SET = {
+    "rl.arm": "--arms",
+    "rl.seeds": "--seeds",
+    "rl.init": "--out (the warm-up is <out>/sft)",
+    "rl.out": "--out (arm <a> runs in <out>/<a>)",
+    "sft.out": "--out (the warm-up is <out>/sft)",
+    "gradients.init": "--out (the warm-up is <out>/sft)",
+    "gradients.out": "--out (the measurements go to <out>/gradients)",
+}
+
+
+def field_default(cls, name: str):
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +81,13 @@ class AblationConfig:
             raise ValueError(f"{self.seeds=} must be >= 1")
         if self.compile_workers < 0 or self.learning_steps < 0:
             raise ValueError(f"need {self.compile_workers=} >= 0 and {self.learning_steps=} >= 0")
+        given = {"rl.arm": self.rl.arm, "rl.seeds": self.rl.seeds, "rl.init": self.rl.init, "rl.out": self.rl.out,
+                 "sft.out": self.sft.out, "gradients.init": self.gradients.init, "gradients.out": self.gradients.out}
+        classes = {"rl": trainer.RLConfig, "sft": sft.SFTConfig, "gradients": gradients.GradientsConfig}
+        for dotted, option in RUNNER_SET.items():
+            sub, name = dotted.split(".")
+            if given[dotted] != field_default(classes[sub], name):
+                raise ValueError(f"--{dotted}={given[dotted]} is set by the ablation runner itself; use {option} instead")
 
 
 def arm_config(config: AblationConfig, arm: str) -> trainer.RLConfig:
@@ -68,6 +96,41 @@ def arm_config(config: AblationConfig, arm: str) -> trainer.RLConfig:
 
 def learning_config(config: AblationConfig) -> trainer.RLConfig:
     return dataclasses.replace(arm_config(config, "bf16"), steps=config.learning_steps, out=str(Path(config.out) / "learning"))
+
+
+def settings_text(out: Path) -> str:
+    """The settings every run under `out` ran with, read from their directories: the warm-up's
+    sft_meta.json, and each arm's (and the learning run's) config.json, the settings all share
+    once and then each run's own."""
+    lines = []
+    if sft.is_finished(out / "sft"):
+        lines += ["warm-up (sft/sft_meta.json):", json.dumps(read_json(out / "sft" / sft.META_FILE)["sft_config"],
+                                                             sort_keys=True), ""]
+    dirs = sorted(p for p in out.iterdir() if (p / resume.CONFIG_FILE).is_file())
+    if (out / "learning" / "bf16" / resume.CONFIG_FILE).is_file():
+        dirs.append(out / "learning" / "bf16")
+    runs = {str(d.relative_to(out)): resume.flatten(read_json(d / resume.CONFIG_FILE)["rl_config"]) for d in dirs}
+    if not runs:
+        return "\n".join(lines + ["(no arm has a config.json)"])
+    first = next(iter(runs.values()))
+    common = {k: v for k, v in first.items() if all(k in r and r[k] == v for r in runs.values())}
+    lines.append(f"RL settings common to {', '.join(runs)} (<run>/config.json):")
+    lines += [f"  {k}={json.dumps(v)}" for k, v in common.items()]
+    for name, flat in runs.items():
+        own = {k: v for k, v in flat.items() if k not in common}
+        lines.append(f"{name}: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in own.items()))
+        if (out / name / resume.CHANGES_FILE).is_file():
+            lines.append(f"  settings changed on resume: see {name}/{resume.CHANGES_FILE}")
+    return "\n".join(lines)
+
+
+def _check_finished(run_config: trainer.RLConfig, label: str) -> None:
+    """A finished run is skipped; a rerun under other settings is refused unless forced (it would
+    report the old results as if they were of the new settings)."""
+    changes = trainer.check_settings(run_config)
+    if changes:
+        print(f"[{label}] finished earlier; setting(s) differ from this command's ({resume.describe(changes)}): "
+              "kept as run, the report states the settings it ran with")
 
 
 def _sections(config: AblationConfig, out: Path) -> list[str]:
@@ -88,19 +151,25 @@ def _sections(config: AblationConfig, out: Path) -> list[str]:
 
 def run(config: AblationConfig, commands: tuple[str, ...] = (), progress: bool = True) -> dict:
     """Run what is missing and write the report; returns {arm: 'ran' | 'skipped'} and paths."""
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out(config.out)
     sft_dir = out / "sft"
     status = {}
     t0 = time.time()
+    # Settings are checked before anything trains: the finished arms here, the others when their
+    # trainers are built, the warm-up by `sft.train` (which reuses a finished one of equal settings).
+    pending = [arm for arm in config.arms if not trainer.is_finished(arm_config(config, arm))]
+    for arm in config.arms:
+        if arm not in pending:
+            _check_finished(arm_config(config, arm), f"arm {arm}")
+        elif trainer.has_checkpoint(arm_config(config, arm)):
+            trainer.check_settings(arm_config(config, arm))  # raises now, not after the arms before it
     if sft.is_finished(sft_dir):
         print(f"[warm-up] reusing {sft_dir}")
         status["sft"] = "skipped"
     else:
         print(f"[warm-up] training {config.sft.model} for {config.sft.steps} steps -> {sft_dir}")
-        sft.train(dataclasses.replace(config.sft, out=str(sft_dir)), progress=progress)
         status["sft"] = "ran"
-    pending = [arm for arm in config.arms if not trainer.is_finished(arm_config(config, arm))]
+    sft.train(dataclasses.replace(config.sft, out=str(sft_dir)), progress=progress)
     grad_dir = out / "gradients"
     measure = config.measure_gradients and not (grad_dir / gradient_report.RESULTS_FILE).exists()
     warmup = sft.load(sft_dir) if pending or measure else None  # loaded once for every arm
@@ -112,7 +181,9 @@ def run(config: AblationConfig, commands: tuple[str, ...] = (), progress: bool =
         print(f"[gradients] reusing {grad_dir}")
         status["gradients"] = "skipped"
     learning_run = learning_config(config) if config.learning_steps else None
-    if learning_run is not None and not trainer.is_finished(learning_run):
+    if learning_run is not None and trainer.is_finished(learning_run):
+        _check_finished(learning_run, "learning")
+    elif learning_run is not None:
         print(f"[learning] bf16, {config.seeds} seed(s) x {config.learning_steps} steps -> {learning_run.out}")
         trainer.Trainer(learning_run, progress=progress, warmup=warmup or sft.load(sft_dir)).run()
         status["learning"] = "ran"
@@ -141,7 +212,6 @@ def run(config: AblationConfig, commands: tuple[str, ...] = (), progress: bool =
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-    config_text = json.dumps(json.loads(json.dumps(dataclasses.asdict(config), default=str)), indent=2)
-    paths = write_report(out, config_text=config_text, commands=commands, sections=_sections(config, out))
+    paths = write_report(out, config_text=settings_text(out), commands=commands, sections=_sections(config, out))
     print(f"[report] {paths.report_md} (total {time.time() - t0:.0f}s)")
     return {"status": status, "report": paths}

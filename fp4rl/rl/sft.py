@@ -3,7 +3,8 @@
 RL.md: every RL arm starts from one warm-up checkpoint (also the KL reference), trained until
 the RL difficulty band has a sampled (temperature 1) accuracy of about 20-60%. The checkpoint
 holds the parameters plus the model config, the recipe and this config, so an RL run needs
-nothing but its path.
+nothing but its path. A finished warm-up is never overwritten: training into its directory again
+with the same settings returns it, with other settings is an error.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -24,8 +26,9 @@ from tqdm.auto import tqdm
 from fp4rl.model import transformer
 from fp4rl.model.config import ModelConfig
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import data, evaluation, tokenizer
+from fp4rl.rl import data, evaluation, resume, tokenizer
 from fp4rl.rl.checkpoint import Checkpointer
+from fp4rl.rl.run_dir import prepare_out, read_json, write_json_atomic
 from fp4rl.rl.task import TaskConfig
 
 SFT_RECIPE = "bf16"
@@ -63,6 +66,10 @@ class SFTConfig:
             raise ValueError(f"need 0 <= {self.warmup_steps=} < {self.steps=}")
         if not 0.0 <= self.answer_noise < 1.0:
             raise ValueError(f"answer_noise={self.answer_noise} must be in [0, 1)")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr={self.lr} must be a finite number > 0")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay={self.weight_decay} must be a finite number >= 0")
 
 
 def model_config(config: SFTConfig) -> ModelConfig:
@@ -92,26 +99,59 @@ def checkpoint_dir(out: str | Path) -> Path:
     return Path(out) / "checkpoint"
 
 
+META_FILE = "sft_meta.json"
+
+
 def load(out: str | Path):
     """(graphdef, params, meta) of a finished warm-up run directory."""
     directory = checkpoint_dir(out)
-    meta = json.loads((Path(out) / "sft_meta.json").read_text())
+    meta = read_json(Path(out) / META_FILE)
     mc = ModelConfig(**meta["model_config"])
     graphdef, like = transformer.init(mc, 0)
     ckpt = Checkpointer(directory)
-    params, _ = ckpt.restore(ckpt.latest_step(), like)
+    restored = ckpt.restore_latest(like)
     ckpt.close()
-    return graphdef, params, meta
+    if restored is None:
+        raise FileNotFoundError(f"{directory} holds no checkpoint, though {Path(out) / META_FILE} says the warm-up finished")
+    return graphdef, restored.state, meta
 
 
 def is_finished(out: str | Path) -> bool:
-    return (Path(out) / "sft_meta.json").exists()
+    return (Path(out) / META_FILE).exists()
+
+
+def settings(config: SFTConfig) -> dict:
+    """The config as sft_meta.json records it."""
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+def _finished_or_empty(config: SFTConfig) -> dict | None:
+    """The metadata of the warm-up already in `config.out` under the same settings (None: the
+    directory holds none). A warm-up of other settings, or a checkpoint without metadata (a run
+    killed while saving), raises: training over them would keep the old weights under new metadata."""
+    out = Path(config.out)
+    if is_finished(out):
+        meta = read_json(out / META_FILE)
+        changes = resume.differences(meta["sft_config"], settings(config), ignore=("out",))  # a moved directory
+        if changes:
+            raise ValueError(f"{out} holds a finished warm-up of other settings ({resume.describe(changes)}); "
+                             "delete it or choose another --out")
+        return meta
+    ckpt = checkpoint_dir(out)
+    if ckpt.exists() and any(ckpt.iterdir()):
+        raise ValueError(f"{ckpt} exists but {out / META_FILE} does not (a warm-up cut short while saving?); "
+                         "delete it or choose another --out")
+    return None
 
 
 def train(config: SFTConfig, progress: bool = True) -> dict:
-    """Run the warm-up into `config.out`; returns the metadata written beside the checkpoint."""
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    """Run the warm-up into `config.out`; returns the metadata written beside the checkpoint. A
+    finished warm-up of the same settings there is returned as it is (see `_finished_or_empty`)."""
+    out = prepare_out(config.out)
+    finished = _finished_or_empty(config)
+    if finished is not None:
+        print(f"warm-up {out} finished earlier with these settings: reusing it")
+        return finished
     mc = model_config(config)
     graphdef, params = transformer.init(mc, config.seed)
     optimizer = optax.chain(
@@ -138,7 +178,13 @@ def train(config: SFTConfig, progress: bool = True) -> dict:
         if i % 10 == 0 or i == config.steps - 1:
             losses.append((i, float(loss)))
             bar.set_postfix(loss=f"{float(loss):.3f}", grad_norm=f"{float(gnorm):.2f}")
+            if not (math.isfinite(float(loss)) and math.isfinite(float(gnorm))):
+                raise FloatingPointError(f"warm-up step {i}: non-finite loss {float(loss)} or gradient norm "
+                                         f"{float(gnorm)} (lr={config.lr}); nothing was saved to {out}")
     train_s = time.time() - start
+    if not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params)):
+        raise FloatingPointError(f"warm-up: non-finite parameters after {config.steps} steps (lr={config.lr}); "
+                                 f"nothing was saved to {out}")
 
     table = evaluation.accuracy_by_difficulty(graphdef, params, SFT_RECIPE, config.eval_task, config.eval_task_seed,
                                               config.eval_problems, config.max_new_tokens, seed=config.seed)
@@ -148,7 +194,7 @@ def train(config: SFTConfig, progress: bool = True) -> dict:
     meta = {
         "model_config": dataclasses.asdict(mc),
         "recipe": PrecisionRecipe.from_name(SFT_RECIPE).to_json(),
-        "sft_config": json.loads(json.dumps(dataclasses.asdict(config), default=str)),
+        "sft_config": settings(config),
         "param_count": mc.param_count()._asdict(),
         "loss_curve": losses,
         "train_seconds": train_s,
@@ -157,6 +203,6 @@ def train(config: SFTConfig, progress: bool = True) -> dict:
         "backend": jax.default_backend(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
-    (out / "sft_meta.json").write_text(json.dumps(meta, indent=2))
     (out / "accuracy.md").write_text(evaluation.accuracy_table_markdown(table))
+    write_json_atomic(out / META_FILE, meta, indent=2)  # last: its presence marks the warm-up finished
     return meta

@@ -9,7 +9,10 @@ touches the model is vmapped over a leading seed axis; only the recipe differs a
 Reproducibility: each step's randomness is `fold_in(key(seed), step)`, the data order is a
 grain iterator whose state is checkpointed, and the checkpoint holds params, optimizer
 state and the iterator states, so a killed run restarted with the same command recomputes
-the same steps bit for bit (on CPU) and re-logs nothing twice.
+the same steps bit for bit (on CPU) and re-logs nothing twice. A restart under other settings
+is refused unless asked for (`fp4rl.rl.resume`); checkpoints are verified on restore, a damaged
+newest one is skipped with a warning (`fp4rl.rl.checkpoint`). Progress messages go to
+`<arm dir>/train.log` as well as the console.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import time
 from pathlib import Path
 from typing import Callable, Literal
@@ -26,12 +30,14 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from fp4rl import operands
 from fp4rl.model import sync as model_sync
 from fp4rl.model.config import ModelConfig
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import data, dapo, evaluation, policy, rollout, sft, verifier
+from fp4rl.rl import data, dapo, evaluation, policy, resume, rollout, sft, verifier
 from fp4rl.rl.checkpoint import Checkpointer
 from fp4rl.rl.metrics_log import MetricsWriter, truncate_after
+from fp4rl.rl.run_dir import RunLog, prepare_out, read_json, write_json_atomic
 from fp4rl.rl.task import TaskConfig
 
 
@@ -43,6 +49,20 @@ class OptimConfig:
     b1: float = 0.9
     b2: float = 0.99
     clip_norm: float = 1.0
+
+    def __post_init__(self):
+        # A NaN or non-positive LR makes every update non-finite or a no-op: refuse it here, not
+        # after a run that trained nothing.
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"optim.lr={self.lr} must be a finite number > 0")
+        if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
+            raise ValueError(f"optim.clip_norm={self.clip_norm} must be a finite number > 0")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"optim.weight_decay={self.weight_decay} must be a finite number >= 0")
+        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
+            raise ValueError(f"optim.b1={self.b1} and optim.b2={self.b2} must be in [0, 1)")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps={self.warmup_steps} must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +79,9 @@ class RLConfig:
     final accuracy) and sampled accuracy at `temperature` (`eval/sampled_accuracy`), the same
     sampling keys at every evaluation so that differences between steps are not sampling noise;
     the policy before any update is evaluated too (`eval/initial_*`, logged with step 0).
+    resume: "check" refuses to resume a checkpoint under settings other than its config.json's
+    (see `fp4rl.rl.resume`, which lists the few that may differ); "force" resumes under the new
+    settings and records the change in config_changes.jsonl.
     """
 
     arm: str = "bf16"
@@ -86,6 +109,7 @@ class RLConfig:
     impl: str = "auto"  # quantizer implementation: operands.IMPLS ("auto": Triton on GPU)
     init: str = "runs/sft"
     out: str = "runs/rl"
+    resume: Literal["check", "force"] = "check"
 
     def __post_init__(self):
         PrecisionRecipe.from_name(self.arm)  # names the valid arms on a typo
@@ -96,6 +120,17 @@ class RLConfig:
             raise ValueError(f"{self.group_size=} must be >= 2 (group-normalised advantages)")
         if self.seeds < 1 or self.steps < 1:
             raise ValueError(f"need {self.seeds=} >= 1 and {self.steps=} >= 1")
+        operands.check_impl(self.impl)
+        # The sampler and the trainer score softmax(logits / temperature): 0 would sample greedily
+        # while the trainer scored the raw logits.
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature={self.temperature} must be a finite number > 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+        if self.on_nonfinite not in ("skip", "stop"):
+            raise ValueError(f"on_nonfinite={self.on_nonfinite!r}; valid options: skip, stop")
+        if self.resume not in resume.RESUME_OPTIONS:
+            raise ValueError(f"resume={self.resume!r}; valid options: {', '.join(resume.RESUME_OPTIONS)}")
 
 
 # Per mini-batch update, one line each in <arm>/seed<k>/updates.jsonl (spike detection judges these).
@@ -109,7 +144,33 @@ def arm_dir(config: RLConfig) -> Path:
 
 
 def is_finished(config: RLConfig) -> bool:
-    return (arm_dir(config) / "done.json").exists()
+    """The arm ran all of `config.steps` (a run extended by a larger --steps is not finished)."""
+    done = arm_dir(config) / "done.json"
+    return done.exists() and read_json(done)["steps"] == config.steps
+
+
+def has_checkpoint(config: RLConfig) -> bool:
+    """The arm's run directory holds a saved step (orbax names step directories by their number)."""
+    directory = arm_dir(config) / "checkpoint"
+    return directory.is_dir() and any(p.is_dir() and p.name.isdigit() for p in directory.iterdir())
+
+
+def settings(config: RLConfig) -> dict:
+    """The config as config.json records it."""
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+def check_settings(config: RLConfig) -> dict:
+    """The setting changes of `config` against its run directory's config.json (`resume.check`:
+    raises unless they may differ or config.resume is "force")."""
+    return resume.check(arm_dir(config), settings(config), config.resume)
+
+
+@jax.jit
+def _finite_per_seed(params_S):
+    """[S] bool: every parameter of seed s is finite."""
+    return functools.reduce(jnp.logical_and, [jnp.all(jnp.isfinite(x.reshape(x.shape[0], -1)), axis=1)
+                                              for x in jax.tree.leaves(params_S)])
 
 
 def _stack(trees):
@@ -164,6 +225,7 @@ class Trainer:
         self.graphdef, self.ref_params, self.sft_meta = sft.load(config.init) if warmup is None else warmup
         self.model_config = ModelConfig(**self.sft_meta["model_config"])
         self.seeds = [config.seed_offset + k for k in range(config.seeds)]
+        prepare_out(config.out)
         self.dir = arm_dir(config)
         self.dir.mkdir(parents=True, exist_ok=True)
         o = config.optim
@@ -189,6 +251,9 @@ class Trainer:
         records = data.problem_records(config.task, config.task_seed, data.DataConfig().num_problems)
         self.iterators = [data.iterate(data.prompt_batches(records, dcfg(s)), dcfg(s)) for s in self.seeds]
         self.ckpt = Checkpointer(self.dir / "checkpoint")
+        # Checked here, before anything compiles; only a run with a checkpoint resumes (without one
+        # it starts over and rewrites config.json).
+        self.setting_changes = check_settings(config) if self.ckpt.steps() else {}
 
     @functools.cached_property
     def ref_params_S(self):
@@ -238,20 +303,39 @@ class Trainer:
     def _initial_state(self):
         return _committed(self._fresh_state())
 
-    def _restore_or_init(self):
+    def _restore_or_init(self, log):
         state = self._initial_state()
-        step = self.ckpt.latest_step()
-        if step is None:
+        restored = self.ckpt.restore_latest(state)
+        for reason in () if restored is None else restored.skipped:
+            log(f"skipped a damaged checkpoint: {reason}", echo=False)  # the console had the warning
+        if restored is None:
+            self._check_finite(state["params"], f"the warm-up {self.config.init}", "retrain the warm-up")
             return state, 0
-        state, meta = self.ckpt.restore(step, state)
+        step, state, meta = restored.step, restored.state, restored.meta
+        if step + 1 > self.config.steps:
+            raise ValueError(f"steps={self.config.steps} is fewer than the {step + 1} steps of the checkpoint in "
+                             f"{self.ckpt.directory}: a run is extended, never shortened; start a new --out")
         if meta.get("recipe") != self.recipe.to_json():
             raise ValueError(f"{self.ckpt.directory} (step {step}) was trained under recipe {meta.get('recipe')}, "
                              f"but this run asks for {self.recipe.to_json()}: resume with the arm it was started "
                              "with, or start a new --out")
         state = _committed(state)
+        self._check_finite(state["params"], f"checkpoint step {step} in {self.ckpt.directory}", "start a new --out")
         for it, s in zip(self.iterators, meta["data_states"]):
             it.set_state(s)
         return state, step + 1
+
+    def _check_finite(self, params_S, what: str, advice: str) -> None:
+        """Every run refuses to train from or save non-finite weights, whatever `on_nonfinite` says:
+        a skipped update keeps finite weights finite, so these could only come from elsewhere."""
+        bad = [seed for seed, ok in zip(self.seeds, np.asarray(_finite_per_seed(params_S))) if not ok]
+        if bad:
+            raise FloatingPointError(f"non-finite parameters in {what} (arm {self.config.arm}, seed(s) {bad}): "
+                                     f"nothing was saved; {advice}")
+
+    def _config_record(self) -> dict:
+        return {"rl_config": settings(self.config), "recipe": json.loads(self.recipe.to_json()),
+                "model_config": self.sft_meta["model_config"]}
 
     def _seed_dirs(self):
         return [self.dir / f"seed{s}" for s in self.seeds]
@@ -385,18 +469,32 @@ class Trainer:
 
     # ------------------------------------------------------------------ the run
     def run(self) -> list[list[dict]]:
+        log = RunLog(self.dir, echo=self.progress)
+        try:
+            return self._run(log)
+        except BaseException as err:
+            log(f"stopped: {type(err).__name__}: {err}", echo=False)
+            raise
+        finally:
+            log.close()
+
+    def _run(self, log: RunLog) -> list[list[dict]]:
         c = self.config
-        state, start = self._restore_or_init()
+        log(f"rl {c.arm}: seeds {self.seeds}, {c.steps} steps, warm-up {c.init}, run directory {self.dir}")
+        state, start = self._restore_or_init(log)
+        if start:
+            log(f"resuming from step {start} (checkpoint of step {start - 1} in {self.ckpt.directory})")
         writers, update_writers = [], []
         for seed_dir in self._seed_dirs():
             truncate_after(seed_dir / "metrics.jsonl", start - 1)
             truncate_after(seed_dir / UPDATES_FILE, start - 1)
-            writers.append(MetricsWriter(seed_dir))
+            writers.append(MetricsWriter(seed_dir, purge_step=start or None))
             update_writers.append(MetricsWriter(seed_dir, tensorboard=False, filename=UPDATES_FILE))
         if start == 0:
-            (self.dir / "config.json").write_text(json.dumps({"rl_config": json.loads(json.dumps(dataclasses.asdict(c), default=str)),
-                                                              "recipe": json.loads(self.recipe.to_json()),
-                                                              "model_config": self.sft_meta["model_config"]}, indent=2))
+            write_json_atomic(self.dir / resume.CONFIG_FILE, self._config_record(), indent=2)
+        elif self.setting_changes:
+            resume.record(self.dir, self.setting_changes, start, self._config_record())
+            log(f"settings changed on resume (recorded in {resume.CHANGES_FILE}): {resume.describe(self.setting_changes)}")
         history = [[] for _ in self.seeds]
         # The policy before any update, on the same held-out problems and keys: the baseline of
         # "does RL learn" (logged with step 0 as eval/initial_*).
@@ -404,6 +502,9 @@ class Trainer:
         bar = tqdm(range(start, c.steps), desc=f"rl {c.arm} x{len(self.seeds)} seeds", disable=not self.progress,
                    initial=start, total=c.steps)
         for step in bar:
+            if step == start:
+                log(f"step {step}: the first step of this process compiles the programs not compiled ahead "
+                    "(seconds on CPU, minutes for a large model)")
             state, records, update_records = self.step(state, step)
             if step == 0:
                 for r, e in zip(records, initial):
@@ -416,18 +517,23 @@ class Trainer:
                     uw.write(line)
                 w.write(r)
                 h.append(r)
-            bar.set_postfix(reward=f"{np.mean([r['reward/mean'] for r in records]):.3f}",
-                            grad_norm=f"{np.mean([r['grad_norm/global'] for r in records]):.3g}")
+            reward, grad_norm = np.mean([r["reward/mean"] for r in records]), np.mean([r["grad_norm/global"] for r in records])
+            bar.set_postfix(reward=f"{reward:.3f}", grad_norm=f"{grad_norm:.3g}")
+            log(f"step {step}: reward {reward:.3f} grad_norm {grad_norm:.3g} "
+                f"({np.mean([r['time/step_s'] for r in records]):.1f}s)", echo=False)
             if any(r["nonfinite"] for r in records) and c.on_nonfinite == "stop":
-                raise FloatingPointError(f"non-finite loss or gradient at step {step} of arm {c.arm} "
+                raise FloatingPointError(f"non-finite loss, gradient or update at step {step} of arm {c.arm} "
                                          "(set --on_nonfinite=skip to skip such updates instead)")
+            self._check_finite(state["params"], f"the weights after step {step}", "lower --optim.lr or look for the cause")
             if (step + 1) % c.checkpoint_every == 0 or step == c.steps - 1:
                 meta = {"step": step, "data_states": [it.get_state() for it in self.iterators], "recipe": self.recipe.to_json()}
                 self.ckpt.save(step, state, meta)
+                log(f"step {step}: checkpoint saved", echo=False)
         for w in writers + update_writers:
             w.close()
         self.ckpt.close()
-        (self.dir / "done.json").write_text(json.dumps({"steps": c.steps, "seeds": self.seeds}))
+        write_json_atomic(self.dir / "done.json", {"steps": c.steps, "seeds": self.seeds})
+        log(f"finished: {c.steps} steps")
         return history
 
     def evaluate(self, params_S) -> list[dict]:

@@ -1,0 +1,84 @@
+"""The ablation runner ignores no option and reports what ran: overrides of fields it sets itself
+are refused, a rerun under other settings over finished arms is refused unless forced, and the
+report's configuration is read from each arm's config.json.
+
+No training: the arms are a synthetic finished run with real config.json files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments import ablation as ablation_experiment
+from fp4rl.analysis.synthetic import make_synthetic_run, synthetic_recipe
+from fp4rl.config_cli import parse
+from fp4rl.rl import ablation, sft, trainer
+
+STEPS = 30
+
+
+@pytest.mark.parametrize("option, controls", [
+    ("--rl.seeds=3", "--seeds"),
+    ("--rl.arm=full", "--arms"),
+    ("--rl.init=runs/mine", "--out (the warm-up is <out>/sft)"),
+    ("--rl.out=runs/mine", "--out"),
+    ("--sft.out=runs/mine", "--out (the warm-up is <out>/sft)"),
+    ("--gradients.out=runs/mine", "--out"),
+])
+def test_options_the_runner_sets_itself_are_refused(option, controls):
+    with pytest.raises(ValueError, match=f"^{option.replace('.', '[.]')} is set by the ablation runner itself; "
+                                         f"use {controls.replace('(', '[(]').replace(')', '[)]')}"):
+        parse(ablation.AblationConfig, ["--preset", "smoke", option], ablation_experiment.PRESETS)
+
+
+def _finished_run(out: Path, config: ablation.AblationConfig) -> None:
+    """A finished warm-up and finished arms, as `config` would have left them."""
+    make_synthetic_run(out, config.arms, seeds=config.seeds, steps=STEPS)
+    (out / "sft").mkdir()
+    (out / "sft" / sft.META_FILE).write_text(json.dumps(
+        {"sft_config": sft.settings(dataclasses.replace(config.sft, out=str(out / "sft")))}))
+    for arm in config.arms:
+        record = {"rl_config": trainer.settings(ablation.arm_config(config, arm)), "recipe": synthetic_recipe(arm),
+                  "model_config": {"num_layers": 4}}
+        (out / arm / "config.json").write_text(json.dumps(record))
+        (out / arm / "done.json").write_text(json.dumps({"steps": STEPS, "seeds": [0]}))
+
+
+def _config(out: Path, *argv: str) -> ablation.AblationConfig:
+    return parse(ablation.AblationConfig, ["--preset", "smoke", f"--out={out}", "--arms=bf16,full",
+                                           f"--rl.steps={STEPS}", *argv], ablation_experiment.PRESETS)
+
+
+def _configuration_section(report: str) -> str:
+    return report.split("## Configuration", 1)[1].split("## Commands", 1)[0]
+
+
+def test_a_rerun_reports_the_settings_the_arms_ran_with(tmp_path):
+    out = tmp_path / "ablation"
+    _finished_run(out, _config(out))
+    ablation.run(_config(out), progress=False)  # the same settings: nothing to run, the report written
+    with pytest.raises(ValueError, match=r"bf16/config.json: this run was started with other settings: "
+                                         r"optim.lr: 0.0001 -> 0.001;.*--rl.resume=force"):
+        ablation.run(_config(out, "--rl.optim.lr=1e-3"), progress=False)
+
+    result = ablation.run(_config(out, "--rl.optim.lr=1e-3", "--rl.resume=force"), progress=False)
+    assert result["status"] == {"sft": "skipped", "bf16": "skipped", "full": "skipped"}
+    section = _configuration_section(result["report"].report_md.read_text())
+    assert "  optim.lr=0.0001\n" in section and "0.001" not in section
+    assert f"  steps={STEPS}\n" in section and '  loss.kind="dapo"\n' in section
+    assert 'bf16: arm="bf16"' in section and 'full: arm="full"' in section
+
+
+def test_the_report_shows_settings_that_differ_between_arms(tmp_path):
+    out = tmp_path / "ablation"
+    _finished_run(out, _config(out))
+    record = json.loads((out / "full" / "config.json").read_text())
+    record["rl_config"]["optim"]["lr"] = 3e-4  # e.g. an arm resumed with --rl.resume=force
+    (out / "full" / "config.json").write_text(json.dumps(record))
+    section = _configuration_section(
+        ablation.run(_config(out, "--rl.resume=force"), progress=False)["report"].report_md.read_text())
+    assert 'full: arm="full", optim.lr=0.0003' in section and 'bf16: arm="bf16", optim.lr=0.0001' in section

@@ -1,0 +1,67 @@
+"""The warm-up an entry point trains first follows its --preset, whatever --init says; its
+settings errors are one line naming the option."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from experiments import ablation as ablation_experiment
+from experiments import gradients as gradients_experiment
+from experiments import rl as rl_experiment
+from experiments import sft as sft_experiment
+from fp4rl.rl import gradients, sft, trainer
+
+
+@pytest.fixture
+def trained(monkeypatch):
+    """Stubs the warm-up and the run: the list of SFTConfigs a main() would train."""
+    configs = []
+    monkeypatch.setenv("XLA_FLAGS", __import__("os").environ.get("XLA_FLAGS", ""))  # main() may add a flag
+    monkeypatch.setattr(sft, "train", lambda config, progress=True: configs.append(config))
+    monkeypatch.setattr(trainer, "train", lambda config: [[]])
+    monkeypatch.setattr(gradients, "run", lambda config: None)
+    return configs
+
+
+@pytest.mark.parametrize("preset", ["smoke", "cpu", "h200"])
+def test_rl_trains_the_warm_up_of_its_preset_into_any_init(trained, tmp_path, preset):
+    init = tmp_path / "my_warmup"
+    rl_experiment.main(["--preset", preset, f"--init={init}", f"--out={tmp_path / 'rl'}"])
+    assert trained == [dataclasses.replace(sft_experiment.PRESETS[preset], out=str(init))]
+
+
+def test_rl_without_a_preset_trains_the_default_warm_up(trained, tmp_path):
+    rl_experiment.main([f"--init={tmp_path / 'w'}", f"--out={tmp_path / 'rl'}"])
+    assert trained == [sft.SFTConfig(out=str(tmp_path / "w"))]
+
+
+def test_gradients_trains_the_warm_up_of_its_preset(trained, tmp_path):
+    init = tmp_path / "my_warmup"
+    gradients_experiment.main(["--preset", "smoke", f"--init={init}", f"--out={tmp_path / 'g'}"])
+    assert trained == [dataclasses.replace(sft_experiment.PRESETS["smoke"], out=str(init))]
+
+
+@pytest.mark.parametrize("preset", ["smoke", "cpu", "h200"])
+def test_the_ablation_warm_up_is_its_presets(preset):
+    """The runner trains `config.sft` into <out>/sft: the preset's warm-up up to its directory."""
+    config = ablation_experiment.PRESETS[preset]
+    assert config.sft == dataclasses.replace(sft_experiment.PRESETS[preset], out=sft.SFTConfig().out)
+
+
+def test_rl_refuses_an_unknown_impl_in_one_line(trained, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        rl_experiment.main(["--preset", "smoke", "--impl=cuda"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "error: impl='cuda'; valid options: ('auto', 'reference', 'triton', 'mosaic')\n"
+    assert trained == []
+
+
+def test_rl_checks_out_before_training_the_warm_up(trained, tmp_path):
+    a_file = tmp_path / "out.txt"
+    a_file.write_text("")
+    with pytest.raises(ValueError, match=f"--out={a_file} is a file"):
+        rl_experiment.main(["--preset", "smoke", f"--init={tmp_path / 'w'}", f"--out={a_file}"])
+    assert trained == []
