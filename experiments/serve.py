@@ -1,0 +1,42 @@
+"""Serve a checkpoint over an OpenAI-compatible API, quantized at load time:
+`python -m experiments.serve --checkpoint DIR [--quantization bf16|mxfp8|nvfp4_online] [--port N]`.
+
+DIR: a warm-up run (`runs/cpu/sft`), an RL arm (`runs/cpu/rl/full`, `--seed_index K`) or a Hugging
+Face Qwen-MoE directory. `--quantization` picks the deployment (fp4rl/serving/deployment.py: mxfp8 is
+the FP8 deployment; nvfp4_online serves the checkpoint's NVFP4 training recipe, `full` for a BF16
+checkpoint; `--recipe NAME` overrides). Batch shapes: `--engine.max_batch`, `--engine.prompt_buckets`,
+`--engine.max_new_tokens`; batching window `--max_wait_ms`. Presets: `cpu` (the default values) and
+`h200` (larger batches).
+
+    curl -s localhost:8000/v1/completions -H 'content-type: application/json' \\
+      -d '{"model": "sft-nvfp4_online", "prompt": "a=3. b=a+4. What is b?\\n", "max_tokens": 48, "temperature": 0}'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from fp4rl.config_cli import cli
+from fp4rl.serving.engine import EngineConfig
+from fp4rl.serving.server import ServeConfig, serve
+
+PRESETS = {
+    "cpu": ServeConfig(),
+    # The h200 warm-up's prompts and answers (experiments/rl.py: prompt_len 40, max_new_tokens 72) with
+    # room for longer prompts; 64 rows per batch.
+    "h200": ServeConfig(checkpoint="runs/h200/sft", engine=EngineConfig(max_batch=64, prompt_buckets=(64, 128),
+                                                                          max_new_tokens=128)),
+}
+
+
+def main(argv=None) -> None:
+    config = cli(ServeConfig, PRESETS, argv)
+    print(f"devices: {jax.devices()}")
+    print(f"config: {dataclasses.asdict(config)}")
+    serve(config)
+
+
+if __name__ == "__main__":
+    main()

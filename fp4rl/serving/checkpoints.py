@@ -1,0 +1,133 @@
+"""Load a BF16 (unquantized) checkpoint for serving: this project's warm-up and RL runs, or a local
+Hugging Face Qwen-MoE directory.
+
+Three layouts, recognised by their files:
+- a warm-up run directory (`sft_meta.json` + `checkpoint/`, `fp4rl.rl.sft.load`);
+- an RL arm directory (`<out>/<arm>/config.json` + `checkpoint/`, written by `fp4rl.rl.trainer`):
+  its state holds every seed's master weights stacked on a leading axis plus the optimizer state;
+  `seed_index` picks one seed's weights (the latest step);
+- a Hugging Face directory (`config.json` with a `model_type`, `*.safetensors`, `fp4rl.model.hf`).
+
+Project checkpoints use the character tokenizer (`fp4rl.rl.tokenizer`), so the server accepts
+text prompts. A Hugging Face checkpoint ships a BPE vocabulary this project has no tokenizer for:
+it is served on token ids only (prompts as lists of ids, completions as `token_ids`), and its stop
+token is the config's `eos_token_id` (none: rows run to their token budget).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+
+from fp4rl.model import hf, transformer
+from fp4rl.model.config import ModelConfig
+from fp4rl.recipe import PrecisionRecipe
+from fp4rl.rl import policy, sft, tokenizer
+from fp4rl.rl.checkpoint import Checkpointer
+
+NO_EOS = -1  # `decode.generate_rows` never samples a negative id: rows stop at their budget
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedModel:
+    """What a checkpoint gives the server.
+
+    kind: "sft" | "rl" | "hf". trained_recipe: the recipe the weights were trained under ("bf16"
+    for a warm-up or an imported model). text: whether text prompts are accepted (character
+    tokenizer); otherwise prompts are token ids. eos_id / pad_id: the stop and padding ids.
+    """
+
+    path: str
+    kind: str
+    graphdef: object
+    params: object
+    config: ModelConfig
+    trained_recipe: str
+    text: bool
+    eos_id: int
+    pad_id: int
+    bos_id: int | None
+
+    def encode(self, prompt: str) -> list[int]:
+        """Token ids of a text prompt: BOS, then one token per character (ValueError naming an
+        unknown character). Only for checkpoints with `text`."""
+        if not self.text:
+            raise ValueError(f"{self.path} has no text tokenizer: send the prompt as a list of token ids")
+        return tokenizer.encode(prompt, bos=True)
+
+    def decode(self, ids) -> str:
+        return tokenizer.decode(ids) if self.text else ""
+
+
+def _recipe_name(recipe_json: str) -> str:
+    return PrecisionRecipe.from_json(recipe_json).name
+
+
+def _load_sft(path: Path) -> ServedModel:
+    graphdef, params, meta = sft.load(path)
+    return ServedModel(str(path), "sft", graphdef, params, ModelConfig(**meta["model_config"]),
+                       _recipe_name(meta["recipe"]), True, tokenizer.EOS, tokenizer.PAD, tokenizer.BOS)
+
+
+def _load_rl(path: Path, seed_index: int) -> ServedModel:
+    run = json.loads((path / "config.json").read_text())
+    config = ModelConfig(**run["model_config"])
+    seeds = run["rl_config"]["seeds"]
+    if not 0 <= seed_index < seeds:
+        raise ValueError(f"seed_index={seed_index} out of range: {path} holds {seeds} seed(s)")
+    graphdef, params = transformer.init(config, 0)
+    # The trainer's state: {"params", "opt_state"} stacked over seeds; only shapes are needed to restore.
+    stacked = jax.eval_shape(lambda p: jax.tree.map(lambda x: jax.numpy.stack([x] * seeds), p), params)
+    optimizer = policy.make_optimizer(**run["rl_config"]["optim"])
+    like = {"params": stacked, "opt_state": jax.eval_shape(jax.vmap(optimizer.init), stacked)}
+    ckpt = Checkpointer(path / "checkpoint")
+    step = ckpt.latest_step()
+    if step is None:
+        ckpt.close()
+        raise FileNotFoundError(f"{path / 'checkpoint'} holds no saved step")
+    state, meta = ckpt.restore(step, like)
+    ckpt.close()
+    params = jax.tree.map(lambda x: x[seed_index], state["params"])
+    return ServedModel(f"{path}@step{step}/seed{seed_index}", "rl", graphdef, params, config,
+                       _recipe_name(meta["recipe"]), True, tokenizer.EOS, tokenizer.PAD, tokenizer.BOS)
+
+
+def _hf_eos(path: Path, hf_config: dict) -> int:
+    """The config's eos_token_id (the first of a list), else generation_config.json's, else NO_EOS."""
+    for source in (hf_config, json.loads((path / "generation_config.json").read_text())
+                   if (path / "generation_config.json").exists() else {}):
+        eos = source.get("eos_token_id")
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        if eos is not None:
+            return int(eos)
+    return NO_EOS
+
+
+def _load_hf(path: Path) -> ServedModel:
+    model = hf.from_pretrained(str(path))
+    hf_config = json.loads((path / "config.json").read_text())
+    pad = hf_config.get("pad_token_id")
+    bos = hf_config.get("bos_token_id")
+    return ServedModel(str(path), "hf", model.graphdef, model.params, model.config, "bf16", False,
+                       _hf_eos(path, hf_config), 0 if pad is None else int(pad), None if bos is None else int(bos))
+
+
+def load(path: str | Path, seed_index: int = 0) -> ServedModel:
+    """The checkpoint at `path` (see the module docstring for the layouts)."""
+    path = Path(path)
+    if (path / "sft_meta.json").exists():
+        return _load_sft(path)
+    if (path / "config.json").exists():
+        run = json.loads((path / "config.json").read_text())
+        if "rl_config" in run:
+            return _load_rl(path, seed_index)
+        if "model_type" in run:
+            return _load_hf(path)
+        raise ValueError(f"{path / 'config.json'} is neither an RL run's config nor a Hugging Face config")
+    raise FileNotFoundError(f"no checkpoint at {path}: expected a warm-up run (sft_meta.json), an RL arm "
+                            "directory (config.json + checkpoint/) or a Hugging Face directory (config.json + "
+                            "*.safetensors); train a warm-up with `python -m experiments.sft --preset cpu`")
