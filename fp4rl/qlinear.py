@@ -27,7 +27,9 @@ rounding) and that GEMM runs in f32.
 Weight layouts: w [K, N] with x [..., K]; w [E, K, N] with x [E, ..., K] (equal-size
 groups, vmapped); w [E, K, N] with x [R, K] sorted by expert and `group_sizes` [E] (ragged,
 dropless; for the quantized backward every group must be a multiple of 32 rows, so that the
-Hadamard and scale blocks along tokens never straddle two experts).
+Hadamard and scale blocks along tokens never straddle two experts). The groups cover every row
+of x unless the caller declares the rows past them padding (`padding_rows`); wrong sizes raise
+when concrete and give NaN under jit (`qdot`), never rows of zeros that look like an answer.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from fp4rl import grouped, operands
@@ -227,19 +230,64 @@ def _is_quantized_weight(w) -> bool:
     return isinstance(w, (nvfp4.NVFP4Tensor, mx.MXTensor))
 
 
-def qdot(x, w, site: SiteConfig, *, key=None, group_sizes=None, impl: str = "auto"):
+def _concrete(value):
+    """`value` as a NumPy array, or None under tracing (jit, vmap, grad), where it has no value yet."""
+    try:
+        return np.asarray(value)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+
+
+def _check_group_sizes(group_sizes, num_rows: int, num_groups: int, padding_rows: bool):
+    """Validate a ragged layout's group sizes: their shape always, their values when concrete.
+
+    Returns None when nothing is left to check, else a traced [R] bool, all False when the sizes
+    are wrong: under tracing no exception can be raised on values, so the whole output is NaN,
+    which the trainer's non-finite checks stop on, instead of rows of zeros (`ragged_dot`'s rows
+    past the groups) that look like an answer. With `padding_rows` the traced sizes are the
+    caller's contract (the MoE's dispatch builds them to sum to at most R).
+    """
+    if jnp.ndim(group_sizes) != 1 or jnp.shape(group_sizes)[0] != num_groups:
+        raise ValueError(f"group_sizes must have shape ({num_groups},) (one size per expert of w), got {jnp.shape(group_sizes)}")
+    if not jnp.issubdtype(jnp.result_type(group_sizes), jnp.integer):
+        raise ValueError(f"group_sizes must be integers, got dtype {jnp.result_type(group_sizes)}")
+    sizes = _concrete(group_sizes)
+    if sizes is not None:
+        total = int(sizes.astype(np.int64).sum())
+        if (sizes < 0).any():
+            raise ValueError(f"group_sizes {sizes.tolist()} has a negative size")
+        if total > num_rows or (total < num_rows and not padding_rows):
+            raise ValueError(f"group_sizes {sizes.tolist()} sum to {total}, but x has {num_rows} rows: every row must "
+                             "belong to exactly one group (pass padding_rows=True if rows past the groups are padding)")
+        return None
+    if padding_rows:
+        return None
+    ok = (jnp.sum(group_sizes) == num_rows) & jnp.all(group_sizes >= 0)
+    return jnp.broadcast_to(ok, (num_rows,))
+
+
+def qdot(x, w, site: SiteConfig, *, key=None, group_sizes=None, impl: str = "auto", padding_rows: bool = False):
     """`x @ w` through the site's precision (see the module docstring for layouts and modes).
 
     `w` may be a pre-quantized weight from `quantize_weight` (weight sync: forward only).
     `key` is needed by backward="quantized" only. Output dtype: x.dtype.
+    `group_sizes` (ragged layout): every row of x belongs to one group, checked when the sizes are
+    concrete; under jit wrong sizes make the output NaN. `padding_rows=True` declares
+    rows past sum(group_sizes) padding, with zero output rows (the MoE's static row bound).
     """
     operands.check_impl(impl)
     prequantized = _is_quantized_weight(w)
     w_ndim = _weight_ndim(w)
     if w_ndim not in (2, 3):
         raise ValueError(f"w must be [K, N] or [E, K, N], got {w_ndim} dims")
+    if x.ndim < 1 or x.shape[-1] == 0:
+        raise ValueError(f"qdot needs a contraction dimension K >= 1, got x of shape {x.shape} (an empty contraction)")
     if group_sizes is not None and (w_ndim != 3 or x.ndim != 2):
         raise ValueError(f"group_sizes needs x [R, K] and w [E, K, N]; got x {x.shape}, w with {w_ndim} dims")
+    row_ok = None
+    if group_sizes is not None:
+        num_groups = (w.codes if isinstance(w, nvfp4.NVFP4Tensor) else w.elements if isinstance(w, mx.MXTensor) else w).shape[0]
+        row_ok = _check_group_sizes(group_sizes, x.shape[0], num_groups, padding_rows)
 
     if prequantized and not site.quantized:
         raise ValueError("a BF16 site takes the raw weight, not a quantized one")
@@ -253,4 +301,6 @@ def qdot(x, w, site: SiteConfig, *, key=None, group_sizes=None, impl: str = "aut
         y = _forward_from_quantized(x_TxK, w, site, group_sizes, impl)[0]
     else:
         y = _qdot(x_TxK, w, key, group_sizes, site, impl)
+    if row_ok is not None:
+        y = jnp.where(row_ok[:, None], y, jnp.asarray(jnp.nan, y.dtype))
     return y.reshape(*x.shape[:-1], y.shape[-1])

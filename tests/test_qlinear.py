@@ -400,6 +400,38 @@ def test_mxfp8_forward_uses_mx_operands():
     np.testing.assert_array_equal(np.asarray(qlinear.qdot(x, w, site)), np.asarray(expected))
 
 
+def test_group_sizes_must_cover_every_row_when_concrete():
+    """rows past sum(group_sizes) would come out as zeros, a plausible but wrong answer."""
+    w = jax.random.normal(jax.random.key(1), (2, K, N))
+    x = jax.random.normal(jax.random.key(0), (64, K))
+    for sizes, match in (([32, 16], "sum to 48, but x has 64 rows"), ([32, 64], "sum to 96, but x has 64 rows"),
+                         ([-32, 96], "negative size"), ([64], r"must have shape \(2,\)")):
+        with pytest.raises(ValueError, match=match):
+            qlinear.qdot(x, w, NVFP4_46, group_sizes=jnp.array(sizes, jnp.int32))
+    with pytest.raises(ValueError, match="must be integers"):
+        qlinear.qdot(x, w, NVFP4_46, group_sizes=jnp.array([32.0, 32.0]))
+    # Declared padding (the MoE's static row bound): the rows past the groups are zeros.
+    y = qlinear.qdot(x, w, NVFP4_46, group_sizes=jnp.array([32, 16], jnp.int32), padding_rows=True)
+    np.testing.assert_array_equal(np.asarray(y[48:]), 0)
+
+
+def test_wrong_traced_group_sizes_give_nan_not_zeros():
+    """Under jit the sizes have no value to raise on: the output is NaN, which the trainer's
+    non-finite checks stop on; right sizes give the eager result."""
+    w = jax.random.normal(jax.random.key(1), (2, K, N))
+    x = jax.random.normal(jax.random.key(0), (64, K))
+    f = jax.jit(lambda sizes: qlinear.qdot(x, w, NVFP4_46, group_sizes=sizes))
+    assert np.isnan(np.asarray(f(jnp.array([32, 16], jnp.int32)))).all()
+    good = jnp.array([32, 32], jnp.int32)
+    np.testing.assert_array_equal(np.asarray(f(good)), np.asarray(qlinear.qdot(x, w, NVFP4_46, group_sizes=good)))
+
+
+@pytest.mark.parametrize("site", [SiteConfig(), NVFP4_46])
+def test_an_empty_contraction_is_a_clear_error(site):
+    with pytest.raises(ValueError, match=r"qdot needs a contraction dimension K >= 1, got x of shape \(8, 0\)"):
+        qlinear.qdot(jnp.ones((8, 0)), jnp.ones((0, 16)), site)
+
+
 def test_bad_arguments_raise():
     x, w, _ = _inputs()
     with pytest.raises(ValueError, match="impl"):

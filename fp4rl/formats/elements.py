@@ -124,3 +124,5 @@ def check_blocked_input(x, block: int) -> None:
     shape = jnp.shape(x)
     if len(shape) < 1 or shape[-1] % block:
         raise ValueError(f"K={shape[-1] if shape else None} of shape {shape} must be a multiple of the block {block}")
+    if shape[-1] == 0:
+        raise ValueError(f"K=0 of shape {shape}: quantize needs at least one block of {block} along the last axis")

@@ -111,6 +111,34 @@ def check_input(x, config: NVFP4Config, block: int = BLOCK):
         )
 
 
+def _concrete(value):
+    """`value` as a NumPy array, or None under tracing (jit, vmap), where it has no value yet."""
+    try:
+        return np.asarray(value)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+
+
+def check_amax(amax, x32, config: NVFP4Config) -> None:
+    """A given global amax: its shape always; when concrete, >= 0 (a maximum of |x|) and not 0
+    where x has a nonzero value (the S_enc = 1 guard would then quantize x far off scale).
+    NaN and inf stay allowed: the contract defines them (s8). An amax below max|x| is allowed
+    too: it saturates the block scales, as a deliberately clipped amax does."""
+    want = () if config.scale == "tensor" else (*jnp.shape(x32)[:-1], 1)
+    if jnp.shape(amax) != want:
+        raise ValueError(f"amax of shape {jnp.shape(amax)} does not fit scale={config.scale!r} and x of shape "
+                         f"{jnp.shape(x32)}: expected {want}")
+    a = _concrete(amax)
+    if a is None:
+        return
+    if (a < 0).any():
+        raise ValueError(f"amax must be >= 0 (a maximum of |x|), got a minimum of {a.min()}")
+    if (a == 0).any() and (x := _concrete(x32)) is not None:
+        row_max = np.abs(x).max() if config.scale == "tensor" else np.abs(x).max(axis=-1, keepdims=True)
+        if ((a == 0) & (row_max > 0)).any():
+            raise ValueError("amax is 0 where x has nonzero values; pass max|x| (or none to compute it)")
+
+
 def global_amax(x32, config: NVFP4Config):
     """A of s2: max|x| over the tensor, or over each row's K elements (keepdims) per token."""
     if config.scale == "token":
@@ -199,7 +227,8 @@ def quantize(x, config: NVFP4Config = NVFP4Config(), *, amax=None, sr_key=None) 
     """Quantize `x` [..., K] to NVFP4 per NUMERICS.md s2/s3.
 
     amax: optional precomputed global amax (per tensor `()` or per token `[..., 1]`), e.g. a
-      per-tensor amax shared by several shards; by default it is computed from `x`.
+      per-tensor amax shared by several shards; by default it is computed from `x`. Validated by
+      `check_amax` (its shape always, its values when they are concrete).
     sr_key: a jax.random key to round elements stochastically (s6, for gradients) instead of
       to nearest-even; scale selection is unchanged. Not combinable with 4/6.
     """
@@ -207,6 +236,8 @@ def quantize(x, config: NVFP4Config = NVFP4Config(), *, amax=None, sr_key=None) 
     if sr_key is not None and config.four_over_six:
         raise ValueError("stochastic rounding (sr_key) is not defined together with four_over_six")
     x32 = ieee.as_stored(x).astype(jnp.float32)
+    if amax is not None:
+        check_amax(amax, x32, config)
     a = global_amax(x32, config) if amax is None else jnp.asarray(amax, jnp.float32)
     s_enc, s_dec = global_scales(a, config.e4m3_bound)
     xb = _blocks(x32, config)

@@ -33,7 +33,7 @@ def dispatch(expert_TxK, num_experts: int, align: int):
 
     Returns (row_of_pair [T*k] int32, token_of_row [R] int32 (T for padding rows),
     group_sizes [E] int32: each expert's count rounded up to `align`; their sum <= R, and
-    qdot's ragged GEMM leaves rows past the sum at zero).
+    qdot's ragged GEMM, told that rows past the sum are padding, leaves them at zero).
     """
     T, k = expert_TxK.shape
     R = padded_rows(T, k, num_experts, align)
@@ -95,7 +95,7 @@ class MoE(nnx.Module):
         x_R1xD = jnp.concatenate([x_TxD, jnp.zeros((1, D), x_TxD.dtype)], axis=0)
         x_RxD = x_R1xD[token_of_row_R]
         dot = lambda h, name: site_dot(h, getattr(self, name).get_value(), ctx, self.site_kinds()[name],  # noqa: E731
-                                       self.layer, f"experts.{name}", group_sizes=sizes_E)
+                                       self.layer, f"experts.{name}", group_sizes=sizes_E, padding_rows=True)
         h_RxF = swiglu_act(dot(x_RxD, "gate_up"))
         y_RxD = dot(h_RxF, "down")
         y_TxKxD = y_RxD[row_of_pair_P].reshape(T, self.top_k, D)

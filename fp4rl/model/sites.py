@@ -86,7 +86,7 @@ def is_quantized_weight(w) -> bool:
     return isinstance(w, (nvfp4.NVFP4Tensor, mx.MXTensor))
 
 
-def site_dot(x, w, ctx: Ctx, kind: str, layer: int | None, name: str, *, group_sizes=None):
+def site_dot(x, w, ctx: Ctx, kind: str, layer: int | None, name: str, *, group_sizes=None, padding_rows: bool = False):
     """`x @ w` through the recipe's site `kind` of `layer` (None: the LM head).
 
     `w` is a raw parameter, or a weight pre-quantized by `sync_weights` (forward only).
@@ -106,6 +106,6 @@ def site_dot(x, w, ctx: Ctx, kind: str, layer: int | None, name: str, *, group_s
             )
         key = ctx.site_key(layer, name)
     try:
-        return qlinear.qdot(x, w, site, key=key, group_sizes=group_sizes, impl=ctx.impl)
+        return qlinear.qdot(x, w, site, key=key, group_sizes=group_sizes, impl=ctx.impl, padding_rows=padding_rows)
     except ValueError as err:  # name the site: qdot's shape errors do not know where they are
         raise ValueError(f"site {kind!r} (layer {layer}, {name}): {err}") from err

@@ -274,6 +274,36 @@ def test_2d_rows_not_multiple_of_16_names_shape_and_block(impl):
         impl(np.ones((24, 32), np.float32), nvfp4.NVFP4Config(block_2d=True))
 
 
+def test_empty_contraction_is_a_clear_error(impl):
+    with pytest.raises(ValueError, match=r"K=0 of shape \(4, 0\): quantize needs at least one block of 16"):
+        impl(np.ones((4, 0), np.float32), nvfp4.NVFP4Config())
+
+
+@pytest.mark.parametrize("scale, amax, match", [
+    ("tensor", np.ones(3, np.float32), r"amax of shape \(3,\) does not fit scale='tensor'.*expected \(\)"),
+    ("token", np.float32(1), r"amax of shape \(\) does not fit scale='token'.*expected \(4, 1\)"),
+    ("token", np.ones(4, np.float32), r"amax of shape \(4,\) does not fit scale='token'.*expected \(4, 1\)"),
+    ("tensor", np.float32(-2), "amax must be >= 0"),
+    ("token", -np.ones((4, 1), np.float32), "amax must be >= 0"),
+    ("tensor", np.float32(0), "amax is 0 where x has nonzero values"),
+    ("token", np.array([[1], [0], [1], [1]], np.float32), "amax is 0 where x has nonzero values"),
+])
+def test_a_given_amax_of_the_wrong_shape_or_sign_is_refused(scale, amax, match):
+    with pytest.raises(ValueError, match=match):
+        nvfp4.quantize(np.ones((4, 32), np.float32), nvfp4.NVFP4Config(scale=scale), amax=amax)
+
+
+def test_a_given_amax_is_shape_checked_under_jit_and_allowed_where_it_is_meaningful():
+    x = np.ones((4, 32), np.float32)
+    with pytest.raises(ValueError, match="amax of shape"):
+        jax.jit(lambda a: nvfp4.quantize(x, nvfp4.NVFP4Config(), amax=a))(np.ones(3, np.float32))
+    # Zero where x is zero, and a clipped amax (below max|x|: the block scales saturate) are meaningful.
+    zero_row = x.copy()
+    zero_row[1] = 0
+    nvfp4.quantize(zero_row, nvfp4.NVFP4Config(scale="token"), amax=np.array([[1], [0], [1], [1]], np.float32))
+    nvfp4.quantize(4 * x, nvfp4.NVFP4Config(), amax=np.float32(2))
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.int8, np.uint8, np.complex64])
 def test_integer_or_complex_input_raises_type_error(impl, dtype):
     with pytest.raises(TypeError):
