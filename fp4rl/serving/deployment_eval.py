@@ -281,7 +281,9 @@ def markdown(result: dict) -> str:
              f"{result['n_prompts']} held-out prompts ({c['per_level']} per level, operations "
              f"{c['task']['min_ops']}-{c['task']['max_ops']}, task seed {c['task_seed']}); sampled scores: "
              f"{c['samples']} samples at temperature {c['temperature']} per prompt; multi-turn: the first answer "
-             "fed back as the follow-up's given. Intervals: "
+             "fed back as the follow-up's given. Every deployment draws sample j of prompt i with the same key, "
+             "so their correlations measure what quantization changes; the retest repeats the first deployment "
+             "with independent keys (the agreement sampling alone leaves). Intervals: "
              f"{int(100 * c['ci'])}% percentile bootstrap over prompts ({c['bootstrap']} replicates).", "",
              f"**{headline(result)}**", "", "## Deployments", "",
              "| deployment | recipe | BF16 layers | map-4 blocks | tokens/s | generated tokens | compile s |",
