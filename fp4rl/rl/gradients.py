@@ -3,9 +3,9 @@ more than the RL noise does?
 
 At the warm-up parameters, `batches` rollout batches are drawn once with the BF16 sampler
 (dynamic sampling as in the trainer) and reused for every recipe. Per recipe and batch: the
-gradient of the trainer's loss (`policy.make_loss_fn`) on-policy (the old log-probs are the
-recipe's own forward: ratio 1), drawn under `sr_keys` stochastic-rounding / Hadamard keys when the
-recipe has a quantized backward (one key otherwise: nothing else is random), and compared at the
+gradient of the trainer's loss (`policy.make_loss_fn`) on-policy (`on_policy`: the old log-probs
+are the gradient program's own forward, so the ratio is exactly 1), drawn under `sr_keys`
+stochastic-rounding / Hadamard keys when the recipe has a quantized backward (one key otherwise: nothing else is random), and compared at the
 same batch with two references: the BF16 gradient and the straight-through gradient of the
 recipe's own quantized forward (`straight_through`). Per batch the mean over keys is also
 projected (`Projection`) so that the cross-batch Gram matrices give the error of the mean
@@ -266,7 +266,7 @@ class Session:
         group (unbiased over keys), max |ratio - 1| (on-policy check)."""
         key, k, r = ("grad", recipe), (self.config.sr_keys if draws_keys(recipe) else 1), self.config.rollout
         loss_fn = policy.make_loss_fn(self.graphdef, recipe, r.loss, self.model_config.aux_loss_coef, self.prompt_len,
-                                      self.impl, r.temperature)
+                                      self.impl, r.temperature, on_policy=True)
         groups = self.groups
 
         def one(params, batch, key):
@@ -379,7 +379,7 @@ class Session:
             means = {}
             for recipe, src in self.sources.items():
                 cls = recipe.forward_only()
-                old = logp_old[cls]  # on-policy: the recipe's own forward
+                old = logp_old[cls]  # the recipe's forward: the KL's reference (the loss uses its own)
                 batch = policy.Batch(tokens, valid, rmask, old, jnp.asarray(arrays["logp_sampler"], F32), old,
                                      jnp.asarray(arrays["advantages"], F32))
                 out = p(self.gradient(recipe), self.params, batch, keys if draws_keys(recipe) else keys[:1])

@@ -185,14 +185,22 @@ def objective(loss: LossConfig, aux_loss_coef: float):
 
 
 def make_loss_fn(graphdef, recipe: PrecisionRecipe, loss: LossConfig, aux_loss_coef: float, prompt_len: int,
-                 impl: str = "auto", temperature: float = 1.0) -> Callable:
+                 impl: str = "auto", temperature: float = 1.0, on_policy: bool = False) -> Callable:
     """Per seed: `loss_fn(params, batch, key) -> (total, stats)`, differentiable in params (the
-    update's loss; `jax.grad` of it is the recipe's gradient, e.g. for `fp4rl.rl.gradients`)."""
+    update's loss; `jax.grad` of it is the recipe's gradient, e.g. for `fp4rl.rl.gradients`).
+
+    on_policy: the old and reference log-probs are this very forward's, stop-gradient (the batch's
+    are ignored), so the importance ratio is exactly 1 in any compute dtype: the gradient of the
+    first update of a step, without the rounding differences of a separately compiled forward.
+    """
     forward = _response_forward(graphdef, recipe, prompt_len, impl, temperature)
     total_loss = objective(loss, aux_loss_coef)
 
     def loss_fn(params, batch: Batch, key):
         (logp, aux_loss), _ = forward(params, batch.tokens_NxL, batch.valid_NxL, key)
+        if on_policy:
+            fixed = jax.lax.stop_gradient(logp)
+            batch = dataclasses.replace(batch, logp_old_NxTr=fixed, logp_ref_NxTr=fixed)
         return total_loss(logp, aux_loss, batch)
 
     return loss_fn

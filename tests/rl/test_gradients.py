@@ -103,7 +103,7 @@ def test_straight_through_backward_equals_its_reference_exactly(smoke, warmup_di
     np.testing.assert_array_equal(raw["per_batch"]["bf16"]["cmp"]["bf16"]["err_sq"], 0.0)
     kl = raw["kl"]["nvfp4"]  # [batches, lrs]
     assert np.all(kl[:, 0] > 0) and np.all(kl[:, -1] > kl[:, 0])  # a larger step moves the policy more
-    assert np.all(raw["per_batch"]["nvfp4"]["ratio_dev"] < 1e-5)  # on-policy: ratio 1
+    np.testing.assert_array_equal(raw["per_batch"]["nvfp4"]["ratio_dev"], 0.0)  # on-policy: ratio exactly 1
 
 
 def test_draws_keys_and_straight_through_views():
