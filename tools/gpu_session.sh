@@ -8,6 +8,7 @@
 #   bash tools/gpu_session.sh pilot     # h200 warm-up + the pilot arms (resumable)
 #   bash tools/gpu_session.sh learn     # h200 warm-up + bf16 RL (RL_ARGS), then the learning analysis
 #   bash tools/gpu_session.sh gradients # h200 warm-up + the fixed-parameter gradient measurements (GRAD_ARGS)
+#   bash tools/gpu_session.sh arms      # h200 warm-up + the ablation arms ARMS (comma separated) x SEEDS seeds
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
 #   bash tools/gpu_session.sh mosaic    # the compiled Mosaic GPU kernel suite alone
 #   bash tools/gpu_session.sh model     # the model GPU test alone (Triton impl == reference, bitwise)
@@ -161,6 +162,16 @@ case "$mode" in
     step learning 30 python -m fp4rl.analysis.learning runs/h200/rl/bf16
     cp "$log" runs/h200/log.txt
     tar czf "$OUT/learn.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200
+    ;;
+  arms)
+    # The RL matrix a few arms per call (a call holds the warm-up and about one arm of 4 seeds x 100
+    # steps): each finished arm's metrics come back; the checkpoints stay on the machine.
+    warmup
+    [ -e runs/h200/ablation/sft ] || { mkdir -p runs/h200/ablation && cp -r runs/h200/sft runs/h200/ablation/sft; }
+    step ablation "${ABLATION_SECONDS:-560}" python -m experiments.ablation --preset h200 --arms="${ARMS:-bf16}" \
+      --seeds="${SEEDS:-4}" ${ABLATION_ARGS:-}
+    cp "$log" runs/h200/log.txt
+    tar czf "$OUT/arms.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200
     ;;
   gradients)
     warmup
