@@ -1,6 +1,6 @@
 """The main job: `python -m experiments.ablation [--preset {smoke,cpu,h200}] [--arms a,b] [--seeds N] [--out DIR]`.
 
-Runs (or reuses) the warm-up, every arm of RL.md's ablation matrix with N seeds (the seeds of
+Runs (or reuses) the warm-up, every arm of docs/rl.md's ablation matrix with N seeds (the seeds of
 an arm in one program), then the stability analysis and the report (report.md + 3 PNGs).
 Resumable: rerun the same command after an interruption. Default preset: `cpu`.
 

@@ -1,4 +1,4 @@
-"""Benchmark of the dropless expert GEMM on the GPU (issue 5's shape).
+"""Benchmark of the dropless expert GEMM on the GPU (a 128-expert MoE layer's shape).
 
     python -m experiments.bench_experts [--tokens=16384 --d_in=2048 --d_out=768 --experts=128]
 

@@ -11,7 +11,7 @@ from fp4rl.config_cli import cli
 from fp4rl.rl import evaluation, sft
 from fp4rl.rl.task import TaskConfig
 
-# The RL band (RL.md's difficulty knobs): two or three operations on one-digit literals, two
+# The RL band (docs/rl.md's difficulty knobs): two or three operations on one-digit literals, two
 # operands per step; the warm-up trains on one to three. Short problems keep CPU runs fast and let
 # a short warm-up get the scratchpad mostly right.
 SMOKE_TASK = TaskConfig(min_ops=1, max_ops=2, digits=1, max_operands=2)

@@ -21,7 +21,7 @@ from experiments.gpu_bench import bench_main
 from fp4rl.formats import nvfp4
 
 # (rows_1d, block_k, num_warps, prefetch, row_groups) of the planar kernel: K in chunks, two
-# passes over each row (the default shape, the session-4 winners for each size), and a whole row
+# passes over each row (the default shape and the fastest shapes of a wider sweep), and a whole row
 # per chunk (K <= 8192: one HBM read, the amax from registers), one row group per program or
 # several (the next group's loads issued while a group is processed), 1-2 rows, 4-8 warps.
 ACT_CANDIDATES = ((4, 512, 4, True, 1), (2, 1024, 4, True, 1), (1, 2048, 4, True, 1),

@@ -1,4 +1,4 @@
-"""Command-line overrides for frozen, typed experiment configs (DESIGN.md practice 8).
+"""Command-line overrides for frozen, typed experiment configs (docs/design.md practice 8).
 
 An experiment declares one frozen dataclass (fields may be nested frozen dataclasses) whose
 defaults live in exactly one place, plus an optional dict of named presets. The command line

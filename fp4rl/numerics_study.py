@@ -2,7 +2,7 @@
 
 Shared by `experiments/numerics.py` (the table, plot and JSON of a run) and
 `notebooks/numerics.ipynb` (exploration). Everything quantizes through `fp4rl.formats`, the
-numerics contract of NUMERICS.md; this module only samples tensors, measures and reports.
+numerics contract of docs/numerics.md; this module only samples tensors, measures and reports.
 
 Metric: the relative error ||x_hat - x||_2 / ||x||_2 over the whole tensor, in float32.
 
@@ -13,14 +13,17 @@ Distributions (`sample`), each [R, K] with K the contraction axis that blocks ru
   one) scaled by 20-100x, the channel-wise outlier pattern of LLM activations (Dettmers et
   al. 2022, "LLM.int8()", s3).
 - weight: N(0, 0.02^2), the usual init std of transformer weights, quantized with 16x16 2D
-  blocks and a per-tensor scale as NUMERICS.md s2 prescribes for weights. Per-token scales
+  blocks and a per-tensor scale as docs/numerics.md §2 prescribes for weights. Per-token scales
   do not apply (a tile spans 16 rows), so those cells are n/a.
-MX formats have no per-token scale (NUMERICS.md s5), so their per-token cells are n/a too.
+MX formats have no per-token scale (docs/numerics.md §5), so their per-token cells are n/a too.
 
 4/6 statistics: the fraction of blocks that choose map-to-4, and how often the fast
-(scaled-domain) error picks the same candidate as the exact error (NUMERICS.md s3 quotes
+(scaled-domain) error picks the same candidate as the exact error (docs/numerics.md §3 quotes
 > 99.97% agreement; we measure it). `four_over_six_block_errors` exposes the per-block
 err_4 and err_6 for histograms; a test pins its decisions to `fp4rl.formats`' map4 bits.
+
+Longer than ~400 lines because the experiment and the notebook both use all of it (sampling,
+measuring, the 4/6 agreement, tables and plot): one module keeps the numbers they show identical.
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ class Measurement:
 
 
 def is_weight(distribution: str) -> bool:
-    """Weights use 16x16 2D blocks and a per-tensor scale (NUMERICS.md s2)."""
+    """Weights use 16x16 2D blocks and a per-tensor scale (docs/numerics.md §2)."""
     return distribution == "weight"
 
 
@@ -309,7 +312,7 @@ def run_study(
 
 @functools.partial(jax.jit, static_argnames="config")
 def four_over_six_block_errors(x, config: NVFP4Config) -> tuple[jax.Array, jax.Array]:
-    """Per-block (err_4, err_6) of the two 4/6 candidates, following NUMERICS.md s3 step by step.
+    """Per-block (err_4, err_6) of the two 4/6 candidates, following docs/numerics.md §3 step by step.
 
     Returns two float32 arrays [..., K/16] (1D blocks) or [..., R/16, K/16] (2D tiles), in the
     metric of `config` (MAE or MSE, exact or fast). `quantize` chooses map-to-4 exactly where
@@ -331,7 +334,7 @@ def four_over_six_block_errors(x, config: NVFP4Config) -> tuple[jax.Array, jax.A
     else:  # [..., R, K/16, 16]
         xb = x32.reshape(*x32.shape[:-1], x32.shape[-1] // 16, 16)
         b = jnp.max(jnp.abs(xb), axis=-1, keepdims=True)
-    base = (b / jnp.float32(6)) * s_enc  # divide, then multiply (s3)
+    base = (b / jnp.float32(6)) * s_enc  # divide, then multiply (§3)
     errors = []
     for factor in (1.5, 1.0):  # map-to-4, map-to-6
         sf = el.e4m3_round_f32(jnp.minimum(base * jnp.float32(factor), jnp.float32(el.E4M3_MAX)))
@@ -343,9 +346,9 @@ def four_over_six_block_errors(x, config: NVFP4Config) -> tuple[jax.Array, jax.A
             d = (dec_sf * a) / jnp.float32(6 * config.e4m3_bound) - xb
         e = jnp.abs(d) if config.four_over_six == "mae" else d * d
         total = e[..., 0]
-        for i in range(1, 16):  # sequential f32 sum over i = 0..15 (s3)
+        for i in range(1, 16):  # sequential f32 sum over i = 0..15 (§3)
             total = total + e[..., i]
-        if config.block_2d:  # pairwise tree sum of the 16 row errors of a tile (s3)
+        if config.block_2d:  # pairwise tree sum of the 16 row errors of a tile (§3)
             r = jnp.moveaxis(total, -2, -1)
             for half in (8, 4, 2, 1):
                 r = r[..., :half] + r[..., half : 2 * half]
@@ -381,7 +384,7 @@ def markdown_report(result: StudyResult) -> str:
         "",
         f"Tensor {result.rows}x{result.cols} (blocks along the {result.cols} columns), "
         f"seed {result.seed}, {result.seconds:.1f} s. Relative error ||x_hat - x|| / ||x||; "
-        "4/6 chooses each block's candidate by the exact error (NUMERICS.md s3).",
+        "4/6 chooses each block's candidate by the exact error (docs/numerics.md §3).",
         "",
         *_table(result, formats, _fmt_error),
         "",

@@ -2,7 +2,7 @@
 
 A quantized operand is `values * scale`, where `values` holds dec(q) * block scale exactly in
 bf16 and `scale` is the global decode factor applied to the GEMM output as an epilogue
-(NUMERICS.md s2). For MXFP8 the E8M0 scales are powers of two, so the dequantized value is
+(docs/numerics.md §2). For MXFP8 the E8M0 scales are powers of two, so the dequantized value is
 itself exact in bf16 and `scale` is 1. The implementation of the quantizer (pure-jnp
 reference or a Pallas kernel) is chosen explicitly; a kernel that cannot run raises.
 """
@@ -38,8 +38,8 @@ def resolve_impl(impl: str) -> str:
 @functools.partial(jax.jit, static_argnums=(1, 3))
 def _reference_quantize(x, config: nvfp4.NVFP4Config, sr_key, forced_division) -> nvfp4.NVFP4Tensor:
     """`nvfp4.quantize` as a jitted function of its own. A model quantizes at dozens of sites with
-    a few (shape, config) pairs; jit traces each pair once per process, where inlined code was
-    traced again at every site of every program (a third of the trace time of an update step).
+    a few (shape, config) pairs; jit traces each pair once per process, where inlined code would
+    be traced again at every site of every program (a third of the trace time of an update step).
     XLA inlines the call, so the compiled programs compute the same bytes. `forced_division`
     (`ieee.forced_division()`) keys the cache: a trace made under one division mode must not
     serve a call made under another."""
@@ -99,7 +99,7 @@ def gemm_operand(packed, dtype=jnp.bfloat16):
 
 
 def dequantized(packed):
-    """DQ(Q(.)) in float32 (NUMERICS.md s2: fl(fl(dec(q) * sf) * S_dec), one rounding). Rounding
+    """DQ(Q(.)) in float32 (docs/numerics.md §2: fl(fl(dec(q) * sf) * S_dec), one rounding). Rounding
     it to bf16 would round twice; where a GEMM can take the scale as an epilogue, use
     `gemm_operand` instead."""
     if isinstance(packed, mx.MXTensor):

@@ -1,12 +1,12 @@
 """`qdot`: the model's linear layers as an emulated NVFP4 (or MXFP8) GEMM with custom backward.
 
-Forward (NUMERICS.md s2): activations quantized per token (or per tensor) in 1x16 blocks along
+Forward (docs/numerics.md §2): activations quantized per token (or per tensor) in 1x16 blocks along
 K; weights in 16x16 (or 1x16) blocks along K; optional 4/6 on each; the GEMM consumes the exact
 bf16 operands dec(q) * sf with f32 accumulation, and the global decode scales multiply the
 output as an epilogue. This is what a Blackwell FP4 tensor core computes, up to the order of
 accumulation; Hopper has no FP4 tensor cores, so we emulate it.
 
-Backward modes (NUMERICS.md s7), a plain `jax.custom_vjp` over arrays:
+Backward modes (docs/numerics.md §7), a plain `jax.custom_vjp` over arrays:
 - "bf16":        dx = g @ w^T,              dw = x^T @ g              (raw operands)
 - "dequantized": dx = g @ DQ(Q(w))^T,       dw = DQ(Q(x))^T @ g       (intervention 1)
   residuals are the packed codes + scales + amax only (no bf16 copies, no raw x).
@@ -19,7 +19,7 @@ y = x @ w in x's dtype and the exact gradient, so every site shares the grouped-
 Backward GEMMs accumulate in f32. Quantized operands enter them as the forward's do: the exact
 bf16 values dec(q) * sf, with the global decode scale multiplying the f32 result (per expert for
 a stack). DQ(Q(.)) = values * scale is not representable in bf16 in general, so rounding it to
-bf16 would add a second rounding to the contract's one (NUMERICS.md s2). The one exception is
+bf16 would add a second rounding to the contract's one (docs/numerics.md §2). The one exception is
 the dequantized wgrad with per-token activation scales: the scale varies along the tokens that
 wgrad contracts over, so it cannot be an epilogue; there DQ(Q(x)) stays in f32 (its single
 rounding) and that GEMM runs in f32.
@@ -196,7 +196,7 @@ def _backward_config(site: SiteConfig, role: str) -> nvfp4.NVFP4Config | None:
 
 
 def _quantized_backward(x_TxK, w, key, g_TxN, group_sizes, site: SiteConfig, impl: str):
-    """The NVFP4 pretraining recipe's backward (NUMERICS.md s6/s7); MXFP8: plain re-quantization."""
+    """The NVFP4 pretraining recipe's backward (docs/numerics.md §6/§7); MXFP8: plain re-quantization."""
     if key is None:
         raise ValueError("backward='quantized' needs an explicit jax.random key: qdot(..., key=key)")
     k_dgrad, k_wgrad, k_rht = jax.random.split(key, 3)

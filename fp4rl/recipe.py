@@ -1,6 +1,6 @@
 """The precision recipe: which linear sites are quantized, how, and which stay BF16.
 
-One `PrecisionRecipe` per ablation arm of RL.md. It is frozen and JSON-serialisable so that
+One `PrecisionRecipe` per ablation arm of docs/rl.md. It is frozen and JSON-serialisable so that
 checkpoints, the trainer, the sampler and weight sync all resolve the same `SiteConfig` for
 every (layer, site kind): selective high precision (intervention 3) is a property of the
 recipe, not of any one code path.
@@ -29,11 +29,11 @@ class SiteConfig:
 
     format: "bf16" | "nvfp4" | "mxfp8" (MX: 32-blocks along K, for the validation runs).
     weight_46 / act_46: Four-Over-Six metric on the weight / activation operand, or None.
-    e4m3_max: E of NUMERICS.md s3 (None: 448 without 4/6, 256 with it).
+    e4m3_max: E of docs/numerics.md §3 (None: 448 without 4/6, 256 with it).
     fast_error: the fast 4/6 error path.
-    act_scale: per-token ("token", required for RL, NUMERICS.md s4) or per-tensor amax.
+    act_scale: per-token ("token", required for RL, docs/numerics.md §4) or per-tensor amax.
     weight_block: "2d" (16x16 tiles, forward and backward see the same weight) or "1d".
-    backward: "bf16" | "dequantized" | "quantized" (NUMERICS.md s7).
+    backward: "bf16" | "dequantized" | "quantized" (docs/numerics.md §7).
     """
 
     format: Literal["bf16", "nvfp4", "mxfp8"] = "bf16"
@@ -96,8 +96,9 @@ class PrecisionRecipe:
 
     keep_last_fraction: the last round(fraction * L) layers (half up, at least one when > 0) run
       every site in BF16; 0 disables the rule. Rounding to nearest keeps the kept share close to
-      the fraction (0.15 keeps 1 of 6-9 layers, 2 of 10-16, 3 of 17-23: 12-19% from 6 layers on,
-      the seed's "last ~15%"); rounding up would keep 2 of 7 or 8 (25-29%).
+      the fraction (0.15 keeps 1 of 6-9 layers, 2 of 10-16, 3 of 17-23: 12-19% at every depth
+      from 6 on but 9 and 10, which have no such share; docs/rl.md "Precision recipes"); rounding
+      up would keep 2 of 7 or 8 (25-29%).
     Router, embeddings and LM head are BF16 in every preset; norms are never quantized.
     """
 
@@ -171,7 +172,7 @@ class PrecisionRecipe:
 
 def _arm(name: str, *, dq: bool, four_over_six: bool, high_precision: bool, fmt: str = "nvfp4",
          attention: bool = False) -> PrecisionRecipe:
-    """One ablation arm of RL.md: the MoE linears in NVFP4 (routed experts, and the shared expert
+    """One ablation arm of docs/rl.md: the MoE linears in NVFP4 (routed experts, and the shared expert
     unless intervention 3 keeps it BF16); attention, dense MLPs, router, embeddings and head stay
     BF16, as in the seed. `attention=True` also quantizes attention (q|k|v, o) and the dense MLPs:
     the named extra variants `*+attn`, not part of the nine arms.

@@ -5,7 +5,7 @@
     t = quantize(x, config, backend="triton", interpret=True)               # CPU interpret mode
     x_hat = dequantize(t, jnp.bfloat16, backend="mosaic")
 
-Every backend reproduces `fp4rl.formats.nvfp4` byte for byte (NUMERICS.md). A backend is a
+Every backend reproduces `fp4rl.formats.nvfp4` byte for byte (docs/numerics.md). A backend is a
 module `pallas_kernels.<module>` exposing, for backend name `<b>`:
 
     quantize_<b>(x, config, *, interpret=False, amax=None, **options) -> NVFP4Tensor

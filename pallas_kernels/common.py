@@ -1,4 +1,4 @@
-"""Backend-independent pieces of the NVFP4 Pallas kernels (NUMERICS.md s1-s3, s8).
+"""Backend-independent pieces of the NVFP4 Pallas kernels (docs/numerics.md §1-§3, §8).
 
 Two kinds of helpers live here:
 
@@ -11,7 +11,10 @@ Two kinds of helpers live here:
   Everything that is not an `fl()` of the contract is done on the integer bits (abs, max,
   E4M3 rounding of normals, E2M1 sign), which is exact on every backend: the Triton
   lowering turns float min/max into `minnumf`/`maxnumf`, which drop NaN, whereas the
-  contract (and the reference) propagate it (s8).
+  contract (and the reference) propagate it (§8).
+
+Longer than ~400 lines because it is the one copy of the contract's kernel-side math that both
+backends (Triton and Mosaic GPU) share; a split would give each backend its own copy to drift.
 """
 
 from __future__ import annotations
@@ -135,7 +138,7 @@ def assemble(codes_u8, scale_bytes_u8, map4, amax, config, lead_shape, k):
 
 
 # ----------------------------------------------------------------------------------------
-# Kernel-side element math (NUMERICS.md s1-s3), parametrised by an Arith
+# Kernel-side element math (docs/numerics.md §1-§3), parametrised by an Arith
 # ----------------------------------------------------------------------------------------
 
 
@@ -220,7 +223,7 @@ def min_nan(x, cap):
 
 
 def scales_from_amax(ar, amax, e4m3_bound: int):
-    """S_enc, S_dec of s2 from A: S_enc = min(fl(6E/A), FLT_MAX); 1 if A == 0 or S_enc == 0."""
+    """S_enc, S_dec of §2 from A: S_enc = min(fl(6E/A), FLT_MAX); 1 if A == 0 or S_enc == 0."""
     s_enc = ar.div(f32(6 * e4m3_bound), amax)
     s_enc = min_nan(s_enc, FLT_MAX)
     # Zero tests on the bits (A >= 0 and S_enc >= 0 here): a flush-to-zero float compare would
@@ -274,7 +277,7 @@ def e4m3_decode(byte):
 
 
 def e2m1_encode(v):
-    """Codes 0..15 (int32) of s1: RNE, saturating at 6, sign from the sign bit (NaN -> +-0)."""
+    """Codes 0..15 (int32) of §1: RNE, saturating at 6, sign from the sign bit (NaN -> +-0)."""
     a = fabs(v)
     one = np.int32(1)
     zero = np.int32(0)
@@ -305,7 +308,7 @@ def block_scale(ar, b, s_enc):
 
 
 def four_over_six_scales(ar, b, s_enc):
-    """The two 4/6 candidate scales (sf6, byte6), (sf4, byte4) of s3:
+    """The two 4/6 candidate scales (sf6, byte6), (sf4, byte4) of §3:
     base = fl(fl(b / 6) * S_enc) (divide, then multiply); sf6 = E4M3(min(base, 448));
     sf4 = E4M3(min(fl(base * 1.5), 448))."""
     base = ar.mul(ar.div(b, f32(6.0)), s_enc)
@@ -326,7 +329,7 @@ def encode_with_scale(ar, xb, sf, s_dec):
 
 
 def sequential_sum16(ar, e):
-    """Sequential f32 sum over the last axis (size 16), i = 0..15, as s3 fixes the order."""
+    """Sequential f32 sum over the last axis (size 16), i = 0..15, as §3 fixes the order."""
     parts = lax.split(e, (1,) * BLOCK, axis=e.ndim - 1)
     total = parts[0]
     for p in parts[1:]:
@@ -335,7 +338,7 @@ def sequential_sum16(ar, e):
 
 
 def tree_sum16_rows(ar, r):
-    """Pairwise tree sum over axis 0 (size 16): r[0:8]+r[8:16], then 4, 2, 1 (s3, 2D)."""
+    """Pairwise tree sum over axis 0 (size 16): r[0:8]+r[8:16], then 4, 2, 1 (§3, 2D)."""
     for half in (8, 4, 2, 1):
         lo, hi = lax.split(r, (half, half), axis=0)
         r = ar.add(lo, hi)
@@ -426,7 +429,7 @@ def unpack_codes(packed):
 
 
 def dequant_s_dec(ar, amax, e4m3_bound: int):
-    """S_dec per row for dequantization: NaN where the amax is not finite (s8)."""
+    """S_dec per row for dequantization: NaN where the amax is not finite (§8)."""
     _, s_dec = scales_from_amax(ar, amax, e4m3_bound)
     finite = abs_bits(amax) < np.int32(0x7F800000)
     return jnp.where(finite, s_dec, f32(np.nan))

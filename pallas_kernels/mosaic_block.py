@@ -1,4 +1,4 @@
-"""The NVFP4 block contract (NUMERICS.md s1-s3, s8) on Mosaic GPU register arrays.
+"""The NVFP4 block contract (docs/numerics.md §1-§3, §8) on Mosaic GPU register arrays.
 
 Every array here is a 1D `[block_m]` array in the strided layout, one element per CUDA
 thread (`pallas_kernels.mosaic_quant` explains why), so every reduction of the contract is a
@@ -27,8 +27,8 @@ def divide(a, b):
     """IEEE f32 division fl(a / b), correctly rounded, from integer operations.
 
     Mosaic GPU compiles an f32 `arith.divf` to `div.full.f32` (approximate, seen in the dumped
-    PTX), and the float64 detour this kernel used before (divide in f64, round to f32) was one
-    ulp off in compiled kernels too (`tools/mosaic_probe.py`, session 5). So the quotient comes
+    PTX), and a float64 detour (divide in f64, round to f32) is one ulp off in compiled kernels
+    too (`tools/mosaic_probe.py`, H200). So the quotient comes
     from integer operations (`ieee.integer_divide`, the XLA:GPU reference's division too); NaN
     results from the platform's own division (their payload and sign are the platform's).
     """
@@ -77,14 +77,14 @@ def inv_scale(sf, s_dec):
 
 
 def element_error(x, inv, sf, amax, s_enc, config: ref.NVFP4Config):
-    """e(d) of s3 for one element of one 4/6 candidate (exact or fast error; MAE or MSE)."""
+    """e(d) of §3 for one element of one 4/6 candidate (exact or fast error; MAE or MSE)."""
     dec_sf = cm.e2m1_decode(encode(x, inv)) * sf  # exact (<= 6 significant bits)
     if config.fast_error:
         d = dec_sf - no_fma(x * s_enc)
     else:
         d = divide(dec_sf * amax, f32(6 * config.e4m3_bound)) - x
     # MSE: the square from integer ops (`ieee.integer_square`): the float product, even behind a
-    # barrier, disagreed with the contract in rare compiled blocks (session-5 probe).
+    # barrier, disagrees with the contract in rare compiled blocks (`tools/mosaic_probe.py --mse`).
     return cm.fabs(d) if config.four_over_six == "mae" else ieee.integer_square(d, lambda v: v * v)
 
 
@@ -98,7 +98,7 @@ def fold16(load, first, step):
 
 
 def tree_sum16(r):
-    """Pairwise tree sum of the 16 row errors of a 2D tile (s3): r[0:8]+r[8:16], then 4, 2, 1.
+    """Pairwise tree sum of the 16 row errors of a 2D tile (§3): r[0:8]+r[8:16], then 4, 2, 1.
     (`common.tree_sum16_rows` on a list: Mosaic GPU register arrays are not stacked.)"""
     for half in (8, 4, 2, 1):
         r = [r[i] + r[i + half] for i in range(half)]
@@ -107,7 +107,7 @@ def tree_sum16(r):
 
 def for_rows(band: int, body, init):
     """carry = body(r, carry) for the rows r of a unit: a `fori_loop` over a 16-row band (a
-    Python-unrolled band made 2D 4/6 programs that took minutes to compile on the H200), a
+    Python-unrolled band makes 2D 4/6 programs that take minutes to compile on an H200), a
     direct call for a single row (the 1D program stays loop-free)."""
     if band == 1:
         return body(np.int32(0), init)
@@ -155,7 +155,7 @@ def quantize_block(load, band: int, amax, s_enc, s_dec, config: ref.NVFP4Config)
         # them: row r's pair is written into slots r and 16 + r by selects. The row number is
         # carried as an array too: a select on the scalar loop index needs an implicit
         # broadcast, which Mosaic GPU does not lower ("not implemented with warpgroup
-        # semantics", H200, session 6).
+        # semantics", jax 0.11.2).
         def body(r, carry):
             row, slots = carry
             e6, e4 = row_errors(r)

@@ -1,6 +1,6 @@
 """Fused NVFP4 (+ Four-Over-Six) quantizer as a Pallas **Mosaic GPU** kernel (Hopper, sm_90a).
 
-Reproduces `fp4rl.formats.nvfp4.quantize` byte for byte (NUMERICS.md s1-s3, s8): packed E2M1
+Reproduces `fp4rl.formats.nvfp4.quantize` byte for byte (docs/numerics.md §1-§3, §8): packed E2M1
 codes (uint8 [..., K/2], element 2j in the low nibble), E4M3 block scales (float8_e4m3fn
 [..., K/16]), the global amax (f32 `()` per tensor, `[..., 1]` per token) and the 4/6 choice;
 1x16 blocks and 16x16 weight tiles, and expert stacks `[E, K, N]` / `[E, N, K]`
@@ -10,7 +10,7 @@ Kernel shape (why it looks like this)
 -------------------------------------
 Mosaic GPU arrays live in registers with a *layout*; cross-thread reductions are tree
 shaped and reshapes of a register array are limited. The contract, however, fixes a
-*sequential* f32 sum over the 16 elements of a block (s3), so a reduction over a lane axis
+*sequential* f32 sum over the 16 elements of a block (§3), so a reduction over a lane axis
 is not allowed. We therefore use one CUDA thread per *unit*: a row (1x16 blocks) or a band
 of 16 rows (16x16 tiles: the tile max, the 16 row errors and their tree sum stay in one
 thread). A program owns `block_m` units (a multiple of the 128 threads of a warpgroup) of
@@ -30,9 +30,9 @@ Bit-exactness details
   which Mosaic lowers to opaque inline asm, so no FMA can form. Products that are exact
   (`dec(q) * sf`, `t * 512`) give the same result fused or not.
 * Division and the MSE square are computed from integer ops (`fp4rl.formats.ieee`:
-  `integer_divide`, `integer_square`): the compiled kernel's f32 divisions (also via f64) were
-  one ulp off in about a third of the rows and its MSE squares disagreed in rare blocks
-  (`tools/mosaic_probe.py`, session 5, H200).
+  `integer_divide`, `integer_square`): compiled float divisions (also via f64) are one ulp
+  off in about a third of the rows and float MSE squares disagree in rare blocks
+  (`tools/mosaic_probe.py` on an H200: `benchmarks/logs/mosaic_probe_float_*.log`).
 * f32 max/min lower to `max.NaN`/`min.NaN` (NaN-propagating like jnp); block and row maxima
   are taken on the integer bits of |x| (NaN sorts above Inf), as in `pallas_kernels.common`.
 * E4M3 rounding is integer RNE on the f32 bits (normals) and the 2^23 trick (subnormals);
@@ -42,16 +42,19 @@ Kernels (each has a name that appears in the lowered program):
 * `fp4rl_mosaic_nvfp4_quant`  the quantizer (per-token amax computed in-kernel, or given).
 * `fp4rl_mosaic_nvfp4_amax`   per-unit amax, used for a per-tensor amax that is not given
   (the max over the unit maxima of each group is then one tiny XLA reduce).
-* `fp4rl_mosaic_nvfp4_dequant` dequantization (s2 order `fl(fl(dec(q)*sf)*S_dec)`).
+* `fp4rl_mosaic_nvfp4_dequant` dequantization (§2 order `fl(fl(dec(q)*sf)*S_dec)`).
 
 Interpret mode: jax 0.11.2 has a Mosaic GPU interpreter (`plgpu.InterpretGPUParams`) that runs
 on CPU; `interpret=True` uses it.
 
-Status (H200, jax 0.11.2, session 6): the compiled shared suite and the Mosaic-specific GPU
-tests pass, every form (1D, 16x16 tiles, expert stacks row- and K-major), byte for byte
-(`benchmarks/gpu_session6_{2,3,4}_*.log`). Slow: one thread per unit with strided scalar loads
-(~4-7% of the copy bandwidth for row-major activations); a 2D 4/6 kernel takes ~1-2 min to
-compile.
+Status (H200, jax 0.11.2): the compiled shared suite and the Mosaic-specific GPU tests pass,
+every form (1D, 16x16 tiles, expert stacks row- and K-major), byte for byte
+(`benchmarks/README.md`, "Compiled GPU test suites"). Slow: one thread per unit with strided
+scalar loads (~4-7% of the copy bandwidth for row-major activations); a 2D 4/6 kernel takes
+~1-2 min to compile.
+
+Longer than ~400 lines because every form (1D rows, 16x16 tiles, row- and K-major expert stacks)
+shares one set of wrappers, grids and launch code here; the per-block math is in `mosaic_block`.
 """
 
 from __future__ import annotations
@@ -427,7 +430,7 @@ def dequantize_mosaic(
     interpret: bool = False,
     tiling: MosaicQuantTiling = MosaicQuantTiling(),
 ):
-    """`fl(fl(dec(q) * f32(sf)) * S_dec)` cast to `dtype`, as a Mosaic GPU kernel (s2, s8).
+    """`fl(fl(dec(q) * f32(sf)) * S_dec)` cast to `dtype`, as a Mosaic GPU kernel (§2, §8).
 
     Same values as `fp4rl.formats.nvfp4.dequantize(t, dtype)` for tensors [..., K] (1D or 2D
     blocks: a 2D tile's scale is stored on each of its rows), and as `jax.vmap` of it for

@@ -1,4 +1,4 @@
-"""Check, then time, the Mosaic GPU NVFP4 quantizer on named shapes (DESIGN.md practice 7).
+"""Check, then time, the Mosaic GPU NVFP4 quantizer on named shapes (docs/design.md practice 7).
 
 `python -m pallas_kernels.mosaic_quant_bench` on a GPU: for each shape and config it first
 asserts byte equality with `fp4rl.formats.nvfp4.quantize`, then times the jitted kernel and

@@ -111,7 +111,7 @@ def pack_signs(values):
 # C's bits come from a's biased exponent e without compares: with e' = max(e, 127) (a < 2 is
 # one range), bits(C) = e' * 0x800002 + 0x0AFFFF02 gives 0x4A800000 (2^22), 0x4B000002 and
 # 0x4B800004 (2^24 + 8) for e' = 127, 128, 129: three integer ops and no predicates (the
-# compares + selects they replace made ptxas pack 16 predicates into a register and unpack them).
+# compares + selects would make ptxas pack 16 predicates into a register and unpack them).
 _ONE_BITS = np.int32(0x3F800000)  # 1.0f: max(bits(a), bits(1)) >> 23 = max(e, 127)
 _OFFSET_SLOPE, _OFFSET_BASE = np.int32(0x800002), np.int32(0x0AFFFF02)
 

@@ -1,6 +1,6 @@
 """Fused NVFP4 (+ Four-Over-Six) quantize and dequantize kernels, Pallas Triton backend.
 
-Kernel, wrapper, reference (DESIGN.md practice 1): the reference is
+Kernel, wrapper, reference (docs/design.md practice 1): the reference is
 `fp4rl.formats.nvfp4.quantize` / `dequantize`; every wrapper here returns the reference's
 bytes (codes, scale bytes, amax, map4) exactly, for every `NVFP4Config`.
 
@@ -16,17 +16,15 @@ sizes (see `TritonQuantTunables`).
 * 1x16 blocks of a row-major input use the *planar* layout by default (`pallas_kernels.planar`,
   `TritonQuantTunables.layout`): each thread owns whole blocks, held as 8 (16 for f32)
   32-bit word planes, so the block max, the sequential 4/6 error sum and the packing of
-  codes never cross threads, and E2M1 encoding is one rounding add per element. Measured in
-  sm_90 SASS (`tools/triton_sass.py`), per-token 4/6 fast went from 2592 to 1160 instructions
-  per program step (16 elements per thread), plain NVFP4 from 1200 to 896. Each thread reads its
-  blocks with 128-bit loads (4 words at a time) and writes a block's codes with one 64-bit store;
-  with K in several chunks the next chunk's loads are issued before the current one is processed
-  (`TritonQuantTunables.prefetch`, 4-8% faster for 4/6 fast on the H200). Session 5: the E2M1
-  range offset comes from the exponent by integer ops (no compares), the fast error is one FMA
-  and |v| clamps with one FMNMX, taking a thread's main path to 361 (plain) / 681 (4/6 fast) SASS
-  instructions per 16 elements (from 472 / 774); the launch shape is chosen per variant when
-  none is given (`default_tunables`: plain NVFP4 reads each row once). The tiled layout
-  (below) remains for 16x16 tiles, K-major expert stacks and as `layout="tiled"`.
+  codes never cross threads, and E2M1 encoding is one rounding add per element. Each thread
+  reads its blocks with 128-bit loads (4 words at a time) and writes a block's codes with one
+  64-bit store; with K in several chunks the next chunk's loads are issued before the current
+  one is processed (`TritonQuantTunables.prefetch`, 4-8% faster for 4/6 fast on the H200). The
+  E2M1 range offset comes from the exponent by integer ops (no compares), the fast error is one
+  FMA and |v| clamps with one FMNMX: a thread's main path is 361 (plain) / 681 (4/6 fast) sm_90
+  SASS instructions per 16 elements (`tools/triton_sass.py`). The launch shape is chosen per
+  variant when none is given (`default_tunables`: plain NVFP4 reads each row once). The tiled
+  layout (below) serves 16x16 tiles, K-major expert stacks and `layout="tiled"`.
 * Neither M nor K needs to be a multiple of the row block or chunk: the tails are MASKED
   (loads fill 0, stores are masked), never padded, so no extra HBM copy is made. A masked
   row or column only ever produces zero blocks that are not stored.
@@ -36,7 +34,7 @@ sizes (see `TritonQuantTunables`).
   by a max over rows; it reaches the quantize kernel as one f32 per row.
 * 2D (16x16) blocks: each program loads one tile row `[16, chunk]`; `b` is the max over the
   tile, all 16 rows share its scale, each row computes its own sequential 16-element error
-  and the tile's error is the pairwise tree sum of the 16 row errors (NUMERICS.md s3).
+  and the tile's error is the pairwise tree sum of the 16 row errors (docs/numerics.md §3).
   Scales and map4 are stored repeated on the 16 rows, as the reference stores them.
 * Expert stacks `[E, K, N]` (the qdot weight layout, contraction axis K in the middle):
   `quantize_experts` reads the stack K-major (the kernel loads a `[chunk, rows]` tile and
@@ -46,7 +44,7 @@ sizes (see `TritonQuantTunables`).
 
 Bit-exactness on the GPU
 ------------------------
-The contract (NUMERICS.md s2/s3) fixes every `fl()` as one IEEE f32 op, no FMA. Compiled,
+The contract (docs/numerics.md §2/§3) fixes every `fl()` as one IEEE f32 op, no FMA. Compiled,
 three Triton defaults would break it: `arith.divf` lowers to the approximate
 `div.full.f32`; LLVM contracts `a*b - c` into an FMA (the fast-error subtraction and the
 MSE sum of squares); and float min/max lower to `minnumf`/`maxnumf`, which drop NaN.
@@ -69,6 +67,10 @@ NaN sign: an E2M1 code carries the sign bit of `fl(x*inv)`. In a block whose val
 the scale byte is NaN (0x7F), so the block dequantizes to NaN whatever its codes are; the
 codes there follow the platform's NaN sign rules (x86 propagates an operand NaN's sign,
 NVIDIA GPUs return the canonical +NaN), which is why the GPU tests use positive NaNs.
+
+Longer than ~400 lines because the tiled and planar kernels share one quantize builder, the
+wrappers and the launch code, which a split would duplicate; the planar block math is in
+`pallas_kernels.planar`, the launch shapes in `triton_tunables`, the PTX ops in `triton_arith`.
 """
 
 from __future__ import annotations
@@ -516,7 +518,7 @@ def dequantize_triton(t: ref.NVFP4Tensor, dtype=jnp.bfloat16, *, interpret: bool
 
     Also takes the `[E]`-amax tensors of `quantize_experts_triton` (then it equals
     `jax.vmap(reference.dequantize)`). Order: fl(fl(dec(q) * f32(sf)) * S_dec), then one
-    rounding to `dtype`; S_dec is NaN where the amax is not finite (NUMERICS.md s8).
+    rounding to `dtype`; S_dec is NaN where the amax is not finite (docs/numerics.md §8).
     """
     if not isinstance(t, ref.NVFP4Tensor):
         raise TypeError(f"dequantize takes an NVFP4Tensor, got {type(t).__name__}")

@@ -73,12 +73,12 @@ _WHOLE_ROW_MAX_K = 8192
 
 def default_tunables(config: ref.NVFP4Config, k: int) -> TritonQuantTunables:
     """The launch shape `quantize_triton` uses when none is given, from the H200 sweep
-    (`benchmarks/tune_quant.md`, session 5). Plain NVFP4 (1x16 blocks, K <= 8192): one row per
+    (`benchmarks/tune_quant.md`). Plain NVFP4 (1x16 blocks, K <= 8192): one row per
     program in one chunk, so each row is read once and its amax comes from registers, with up to
     8 warps (one block per thread at K = 4096): 0.086 vs 0.104 ms at 16384x4096, 0.241 vs 0.303 ms
     at 32768x7168. 4/6 (two candidates: ~97 registers per thread at one block per thread) is
     fastest with rows of 4 in chunks of 512 (DEFAULT_TUNABLES): a whole row per program holds two
-    blocks per thread at K = 7168 and was 1.9x slower there."""
+    blocks per thread at K = 7168 and is 1.9x slower there."""
     if config.four_over_six is None and not config.block_2d and k <= _WHOLE_ROW_MAX_K:
         chunk = cm.next_power_of_two(k)
         warps = max(1, min(8, chunk // cm.BLOCK // 32))  # one block per thread up to 8 warps

@@ -54,7 +54,7 @@ def test_four_over_six_statistics(tiny):
     m = tiny.get("normal", "tensor", MSE256.name)
     assert 0 < m.map4_fraction < 1
     assert m.blocks == 64 * 256 // 16
-    # NUMERICS.md s3: fast and exact choices agree on all but rare near-ties.
+    # docs/numerics.md §3: fast and exact choices agree on all but rare near-ties.
     assert m.fast_exact_disagreements == round((1 - m.fast_exact_agreement) * m.blocks)
     assert m.fast_exact_agreement >= 0.99
     # 2D weights: one decision per 16x16 tile.

@@ -1,9 +1,12 @@
 """qdot: forward emulation, the three backward modes, transformations, expert layouts.
 
-Matmul tolerances (DESIGN.md practice 4) are derived from the dtype and the reduction length:
+Matmul tolerances (docs/design.md practice 4) are derived from the dtype and the reduction length:
 an f32 dot of length n accumulates at most ~n * 2^-24 relative error per term, so we use
 rtol = 4 * n * 2^-24 on the norm where two different-but-equivalent op orders are compared.
 Where the test computes the very same sequence of ops as qdot, the comparison is bitwise.
+
+Longer than ~400 lines because tests mirror packages and `qdot` is one entry point with three
+weight layouts, three backward modes and two formats, all tested here.
 """
 
 import jax

@@ -1,10 +1,10 @@
-"""The precision recipe: presets of RL.md's ablation matrix, JSON round trip, resolution."""
+"""The precision recipe: presets of docs/rl.md's ablation matrix, JSON round trip, resolution."""
 
 import pytest
 
 from fp4rl.recipe import ABLATION_ARMS, BF16, PrecisionRecipe, SiteConfig
 
-# RL.md's table: arm -> (dequantized bwd, 4/6 on W and A, BF16 shared expert + last 15%)
+# docs/rl.md's table: arm -> (dequantized bwd, 4/6 on W and A, BF16 shared expert + last 15%)
 TABLE = {
     "nvfp4": (False, False, False),
     "+dq": (True, False, False),
@@ -26,7 +26,7 @@ def test_presets_follow_the_ablation_table(name):
     assert site.format == "nvfp4" and site.act_scale == "token"
     assert site.backward == ("dequantized" if dq else "quantized")
     assert (site.weight_46, site.act_46) == (("mae", "mae") if four_over_six else (None, None))
-    for kind in ("attention", "dense_mlp"):  # only the MoE linears are NVFP4 (RL.md)
+    for kind in ("attention", "dense_mlp"):  # only the MoE linears are NVFP4 (docs/rl.md)
         assert recipe.site(kind, 0, num_layers) == BF16
     assert (recipe.site("shared_expert", 0, num_layers) == BF16) == high_precision
     last = [recipe.site("routed_experts", layer, num_layers) == BF16 for layer in range(num_layers)]
@@ -48,7 +48,7 @@ def test_selective_precision_rounds_to_nearest_and_keeps_at_least_one_layer(num_
 
 @pytest.mark.parametrize("num_layers", range(1, 65))
 def test_kept_fraction_is_12_to_19_percent_wherever_a_depth_allows_it(num_layers):
-    """RL.md: "last ~15%" means a kept share of 12-19% of the layers. Depths 1-5, 9 and 10 have
+    """docs/rl.md: "last ~15%" means a kept share of 12-19% of the layers. Depths 1-5, 9 and 10 have
     no such share (1 of 9 is 11%, 2 of 10 is 20%); at every other depth the rule lands in it."""
     possible = any(0.12 <= k / num_layers <= 0.19 for k in range(1, num_layers))
     assert possible == (num_layers not in (1, 2, 3, 4, 5, 9, 10))

@@ -1,4 +1,4 @@
-"""Do the XLA:GPU jnp reference and the Triton kernel follow NUMERICS.md on the GPU?
+"""Do the XLA:GPU jnp reference and the Triton kernel follow docs/numerics.md on the GPU?
 
     python tools/check_gpu_reference.py   # on a GPU machine; prints mismatch counts vs the NumPy oracle
 

@@ -87,7 +87,7 @@ case "$mode" in
     model_tests "${MODEL_SECONDS:-300}"
     step bench_quant 220 python -m experiments.bench_quant --iters=10 ${BENCH_ARGS:-}
     mosaic_tests 200
-    cp "$log" benchmarks/gpu_check.log
+    mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_check.log
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   tune)
@@ -98,7 +98,7 @@ case "$mode" in
   diagnose)
     JAX_LOG_COMPILES=1 model_tests "${MODEL_SECONDS:-300}"  # names each slow XLA compile
     mosaic_tests "${MOSAIC_SECONDS:-200}"
-    cp "$log" benchmarks/gpu_diagnose.log
+    mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_diagnose.log
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   bench)
@@ -124,11 +124,11 @@ case "$mode" in
     ;;
   probe)
     PYTHONPATH=.:${PYTHONPATH:-} step mosaic_probe "${PROBE_SECONDS:-120}" python tools/mosaic_probe.py ${PROBE_ARGS:-}
-    cp "$log" benchmarks/gpu_probe.log
+    mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_probe.log
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   pilot)
-    # RL.md's pilot: bf16 at each LR of PILOT_LRS (the first run trains the warm-up, the others
+    # The learning-rate pilot (docs/rl.md): bf16 at each LR of PILOT_LRS (the first run trains the warm-up, the others
     # copy it), then nvfp4 and full at the largest LR where bf16 was stable (fp4rl.analysis.lr_sweep).
     steps=${PILOT_STEPS:-30}
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache  # the sweep's runs share their forward programs

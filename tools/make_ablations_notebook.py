@@ -3,12 +3,15 @@
     python tools/make_ablations_notebook.py [OUT.ipynb]   # default: notebooks/ablations.ipynb
 
 The notebook explores an RL ablation run directory (`<run_dir>/<arm>/seed<k>/metrics.jsonl`
-and `updates.jsonl`, RL.md "The ablation matrix") through `fp4rl.analysis` only (DESIGN.md
+and `updates.jsonl`, docs/rl.md "The ablation matrix") through `fp4rl.analysis` only (docs/design.md
 practice 9: notebooks import the library, never the experiments): the report's per-arm table
 and three figures, then what the report does not show (per-group grad norms, trainer/sampler
 mismatch over steps, population reward vs grad norm, sensitivity of the spike verdicts to the
 spike threshold).
 It needs numpy and matplotlib, not jax, and draws on Agg canvases (no pyplot, no display).
+
+Long because it holds every cell of the notebook as source text (the notebook is generated,
+never edited by hand, and a test checks the committed one is this output).
 """
 
 import sys
@@ -23,7 +26,7 @@ PARAMETERS = '''\
 # Parameters (papermill "parameters" cell). FP4RL_RUN_DIR in the environment overrides RUN_DIR.
 RUN_DIR = "runs/cpu/ablation"  # <arm>/seed<k>/metrics.jsonl; relative: to the cwd, else to the repo root
 FIG_DIR = None  # where the PNGs go; None: a fresh temporary directory (the run directory is never written)
-SPIKE_FACTORS = (2.0, 3.0, 5.0)  # spike thresholds to compare (RL.md declares 3x)'''
+SPIKE_FACTORS = (2.0, 3.0, 5.0)  # spike thresholds to compare (docs/rl.md declares 3x)'''
 
 SETUP = '''\
 import dataclasses
@@ -96,7 +99,7 @@ if not run_dir.is_dir():
         f"--preset cpu` (writes runs/cpu/ablation), or set RUN_DIR / FP4RL_RUN_DIR to a run directory")
 FIG_DIR = Path(FIG_DIR) if FIG_DIR else Path(tempfile.mkdtemp(prefix="fp4rl-ablations-"))
 FIG_DIR.mkdir(parents=True, exist_ok=True)
-CRITERIA = StabilityCriteria()  # the declared criteria (RL.md "Stability criteria")
+CRITERIA = StabilityCriteria()  # the declared criteria (docs/rl.md "Stability criteria")
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", RunLoadWarning)  # every load warning is listed below instead
@@ -378,7 +381,7 @@ cells = [
         "# RL ablation explorer\n\n"
         "Loads an ablation run directory (`<RUN_DIR>/<arm>/seed<k>/metrics.jsonl` and `updates.jsonl`, written by "
         "`python -m experiments.ablation`) with `fp4rl.analysis.runs.load_run` and judges it with the "
-        "declared criteria of RL.md \"Stability criteria\", exactly as `fp4rl.analysis.report.write_report` "
+        "declared criteria of docs/rl.md \"Stability criteria\", exactly as `fp4rl.analysis.report.write_report` "
         "does: first the report's per-arm table and its three figures, then what the report does not show. "
         "Set `RUN_DIR` above, or `FP4RL_RUN_DIR` in the kernel's environment. Needs numpy and matplotlib "
         "only (no jax, no GPU); figures are PNGs written to `FIG_DIR` and displayed inline."
@@ -414,7 +417,7 @@ cells = [
     code(HELPERS),
     md(
         "### Per-group grad norms\n\n"
-        "The pre-clip grad norm of each parameter group (RL.md \"Metrics, every step\"): which part of "
+        "The pre-clip grad norm of each parameter group (docs/rl.md \"Metrics, every step\"): which part of "
         "the model carries the spikes, and whether selective high precision calms the groups it keeps "
         "in BF16."
     ),
@@ -440,7 +443,7 @@ cells = [
     code(SCATTER),
     md(
         "### Sensitivity of the spike criterion\n\n"
-        "RL.md declares a spike at 3x the median of the previous 50 measurements. The table re-runs the whole "
+        "docs/rl.md declares a spike at 3x the median of the previous 50 measurements. The table re-runs the whole "
         "judgement with other spike factors (`SPIKE_FACTORS`): spike rate, spike criterion and verdict per "
         "arm, and the claim. A claim that flips between 2x and 5x rests on the threshold, not on the runs."
     ),

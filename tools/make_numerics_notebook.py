@@ -14,7 +14,7 @@ cells = [
         "1. relative error `||x̂ − x|| / ||x||` of NVFP4, NVFP4+4/6 and MXFP4/MXFP8 on activation-like "
         "and weight-like distributions, per-tensor and per-token scales;\n"
         "2. the 4/6 choice: how often map-to-4 wins per distribution, and the per-block error ratio "
-        "err₄/err₆ behind it (NUMERICS.md s3).\n\n"
+        "err₄/err₆ behind it (docs/numerics.md §3).\n\n"
         "Everything quantizes through `fp4rl.formats` (the numerics contract)."
     ),
     code(

@@ -1,11 +1,12 @@
 """Where the compiled Mosaic GPU quantizer parts from the contract on bf16 input (GPU only).
 
-Session 4's compiled Mosaic suite failed bf16 inputs with M > 128 rows (per token: every config;
-per tensor: one 4/6 config) while f32 and M = 7 passed, and the Mosaic *interpreter* matched the
-NumPy oracle on the CPU. This prints, per case, which output field differs from the NumPy oracle
-(`tests/formats/oracle.py`, which never fuses or flushes), in how many elements and which rows,
-for the kernel with its in-kernel per-token amax, the same kernel given the oracle's amax, and
-the row-amax kernel alone: enough to tell an amax problem from a quantization problem.
+bf16 input with M > 128 rows is where a one-ulp arithmetic error of a compiled kernel shows up
+in the bytes (its short significands put values on rounding boundaries often), while the Mosaic
+*interpreter* on the CPU cannot show it. This prints, per case, which output field differs from
+the NumPy oracle (`tests/formats/oracle.py`, which never fuses or flushes), in how many elements
+and which rows, for the kernel with its in-kernel per-token amax, the same kernel given the
+oracle's amax, and the row-amax kernel alone: enough to tell an amax problem from a
+quantization problem.
 
     python tools/mosaic_probe.py [--mse]        # on the H200 (tools/gpu_session.sh probe)
     JAX_PLATFORMS=cpu python tools/mosaic_probe.py --interpret   # the same on the CPU interpreter
@@ -25,7 +26,7 @@ from pallas_kernels import mosaic_quant as mq
 from tests.formats import oracle
 from tests.kernels.test_mosaic import CONFIGS, make_input
 
-CASES = [(300, 32), (129, 272), (257, 1024)]  # failed compiled in bf16 (session 4)
+CASES = [(300, 32), (129, 272), (257, 1024)]  # bf16 shapes sensitive to one-ulp errors (M > 128)
 NAMES = ["token-6", "token-mae-256", "tensor-mae-448-fast"]
 
 
@@ -165,11 +166,11 @@ def probe_outputs(cases, names, interpret: bool):
 def main(argv):
     interpret = "--interpret" in argv
     print(jax.devices(), f"{interpret=}", flush=True)
-    if "--mse" in argv:  # session 5, after the division fix: the two bf16 MSE cases still failing
+    if "--mse" in argv:  # the bf16 MSE cases, where the rounding of the error's square shows
         probe_outputs([(129, 272), (33, 8192)], ["token-mse-256", "token-mse-448-fast"], interpret)
         return
     probe_intermediates(interpret)
-    probe_outputs(CASES[:2], NAMES, interpret)  # the third case repeated the first two's findings
+    probe_outputs(CASES[:2], NAMES, interpret)  # the third case adds nothing the first two do not show
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Compile the Triton quantize kernel for sm_90 on a machine WITHOUT a GPU and count its SASS.
 
 Why: the instruction count of the compiled loop (and its registers, spills, layout conversions)
-is a free proxy for the kernel's arithmetic cost between scarce GPU sessions; it says nothing
-about memory traffic (session 4: plain NVFP4 looks bound by that instead, see benchmarks/). JAX
+is a free proxy for the kernel's arithmetic cost without a GPU; it says nothing about memory
+traffic (what bounds plain NVFP4, see benchmarks/README.md). JAX
 lowers the Pallas kernel to Triton IR (targeting an H200 through a private hook, as the CPU
 lowering test does); the pip `triton` package compiles that IR to PTX and cubin with its own
 ptxas, and its cuobjdump lists the SASS.

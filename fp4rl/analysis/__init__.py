@@ -1,4 +1,4 @@
-"""Analysis of RL ablation runs: loading, stability criteria, report (RL.md "Stability
+"""Analysis of RL ablation runs: loading, stability criteria, report (docs/rl.md "Stability
 criteria" and "The report").
 
 - `fp4rl.analysis.runs`: load `<run_dir>/<arm>/seed<k>/{metrics,updates}.jsonl` and

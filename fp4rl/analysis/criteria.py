@@ -1,7 +1,7 @@
-"""The declared stability criteria of RL.md ("Stability criteria (declare before running,
-report per arm)") and the power every verdict needs (the issue's section 5).
+"""The declared stability criteria of docs/rl.md ("Stability criteria (declare before running,
+report per arm)") and the power every verdict needs.
 
-RL.md declares, per arm:
+The definitions, per arm:
 - spike: pre-clip grad norm > 3x the median of the previous 50 steps (after step 20);
   severe spike: > 10x; reported as spikes per 100 steps per seed;
 - collapse: any non-finite value, a grad norm > 100x the early median, or reward falling
@@ -10,9 +10,10 @@ RL.md declares, per arm:
   (greedy) accuracy with a bootstrap confidence interval over seeds;
 - mismatch: k3 KL per token between sampler and trainer.
 
-RL.md gives no pass threshold for the spike rate or the reward gap, and no amount of data a
-verdict needs; `StabilityCriteria` declares them, so they are fixed before any run is looked
-at. Mismatch and final accuracy are reported, not judged: RL.md attaches no threshold to them.
+The definitions alone fix no pass threshold for the spike rate or the reward gap, and no
+amount of data a verdict needs; `StabilityCriteria` declares them here, so they are fixed
+before any run is looked at (docs/rl.md restates them). Mismatch and final accuracy are
+reported, not judged: no threshold is attached to them.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class StabilityCriteria:
-    """Thresholds of RL.md "Stability criteria", the declared pass thresholds, and power.
+    """Thresholds of docs/rl.md "Stability criteria", the declared pass thresholds, and power.
 
-    RL.md's definitions:
+    docs/rl.md's definitions:
     spike_factor, severe_factor, window, warmup_steps: a spike is a pre-clip grad norm
         measurement > spike_factor x the median of the previous `window` finite measurements,
         at a step >= warmup_steps; severe: > severe_factor x. A measurement is one non-empty
@@ -43,7 +44,7 @@ class StabilityCriteria:
     reward_gap_tolerance: the arm's mean population-reward gap to the BF16 median is
         >= -reward_gap_tolerance, judged on its confidence interval: PASS when the whole
         interval is above -tolerance, FAIL when it is entirely below, else UNDECIDED.
-        Reward is +1/-1 (RL.md "Task"), so 0.1 of reward is 5 points of accuracy.
+        Reward is +1/-1 (docs/rl.md "Task"), so 0.1 of reward is 5 points of accuracy.
 
     Power (below it a criterion is UNDECIDED, never FAIL; a non-finite value needs none):
     min_judged_steps: a seed is judged only with at least this many judged steps: steps

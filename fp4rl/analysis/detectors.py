@@ -1,4 +1,4 @@
-"""Detectors of RL.md "Stability criteria": spikes, collapse, and each seed's power.
+"""Detectors of docs/rl.md "Stability criteria": spikes, collapse, and each seed's power.
 
 They work on plain arrays of step *numbers* (the `step` key), not line indices, and know
 nothing of files or verdicts: `fp4rl.analysis.summary` feeds them a loaded run, and
@@ -192,7 +192,7 @@ def detect_collapse(
     nonfinite_flag: np.ndarray | None = None,
     update_metrics: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> CollapseResult:
-    """Apply RL.md's three collapse conditions; return the earliest event.
+    """Apply docs/rl.md's three collapse conditions; return the earliest event.
 
     steps: [T] step numbers; reward: [T] population reward (None when not logged: the reward
     rule is then not checked and `note` says so; a NaN in it is a non-finite value).

@@ -15,6 +15,10 @@ of the recipe's gradients over its K keys and v_b their variance over keys (unbi
                an unbiased estimate of ||E x||^2, so the batch noise left in `bias` cancels;
 - noise floor = the batch-to-batch variance of the BF16 gradient, sum_b ||g_b - mean g||^2 / (B-1);
   noise_fraction = mean_b E_k||g_bk - g_bf16,b||^2 / noise floor (both squared norms: variances add).
+
+Longer than ~400 lines because statistics, decision, report and plots read the same raw arrays and
+one matrix of bootstrap resamples (which pairs the intervals of quantities measured on the same
+batches); split, each part would need that shared state passed around.
 """
 
 from __future__ import annotations

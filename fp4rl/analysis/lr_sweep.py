@@ -1,9 +1,9 @@
-"""RL.md's pilot logic, step one: the largest learning rate at which the BF16 arm is stable.
+"""docs/rl.md "Learning-rate pilot", step one: the largest learning rate at which the BF16 arm is stable.
 
     python -m fp4rl.analysis.lr_sweep runs/pilot/lr1e-4 runs/pilot/lr3e-4   # prints the chosen run dir
 
 Each directory is an ablation run (`<dir>/bf16/seed<k>/metrics.jsonl`) whose name ends in
-`lr<value>`. Stable = in no seed a spike (3x rule), a collapse, or a reward drop of RL.md's
+`lr<value>`. Stable = in no seed a spike (3x rule), a collapse, or a reward drop of docs/rl.md's
 collapse size that the run ended too early to confirm or clear (fp4rl.analysis.detectors): a
 short pilot run cannot wait 50 steps for a recovery, so choosing an LR treats it as unstable.
 """

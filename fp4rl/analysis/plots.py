@@ -1,4 +1,4 @@
-"""The report's figures (RL.md "The report").
+"""The report's figures (docs/rl.md "The report").
 
 - `plot_grad_norm`: the grad-norm overlay (per arm, median over seeds of the raw pre-clip
   grad norm, per step the largest of its updates, with a min-max band over seeds, log scale,
@@ -52,7 +52,7 @@ SEVERE_STYLE = dict(marker="X", s=90, color="#d62728", edgecolors="white", linew
 
 
 def arm_color(arm: str) -> str:
-    """The arm's fixed colour; arms outside RL.md's table get a deterministic extra colour."""
+    """The arm's fixed colour; arms outside docs/rl.md's table get a deterministic extra colour."""
     if arm in ARM_COLORS:
         return ARM_COLORS[arm]
     return _EXTRA_COLORS[sum(map(ord, arm)) % len(_EXTRA_COLORS)]
@@ -94,7 +94,7 @@ def _log_y(ax) -> None:
 
 
 def _shade_warmup(ax, first_step: int, criteria: StabilityCriteria) -> None:
-    """Grey out the steps where spikes are not detected (RL.md: "after step 20")."""
+    """Grey out the steps where spikes are not detected (docs/rl.md: "after step 20")."""
     if criteria.warmup_steps > first_step:
         ax.axvspan(first_step, criteria.warmup_steps, color="0.92", zorder=0)
 
@@ -134,7 +134,7 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 def plot_grad_norm(run: RunData, path: str | Path, criteria: StabilityCriteria = StabilityCriteria()) -> Path:
-    """Grad-norm overlay over a reward panel (RL.md "The report"); writes `path`."""
+    """Grad-norm overlay over a reward panel (docs/rl.md "The report"); writes `path`."""
     fig = Figure(figsize=(12, 7.5), layout="constrained")
     ax_g, ax_r = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
     any_nonfinite = False

@@ -1,7 +1,7 @@
-"""Write the ablation report of a run directory (RL.md "The report").
+"""Write the ablation report of a run directory (docs/rl.md "The report").
 
 `write_report(run_dir)` loads the run directory (`fp4rl.analysis.runs`), judges every arm
-against the declared `StabilityCriteria` (RL.md "Stability criteria (declare before
+against the declared `StabilityCriteria` (docs/rl.md "Stability criteria (declare before
 running, report per arm)"), and writes:
 
 - `report.md`: the declared criteria, the claim status, a per-arm table of every criterion
@@ -160,7 +160,7 @@ def render_report(
         "",
         "## Claim",
         "",
-        "RL.md: NVFP4 RL trains as stably as BF16 only with dequantized backward + Four-Over-Six + "
+        "docs/rl.md: NVFP4 RL trains as stably as BF16 only with dequantized backward + Four-Over-Six + "
         "selective high precision together. Reproduced when `full` passes the spike, collapse and reward "
         "criteria and each leave-one-out arm (`full-dq`, `full-46`, `full-hp`) fails at least one. "
         "An undecided criterion (too little data) is never counted as a failure.",

@@ -1,10 +1,10 @@
 """Load an RL ablation run directory into per-arm, per-seed numpy arrays.
 
-A run directory holds one sub-directory per arm of RL.md's ablation matrix ("The ablation
+A run directory holds one sub-directory per arm of docs/rl.md's ablation matrix ("The ablation
 matrix") and one per seed below it. The trainer writes, per (arm, seed), one JSON object per
 line:
 
-    <run_dir>/<arm>/seed<k>/metrics.jsonl   one record per RL step (RL.md "Metrics, every step")
+    <run_dir>/<arm>/seed<k>/metrics.jsonl   one record per RL step (docs/rl.md "Metrics, every step")
     <run_dir>/<arm>/seed<k>/updates.jsonl   one record per mini-batch update ({"step", "update", ...})
     <run_dir>/<arm>/config.json             {"rl_config", "recipe", "model_config"} of the arm
 
@@ -20,7 +20,7 @@ loud about it (every tolerance emits a `RunLoadWarning` and is recorded in
   two files) are dropped; a seed without updates.jsonl loads with `SeedRun.updates` None;
 - a key missing on some lines (`eval/accuracy` is only logged on evaluation steps) is
   NaN (numeric keys) or False (boolean keys) there, and `present[key]` says where it was
-  really logged, so a logged NaN (a collapse, RL.md "Stability criteria") is never
+  really logged, so a logged NaN (a collapse, docs/rl.md "Stability criteria") is never
   confused with "not logged";
 - JSON `NaN`/`Infinity`/`-Infinity` (what Python's json module writes) load as floats;
 - a config.json that does not parse is ignored (the arm's recipe is then unknown).
@@ -38,15 +38,15 @@ from pathlib import Path
 
 import numpy as np
 
-# RL.md "The ablation matrix", in the table's order (used for tables, legends and colours).
+# docs/rl.md "The ablation matrix", in the table's order (used for tables, legends and colours).
 ARMS: tuple[str, ...] = ("bf16", "nvfp4", "+dq", "+46", "+hp", "full", "full-dq", "full-46", "full-hp")
-# The arm every other arm's reward is compared with (RL.md "reward tracking").
+# The arm every other arm's reward is compared with (docs/rl.md "reward tracking").
 REFERENCE_ARM = "bf16"
-# The full recipe and its leave-one-out arms (RL.md "The claim under test").
+# The full recipe and its leave-one-out arms (docs/rl.md "The claim under test").
 FULL_ARM = "full"
 LEAVE_ONE_OUT_ARMS: tuple[str, ...] = ("full-dq", "full-46", "full-hp")
 
-# Parameter groups with their own pre-clip grad norm (RL.md "Metrics, every step").
+# Parameter groups with their own pre-clip grad norm (docs/rl.md "Metrics, every step").
 GRAD_GROUPS: tuple[str, ...] = (
     "shared_expert", "routed_experts", "router", "attention", "last_layers", "embed_head",
 )
@@ -167,7 +167,7 @@ class RunData:
 
 
 def arm_sort_key(arm: str) -> tuple[int, str]:
-    """Known arms in RL.md's table order, then any other arm alphabetically."""
+    """Known arms in docs/rl.md's table order, then any other arm alphabetically."""
     return (ARMS.index(arm), "") if arm in ARMS else (len(ARMS), arm)
 
 

@@ -1,4 +1,4 @@
-"""Statistics of the reward and accuracy criteria (RL.md "reward tracking") and mismatch.
+"""Statistics of the reward and accuracy criteria (docs/rl.md "reward tracking") and mismatch.
 
 - `reward_gap_to_reference`: each seed's population-reward gap to the BF16 median, per step;
 - `reward_gap_ci`: a two-level bootstrap interval of the mean gap (seeds, then blocks of steps);
@@ -167,7 +167,7 @@ class RewardGap:
 def reward_gap_to_reference(
     reward_by_seed: Mapping[int, Series], reference_reward_by_seed: Mapping[int, Series]
 ) -> RewardGap:
-    """RL.md "reward tracking": mean gap to the BF16 median reward over the run.
+    """docs/rl.md "reward tracking": mean gap to the BF16 median reward over the run.
 
     The reference curve is the median over reference seeds at each step (seeds that did not
     log a step, or logged a non-finite reward there, are left out of that step's median). A
@@ -238,7 +238,7 @@ def reward_gap_ci(
 
 @dataclasses.dataclass(frozen=True)
 class MismatchSummary:
-    """Trainer/sampler mismatch over a run (RL.md "Metrics": mismatch; "Stability criteria").
+    """Trainer/sampler mismatch over a run (docs/rl.md "Metrics": mismatch; "Stability criteria").
 
     kl_k3 and kl_k1: mean over steps of the per-token KL; max_abs_logp_diff: the largest per-step
     max |delta logp|; routing_flip: mean routing-flip rate. NaN when the metric was not logged.

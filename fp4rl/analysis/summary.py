@@ -1,4 +1,4 @@
-"""Measure every stability criterion of one run or arm (RL.md "Stability criteria").
+"""Measure every stability criterion of one run or arm (docs/rl.md "Stability criteria").
 
 `summarize_seed` feeds one (arm, seed) run to the detectors (`fp4rl.analysis.detectors`):
 spikes on its grad-norm measurements (per update from updates.jsonl, per step without it),

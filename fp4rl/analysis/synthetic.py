@@ -1,7 +1,7 @@
 """Synthetic run directories with known answers, for tests and notebooks.
 
 `make_synthetic_run` writes the layout `fp4rl.analysis.runs` reads: per (arm, seed)
-`metrics.jsonl` with every key of RL.md "Metrics, every step" that the analysis uses and
+`metrics.jsonl` with every key of docs/rl.md "Metrics, every step" that the analysis uses and
 `updates.jsonl` with one line per mini-batch update, and per arm a `config.json` (recipe and
 model depth). Healthy arms have a flat, slightly noisy per-update grad norm (log-normal,
 sigma 0.05: a 3x excursion is a > 20-sigma event, so no spike occurs by chance) and a
@@ -26,7 +26,7 @@ import numpy as np
 
 from fp4rl.analysis.runs import CONFIG_FILE, GRAD_GROUPS, METRICS_FILE, UPDATES_FILE
 
-SPIKE_FACTOR = 4.0  # a spike that is not severe (3x < 4x < 10x, RL.md "Stability criteria")
+SPIKE_FACTOR = 4.0  # a spike that is not severe (3x < 4x < 10x, docs/rl.md "Stability criteria")
 SEVERE_FACTOR = 12.0  # a severe spike (> 10x)
 REWARD_LAG = 0.2  # spiky arms' population-reward deficit: fails the default 0.1 tolerance
 KEPT_BIAS = 0.3  # training-batch reward/mean over the population reward (kept groups)
@@ -40,7 +40,7 @@ HIGH_PRECISION_ARMS = ("+hp", "full", "full-dq", "full-46")  # arms keeping the 
 def injected_spikes(steps: int) -> tuple[int, int]:
     """(spike_step, severe_step) injected into every seed of a spiky arm of `steps` steps.
 
-    Both lie past the warm-up of 20 steps (RL.md: spikes count after step 20); requires
+    Both lie past the warm-up of 20 steps (docs/rl.md: spikes count after step 20); requires
     steps >= 30.
     """
     if steps < 30:

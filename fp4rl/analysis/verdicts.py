@@ -1,4 +1,4 @@
-"""Verdicts of RL.md "Stability criteria": PASS, FAIL or UNDECIDED per criterion and arm,
+"""Verdicts of docs/rl.md "Stability criteria": PASS, FAIL or UNDECIDED per criterion and arm,
 and the claim status.
 
 "The claim is reproduced when the full recipe passes the spike, collapse and reward criteria
@@ -140,7 +140,7 @@ def verdict(arm_summary: ArmSummary, criteria: StabilityCriteria = StabilityCrit
 
 @dataclasses.dataclass(frozen=True)
 class ClaimResult:
-    """RL.md's claim status: reproduced is None when it cannot be decided (missing arms or
+    """docs/rl.md's claim status: reproduced is None when it cannot be decided (missing arms or
     undecided criteria and no decided failure). `details[arm]` explains each arm's part."""
 
     reproduced: bool | None
@@ -154,7 +154,7 @@ def _undecided_text(v: ArmVerdict) -> str:
 
 def claim_reproduced(verdicts: Mapping[str, ArmVerdict]) -> ClaimResult:
     """The full recipe passes spike, collapse and reward; each leave-one-out arm
-    (full-dq, full-46, full-hp) fails at least one of them (RL.md "Stability criteria")."""
+    (full-dq, full-46, full-hp) fails at least one of them (docs/rl.md "Stability criteria")."""
     details: dict[str, str] = {}
     decided: list[bool | None] = []
     full = verdicts.get(FULL_ARM)

@@ -1,4 +1,4 @@
-"""The numerics contract of NUMERICS.md as pure, jit-able jnp (depends on jax only)."""
+"""The numerics contract of docs/numerics.md as pure, jit-able jnp (depends on jax only)."""
 
 from fp4rl.formats import elements, hadamard, mx, nvfp4, stochastic
 from fp4rl.formats.nvfp4 import NVFP4Config, NVFP4Tensor

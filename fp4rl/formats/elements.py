@@ -1,9 +1,9 @@
-"""Element and scale types of NUMERICS.md s1: E2M1 codes, E4M3 and E8M0 scale rounding, packing.
+"""Element and scale types of docs/numerics.md §1: E2M1 codes, E4M3 and E8M0 scale rounding, packing.
 
 Every helper is pure jnp and computes the rounding arithmetically (compares, exact power-of-two
 multiplies, `lax.round` to nearest-even) rather than through `astype` at the edges: on CPU an
 f32 -> float8_e4m3fn cast turns values past 448 into NaN, f32 -> float8_e8m0fnu rounds the
-exponent by neither OCP rule, and Pallas Triton cannot cast to float4 at all (NUMERICS.md s1).
+exponent by neither OCP rule, and Pallas Triton cannot cast to float4 at all (docs/numerics.md §1).
 The only casts used are of values that are already exactly representable, which are exact.
 """
 
@@ -30,7 +30,7 @@ def pow2(n):
 def e2m1_encode(v):
     """Round float32 `v` to the nearest E2M1 code (0..15), ties to even, saturating at +-6.
 
-    Thresholds of NUMERICS.md s1: a tie (0.25, 0.75, ...) goes to the neighbour with an even
+    Thresholds of docs/numerics.md §1: a tie (0.25, 0.75, ...) goes to the neighbour with an even
     mantissa, so the comparison is `>` at even-below ties and `>=` at odd-below ties. The sign
     bit follows the sign of v, so a tiny negative becomes code 8 (-0). NaN encodes as +-0:
     codes cannot carry NaN, which is why non-finite input is flagged through the scales/amax.

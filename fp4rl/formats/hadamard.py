@@ -1,4 +1,4 @@
-"""The 16x16 random Hadamard transform of the NVFP4 pretraining recipe (NUMERICS.md s6).
+"""The 16x16 random Hadamard transform of the NVFP4 pretraining recipe (docs/numerics.md §6).
 
 Each block of 16 consecutive elements along `axis` is multiplied by M = H16 * D / 4, where H16
 is the Sylvester Hadamard matrix and D a diagonal of random signs drawn from an explicit key.

@@ -1,4 +1,4 @@
-"""Single IEEE float32 operations that XLA may not rewrite (NUMERICS.md: every fl() is one op).
+"""Single IEEE float32 operations that XLA may not rewrite (docs/numerics.md: every fl() is one op).
 
 XLA's algebraic simplifier and code generators change float32 results in three ways that
 the contract forbids, all observed on XLA:CPU (and the first two on XLA:GPU):
@@ -13,11 +13,13 @@ Known platform limit: XLA:CPU flushes float32 subnormals to zero, so a tensor wh
 below 6E / FLT_MAX (~8e-36) gets a zero S_dec there (documented; not fixable in jnp).
 
 A fourth, on XLA:GPU only: its f32 division is PTX `div.full.f32`, an approximation (up to
-2 ulp; openxla/xla#37181: a / a != 1), which changed 4/6-exact choices on the H200
-(benchmarks/gpu_reference_check.log). `divide` therefore computes the correctly rounded
-quotient with integer arithmetic on every platform but the CPU, whose division is IEEE.
-The same integer division (and `integer_square`) serves the compiled Mosaic GPU quantizer,
-whose float divisions (even through float64) and MSE squares were off by an ulp (session 5).
+2 ulp; openxla/xla#37181: a / a != 1), which changes 4/6-exact choices on an H200
+(benchmarks/logs/check_gpu_reference_native_division.log). `divide` therefore computes the
+correctly rounded quotient with integer arithmetic on every platform but the CPU, whose
+division is IEEE (docs/numerics.md §9). The same integer division (and `integer_square`)
+serves the compiled Mosaic GPU quantizer, whose float divisions (even through float64) and
+MSE squares are off by an ulp in some blocks on an H200 (`tools/mosaic_probe.py`;
+benchmarks/logs/mosaic_probe_float_division.log, mosaic_probe_float_square.log).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def divide(numerator, denominator):
     numerator, denominator = jnp.broadcast_arrays(numerator, denominator)
     # Chosen at trace time: a jit traces for the default backend, and the integer path is
     # correct everywhere (only slower). `lax.platform_dependent` would put a cond around every
-    # division, which made tracing a vmapped quantized backward ~4x slower.
+    # division, which makes tracing a vmapped quantized backward ~4x slower.
     if not _depth("native") and (_depth("integer") or jax.default_backend() != "cpu"):
         return integer_divide(numerator, denominator)
     return numerator / denominator
@@ -75,7 +77,7 @@ def forced_division() -> tuple[int, int]:
 def integer_division_everywhere():
     """Trace `divide` as `integer_divide` on the CPU too (tests run the GPU path on the CPU).
 
-    Thread-local: a process-wide flag leaked out of the block when two threads used it at once.
+    Thread-local: a process-wide flag would leak out of the block when two threads use it at once.
     """
     return _forcing("integer")
 
@@ -83,7 +85,7 @@ def integer_division_everywhere():
 def native_division_for_cpu():
     """Trace `divide` as the hardware division even when the default backend is a GPU: for a
     program placed on the CPU (XLA:CPU divides per IEEE), e.g. the benchmark's CPU reference,
-    whose integer division made XLA:CPU compile for minutes. Wins over `integer_division_everywhere`."""
+    whose integer division makes XLA:CPU compile for minutes. Wins over `integer_division_everywhere`."""
     return _forcing("native")
 
 
@@ -147,9 +149,9 @@ def _assemble(q, sticky, e):
 def integer_square(d, nan_square=None):
     """fl(d * d) for an f32 array, IEEE round-to-nearest-even, subnormals kept, from integer ops.
 
-    Why: in compiled Mosaic GPU kernels the 4/6 MSE error's squares (or their sums) came out
-    different from the contract in rare blocks even behind an optimization barrier (session 5
-    probe), while every other op matched. The significand s < 2^24 is split as h * 2^12 + l so
+    Why: in compiled Mosaic GPU kernels the float product of the 4/6 MSE error differs from the
+    contract in rare blocks even behind an optimization barrier (`tools/mosaic_probe.py --mse`,
+    H200), while every other op matches. The significand s < 2^24 is split as h * 2^12 + l so
     s^2 = h^2 2^24 + 2hl 2^12 + l^2 is formed exactly in int32 pieces. nan_square(d) gives the
     result for a NaN d (None: the canonical quiet NaN)."""
     d = jnp.asarray(d, jnp.float32)
@@ -223,10 +225,10 @@ def as_stored(x):
 
     XLA:GPU allows excess precision by default (`xla_allow_excess_precision`): fused into its
     producer, a bf16 tensor can reach the quantizer as the producer's unrounded f32 value, so
-    the codes would depend on fusion decisions. The barrier materialises the stored value.
-    Why it is here: on the H200 the model's logits under `nvfp4` differed between the jnp
-    reference and the Triton kernel (which always reads the stored tensor) although each
-    matched the NumPy oracle standalone; this is the suspected cause, not yet re-checked there.
+    the codes would depend on fusion decisions. The barrier materialises the stored value, which
+    is also what a Pallas kernel always reads, so the jnp reference and the kernels quantize the
+    same values inside a model (tests/model/test_gpu_impl.py compares them bitwise on a GPU;
+    docs/numerics.md §9).
     """
     return lax.optimization_barrier(jnp.asarray(x))
 
@@ -237,6 +239,6 @@ def product(a, b):
 
 
 def nan_max(a, axis=None, keepdims: bool = False):
-    """max over `axis` that is NaN wherever a NaN was reduced (NUMERICS.md s8)."""
+    """max over `axis` that is NaN wherever a NaN was reduced (docs/numerics.md §8)."""
     m = jnp.max(a, axis=axis, keepdims=keepdims)
     return jnp.where(jnp.any(jnp.isnan(a), axis=axis, keepdims=keepdims), jnp.float32(jnp.nan), m)

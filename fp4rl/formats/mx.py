@@ -1,11 +1,11 @@
-"""OCP microscaling formats (NUMERICS.md s5), for validation runs and comparison.
+"""OCP microscaling formats (docs/numerics.md §5), for validation runs and comparison.
 
 - MXFP8: E4M3 elements in 32-element blocks, E8M0 scale by RCEIL: the smallest power of two
   >= fl(amax * fl(1/448)); amax 0 gives byte 0. Elements RNE, saturating at 448.
 - MXFP4: E2M1 elements in 32-element blocks, E8M0 scale by the OCP rule
   2^(floor(log2(amax)) - 2); elements RNE, saturating at 6 (values in (6, 8) clip).
   amax 0 gives byte 0 (the spec is silent; same as MXFP8).
-A block containing NaN or Inf gets the NaN scale byte 0xFF, so it dequantizes to NaN (s8).
+A block containing NaN or Inf gets the NaN scale byte 0xFF, so it dequantizes to NaN (§8).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""NVFP4 quantization (NUMERICS.md s2) with optional Four-Over-Six (s3), as pure jnp.
+"""NVFP4 quantization (docs/numerics.md §2) with optional Four-Over-Six (§3), as pure jnp.
 
 Layout: blocks of 16 run along the last axis K (the contraction dimension of the consuming
 GEMM). With `block_2d=True` the block is a 16x16 tile over the last two axes [R, K], so the
@@ -35,10 +35,10 @@ class NVFP4Config:
     """How to quantize one tensor. Frozen and hashable: usable as a static jit argument.
 
     block_2d: 16x16 tiles over the last two axes (weights) instead of 1x16 along K.
-    scale: "tensor" (one global amax) or "token" (one amax per row, NUMERICS.md s4).
-    four_over_six: None, "mae" or "mse" (the per-block error metric of s3).
-    e4m3_max: the E of s2/s3; None means 448 without 4/6 and 256 with it.
-    fast_error: measure the 4/6 error in the scaled domain (s3 "fast error").
+    scale: "tensor" (one global amax) or "token" (one amax per row, docs/numerics.md §4).
+    four_over_six: None, "mae" or "mse" (the per-block error metric of §3).
+    e4m3_max: the E of §2/§3; None means 448 without 4/6 and 256 with it.
+    fast_error: measure the 4/6 error in the scaled domain (§3 "fast error").
     """
 
     block_2d: bool = False
@@ -122,7 +122,7 @@ def _concrete(value):
 def check_amax(amax, x32, config: NVFP4Config) -> None:
     """A given global amax: its shape always; when concrete, >= 0 (a maximum of |x|) and not 0
     where x has a nonzero value (the S_enc = 1 guard would then quantize x far off scale).
-    NaN and inf stay allowed: the contract defines them (s8). An amax below max|x| is allowed
+    NaN and inf stay allowed: the contract defines them (§8). An amax below max|x| is allowed
     too: it saturates the block scales, as a deliberately clipped amax does."""
     want = () if config.scale == "tensor" else (*jnp.shape(x32)[:-1], 1)
     if jnp.shape(amax) != want:
@@ -140,17 +140,17 @@ def check_amax(amax, x32, config: NVFP4Config) -> None:
 
 
 def global_amax(x32, config: NVFP4Config):
-    """A of s2: max|x| over the tensor, or over each row's K elements (keepdims) per token."""
+    """A of §2: max|x| over the tensor, or over each row's K elements (keepdims) per token."""
     if config.scale == "token":
         return ieee.nan_max(jnp.abs(x32), axis=-1, keepdims=True)
     return ieee.nan_max(jnp.abs(x32))
 
 
 def global_scales(amax, e4m3_max: int):
-    """(S_enc, S_dec) of s2: S_enc = fl(6E/A), capped at FLT_MAX, 1 when A == 0 or S_enc == 0.
+    """(S_enc, S_dec) of §2: S_enc = fl(6E/A), capped at FLT_MAX, 1 when A == 0 or S_enc == 0.
 
     A NaN amax gives NaN scales; an infinite amax gives S_enc == 0 -> 1 by the contract's
-    guard, which is why `dequantize` also checks the amax itself (s8).
+    guard, which is why `dequantize` also checks the amax itself (§8).
     """
     amax = jnp.asarray(amax, jnp.float32)
     s_enc = ieee.divide(jnp.float32(6 * e4m3_max), amax)
@@ -169,7 +169,7 @@ def _blocks(x32, config: NVFP4Config):
 
 
 def _block_amax(xb, config: NVFP4Config):
-    """b of s2, broadcastable against the blocked view (keepdims). NaN propagates."""
+    """b of §2, broadcastable against the blocked view (keepdims). NaN propagates."""
     axes = (-3, -1) if config.block_2d else (-1,)
     return ieee.nan_max(jnp.abs(xb), axis=axes, keepdims=True)
 
@@ -177,7 +177,7 @@ def _block_amax(xb, config: NVFP4Config):
 def _encode_with_scale(xb, sf, s_dec, sr_key=None):
     """q_i = E2M1(fl(x_i * inv)) with inv = min(fl(1 / fl(f32(sf) * S_dec)), FLT_MAX).
 
-    With `sr_key`, E2M1 rounding is stochastic (s6) instead of nearest-even.
+    With `sr_key`, E2M1 rounding is stochastic (§6) instead of nearest-even.
     """
     inv = jnp.minimum(ieee.reciprocal(sf.astype(jnp.float32) * s_dec), el.FLT_MAX)
     if sr_key is None:
@@ -194,7 +194,7 @@ def _sequential_sum16(e):
 
 
 def _tree_sum16(r, axis):
-    """Pairwise tree sum of 16 row errors: r[0:8]+r[8:16], then 4, 2, 1 (s3, 2D weights)."""
+    """Pairwise tree sum of 16 row errors: r[0:8]+r[8:16], then 4, 2, 1 (§3, 2D weights)."""
     r = jnp.moveaxis(r, axis, -1)
     for half in (8, 4, 2, 1):
         r = r[..., :half] + r[..., half : 2 * half]
@@ -224,12 +224,12 @@ def _per_block(global_value, config: NVFP4Config):
 
 
 def quantize(x, config: NVFP4Config = NVFP4Config(), *, amax=None, sr_key=None) -> NVFP4Tensor:
-    """Quantize `x` [..., K] to NVFP4 per NUMERICS.md s2/s3.
+    """Quantize `x` [..., K] to NVFP4 per docs/numerics.md §2/§3.
 
     amax: optional precomputed global amax (per tensor `()` or per token `[..., 1]`), e.g. a
       per-tensor amax shared by several shards; by default it is computed from `x`. Validated by
       `check_amax` (its shape always, its values when they are concrete).
-    sr_key: a jax.random key to round elements stochastically (s6, for gradients) instead of
+    sr_key: a jax.random key to round elements stochastically (§6, for gradients) instead of
       to nearest-even; scale selection is unchanged. Not combinable with 4/6.
     """
     check_input(x, config)
@@ -275,11 +275,11 @@ def _scale_layout(per_block, config: NVFP4Config, shape):
 
 
 def scaled_operand(t: NVFP4Tensor, dtype=jnp.bfloat16):
-    """The emulated-GEMM operand of s2: (dec(q) * sf in `dtype`, S_dec).
+    """The emulated-GEMM operand of §2: (dec(q) * sf in `dtype`, S_dec).
 
     dec(q)*sf has at most 6 significant bits and lies in 2^-10..2688, so it is exact in bf16
     and fp16. S_dec is `()` per tensor or `[..., 1]` per token; it is NaN where the amax is
-    not finite (s8), so the GEMM output is NaN there. Blocks with a NaN scale give NaN values.
+    not finite (§8), so the GEMM output is NaN there. Blocks with a NaN scale give NaN values.
     """
     dec = el.e2m1_decode(el.unpack_e2m1(t.codes))
     sf = jnp.repeat(t.scales.astype(jnp.float32), BLOCK, axis=-1)
@@ -289,7 +289,7 @@ def scaled_operand(t: NVFP4Tensor, dtype=jnp.bfloat16):
 
 
 def dequantize(t: NVFP4Tensor, dtype=jnp.float32):
-    """x_hat_i = fl(fl(dec(q_i) * f32(sf)) * S_dec), then cast to `dtype` (s2, s8)."""
+    """x_hat_i = fl(fl(dec(q_i) * f32(sf)) * S_dec), then cast to `dtype` (§2, §8)."""
     dec_sf, s_dec = scaled_operand(t, jnp.float32)
     return (dec_sf * s_dec).astype(dtype)
 

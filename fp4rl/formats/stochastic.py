@@ -1,4 +1,4 @@
-"""Stochastic rounding onto the E2M1 grid (NUMERICS.md s6), for gradients.
+"""Stochastic rounding onto the E2M1 grid (docs/numerics.md §6), for gradients.
 
 Within the grid interval [lo, hi] that contains |v|, round up with probability
 (|v| - lo) / (hi - lo): E[round(v)] = v for |v| <= 6, and grid values never move. Magnitudes
@@ -31,7 +31,7 @@ def stochastic_encode_e2m1(v, key):
 
 
 def stochastic_round_e2m1(v, key):
-    """`v` rounded stochastically onto the E2M1 grid, as float32 values; NaN stays NaN (s8:
+    """`v` rounded stochastically onto the E2M1 grid, as float32 values; NaN stays NaN (§8:
     codes cannot carry NaN, so the values say it)."""
     v = jnp.asarray(v, jnp.float32)
     return jnp.where(jnp.isnan(v), v, el.e2m1_decode(stochastic_encode_e2m1(v, key)))

@@ -206,7 +206,7 @@ PRESETS: dict[str, ModelConfig] = {
         max_seq_len=64,
     ),
     # The CPU experiments: tiny's widths at a depth where selective precision keeps 1 of 7 layers
-    # (14%, RL.md's "last ~15%").
+    # (14%, docs/rl.md's "last ~15%").
     "cpu": ModelConfig(
         vocab_size=64, d_model=64, num_layers=7, num_heads=4, num_kv_heads=2, head_dim=16,
         dense_d_ff=128, moe_d_ff=32, num_experts=4, top_k=2, shared_expert_d_ff=64,

@@ -6,7 +6,7 @@ T*k (token, expert) pairs are sorted by expert, every expert's group is padded w
 up to a multiple of `group_align`, and one ragged `qdot` per projection runs all experts. No
 capacity factor: no token is ever dropped, whatever the routing, so a token's output depends
 on that token alone (with per-token activation scales), which batch invariance and causality
-need (NUMERICS.md s4).
+need (docs/numerics.md §4).
 """
 
 from __future__ import annotations

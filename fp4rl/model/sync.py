@@ -1,10 +1,11 @@
 """Weight sync: quantize the trainer's master weights once, in the exact bytes the forward uses.
 
-RL.md: "at each weight sync the trainer's master weights are quantized once under the recipe,
-and the sampler uses those exact bytes". `sync_weights` replaces every quantized site's weight
-by `qlinear.quantize_weight(w, site, impl)`, the same call `qdot` makes inside the trainer's
-forward, so `forward(qparams)` is bitwise `forward(params)` and the trainer/sampler mismatch
-measures the runtime difference only (KV cache, batch shape), never a different weight.
+At each weight sync the trainer's master weights are quantized once under the recipe, and the
+sampler uses those exact bytes (docs/rl.md "Sampler and trainer"). `sync_weights` replaces every
+quantized site's weight by `qlinear.quantize_weight(w, site, impl)`, the same call `qdot` makes
+inside the trainer's forward, so `forward(qparams)` is bitwise `forward(params)` and the
+trainer/sampler mismatch measures the runtime difference only (KV cache, batch shape), never a
+different weight.
 BF16 sites, norms, biases and the embedding keep their raw values.
 """
 

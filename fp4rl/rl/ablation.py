@@ -1,5 +1,5 @@
 """The ablation runner: one warm-up, the fixed-parameter gradient measurements, every arm of
-RL.md's matrix with N seeds, then the report.
+docs/rl.md's matrix with N seeds, then the report.
 
 Layout of a run directory (what `fp4rl.analysis` reads):
     <out>/sft/                       the warm-up checkpoint (reused when present)
@@ -54,7 +54,7 @@ def field_default(cls, name: str):
 
 @dataclasses.dataclass(frozen=True)
 class AblationConfig:
-    """arms: which arms to run (RL.md's nine by default); seeds: per arm, run in one program.
+    """arms: which arms to run (docs/rl.md's nine by default); seeds: per arm, run in one program.
     compile_workers: threads that compile the arms' programs ahead of their turn (0: every program
     compiles on its first call, in the training thread). The CPU presets use 2, as compiling is
     most of their time; off by default because on a GPU it would autotune kernels while an arm

@@ -1,4 +1,4 @@
-"""DAPO / GRPO objectives as pure jnp functions (RL.md, "Algorithm: DAPO").
+"""DAPO / GRPO objectives as pure jnp functions (docs/rl.md, "Algorithm: DAPO").
 
 Shape letters: P prompts, G responses per prompt (the group), N = P*G responses,
 T response tokens. Log-probs are those of the sampled tokens, `logp_NxT`; `mask_NxT` is
@@ -174,7 +174,7 @@ def tis_weights(logp_old_trainer_NxT, logp_sampler_NxT, cap: float = 2.0):
 
 
 def mismatch_stats(logp_trainer_NxT, logp_sampler_NxT, mask_NxT):
-    """Trainer/sampler mismatch metrics of RL.md (tokens were sampled by the sampler):
+    """Trainer/sampler mismatch metrics of docs/rl.md (tokens were sampled by the sampler):
     k1 and k3 KL(sampler || trainer), max and mean |delta logp|, mean exp(|delta|)."""
     # delta = log q - log p with p = sampler, q = trainer; zeroed on padding.
     delta = jnp.where(mask_NxT, logp_trainer_NxT - logp_sampler_NxT, 0.0)

@@ -38,7 +38,7 @@ class DataConfig:
     """batch_size: prompts per batch (the sampler draws G responses for each).
     max_len: tokens per row (prompt batches: BOS+prompt+separator; SFT batches: the whole
         sequence); a longer example raises rather than being truncated.
-    shuffle_seed: the data order (RL.md: seeds change data order); task_seed: the content of
+    shuffle_seed: the data order (docs/rl.md: seeds change data order); task_seed: the content of
         generated problems (keep it fixed across seeds so arms see the same problems).
     num_problems: size of the procedural index space (one epoch).
     num_epochs: None repeats forever. num_threads/prefetch: grain ReadOptions; 0/0 reads

@@ -1,6 +1,6 @@
 """Accuracy of a policy on generated problems: sampled (temperature 1) and greedy.
 
-The warm-up is calibrated on the sampled accuracy of the RL difficulty band (RL.md); the
+The warm-up is calibrated on the sampled accuracy of the RL difficulty band (docs/rl.md); the
 final held-out accuracy of an RL run is greedy, on problems from a task seed the training
 data never uses.
 """

@@ -19,6 +19,10 @@ their straight-through view), one log-prob / sampler / sync program per forward 
 impl), and three small programs shared by all (compare, project, optimizer step).
 `gradient_programs.Programs` compiles them ahead, on `compile_workers` threads (XLA compiles
 without holding the GIL), and times each: on CPU compiling is most of the run.
+
+Longer than ~400 lines because one `Session` holds the rollout batches, programs and raw arrays
+that every measurement shares (gradients, policy change, mismatch); the programs are in
+`gradient_programs`, the statistics in `fp4rl.analysis.gradient_report`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Load a local DAPO-Math-17k-style file: prompts with integer ground truths (RL.md).
+"""Load a local DAPO-Math-17k-style file: prompts with integer ground truths (docs/rl.md).
 
 So the pipeline can run on the real data set where a user has it. Two schemas:
 

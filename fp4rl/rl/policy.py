@@ -23,7 +23,7 @@ GRAD_GROUPS = ("shared_expert", "routed_experts", "router", "attention", "last_l
 
 
 def grad_group_of(path: str, ndim: int, num_layers: int, last_layers: int) -> tuple[str, ...]:
-    """The grad-norm groups of RL.md a parameter belongs to (the last-layers group overlaps).
+    """The grad-norm groups of docs/rl.md a parameter belongs to (the last-layers group overlaps).
 
     Routed experts are the [E, K, N] stacks of an MoE block (a dense MLP has 2D weights).
     """
@@ -48,7 +48,7 @@ def grad_group_masks(params, num_layers: int) -> dict[str, object]:
     """Per group, a pytree of bools over `params` (True where the leaf is in the group).
 
     The last-layers group is the last 15% (at least one) whatever the arm, so the metric
-    covers the same parameters in every arm (RL.md).
+    covers the same parameters in every arm (docs/rl.md).
     """
     last = PrecisionRecipe.from_name("full").num_high_precision_layers(num_layers)
     flat = transformer.flat_params(params)
@@ -250,7 +250,7 @@ def make_functions(graphdef, recipe: PrecisionRecipe, optimizer: optax.GradientT
 
 
 def make_optimizer(lr: float, warmup_steps: int, weight_decay: float, b1: float, b2: float, clip_norm: float) -> optax.GradientTransformation:
-    """AdamW after clipping the global norm (RL.md), with a linear warm-up to `lr` over the first
+    """AdamW after clipping the global norm (docs/rl.md), with a linear warm-up to `lr` over the first
     `warmup_steps` updates that starts at lr / warmup_steps, not at 0 (a first update at LR 0
     would move nothing while still advancing Adam's moments), then a constant LR."""
     warmup = max(warmup_steps, 1)

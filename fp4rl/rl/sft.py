@@ -1,6 +1,6 @@
 """BF16 warm-up: supervised training on worked solutions, then accuracy by difficulty.
 
-RL.md: every RL arm starts from one warm-up checkpoint (also the KL reference), trained until
+docs/rl.md: every RL arm starts from one warm-up checkpoint (also the KL reference), trained until
 the RL difficulty band has a sampled (temperature 1) accuracy of about 20-60%. The checkpoint
 holds the parameters plus the model config, the recipe and this config, so an RL run needs
 nothing but its path. A finished warm-up is never overwritten: training into its directory again

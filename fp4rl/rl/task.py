@@ -1,4 +1,4 @@
-"""Procedural integer-arithmetic task (RL.md, "Task: verifiable integer arithmetic").
+"""Procedural integer-arithmetic task (docs/rl.md, "Task: verifiable integer arithmetic").
 
 A problem is a chain of variable bindings, e.g.
 
@@ -30,7 +30,7 @@ import dataclasses
 
 import numpy as np
 
-# Operator levels follow RL.md: "+,- then *, then //, %". "//" is one operator.
+# Operator levels follow docs/rl.md: "+,- then *, then //, %". "//" is one operator.
 VALID_OPERATOR_SETS = ("+-", "+-*", "+-*//", "+-*//%")
 _MULTIPLICATIVE = ("*", "//", "%")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -69,7 +69,7 @@ class TaskConfig:
     def __post_init__(self):
         if self.operators not in VALID_OPERATOR_SETS:
             raise ValueError(
-                f"{self.operators=} must be one of {VALID_OPERATOR_SETS} (RL.md operator levels)"
+                f"{self.operators=} must be one of {VALID_OPERATOR_SETS} (docs/rl.md operator levels)"
             )
         if not 1 <= self.min_ops <= self.max_ops:
             raise ValueError(f"need 1 <= {self.min_ops=} <= {self.max_ops=}")

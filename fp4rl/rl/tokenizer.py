@@ -1,4 +1,4 @@
-"""Character-level tokenizer with a fixed vocabulary (RL.md: "the model sees digits").
+"""Character-level tokenizer with a fixed vocabulary (docs/rl.md: "the model sees digits").
 
 One token per character, so every digit of every number is its own token: the arithmetic
 task is then about arithmetic, not about a BPE merge table. The vocabulary is fixed (not

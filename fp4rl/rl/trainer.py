@@ -13,6 +13,11 @@ the same steps bit for bit (on CPU) and re-logs nothing twice. A restart under o
 is refused unless asked for (`fp4rl.rl.resume`); checkpoints are verified on restore, a damaged
 newest one is skipped with a warning (`fp4rl.rl.checkpoint`). Progress messages go to
 `<arm dir>/train.log` as well as the console.
+
+Longer than ~400 lines because the compiled programs (sync, sample, update), the step that chains
+them, ahead-of-time compilation and the run loop share the seed-stacked state and the exact
+argument shapes they are compiled for; the pure pieces are in `policy`, `rollout`, `dapo`,
+`resume` and `checkpoint`.
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ class RLConfig:
     dynamic sampling. prompt_len: max prompt tokens. temperature: the sampling temperature; the
     sampler's and the trainer's log-probs are both those of softmax(logits / temperature).
     eval_every: held-out evaluation every this many steps (and at the last step; 0: never) on
-    `eval_prompts` problems of stream `eval_task_seed`: greedy accuracy (`eval/accuracy`, RL.md's
+    `eval_prompts` problems of stream `eval_task_seed`: greedy accuracy (`eval/accuracy`, docs/rl.md's
     final accuracy) and sampled accuracy at `temperature` (`eval/sampled_accuracy`), the same
     sampling keys at every evaluation so that differences between steps are not sampling noise;
     the policy before any update is evaluated too (`eval/initial_*`, logged with step 0).
@@ -180,7 +185,7 @@ def _stack(trees):
 def _committed(tree):
     """The tree committed to the default device, as every jit output is. Every argument of the
     four programs goes through here, so a program sees the same argument shardings on every call
-    (uncommitted initial arrays made the update lower and compile a second time: ~15 s per
+    (uncommitted initial arrays would make the update lower and compile a second time: ~15 s per
     quantized-backward arm on CPU), and `Trainer.compile_tasks` compiles for exactly these."""
     return jax.device_put(tree, jax.devices()[0])
 
@@ -538,7 +543,7 @@ class Trainer:
 
     def evaluate(self, params_S) -> list[dict]:
         """Held-out accuracy per seed through the rollout's compiled sync and sampler (temperature
-        is a runtime value: nothing recompiles): greedy (`eval/accuracy`, RL.md's final accuracy)
+        is a runtime value: nothing recompiles): greedy (`eval/accuracy`, docs/rl.md's final accuracy)
         and sampled at the rollout temperature (`eval/sampled_accuracy`), with the same keys at
         every evaluation; `eval/n` problems each."""
         c = self.config

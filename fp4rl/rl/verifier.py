@@ -1,4 +1,4 @@
-"""Reward of a response: the last `\\boxed{...}` must hold the right integer (RL.md).
+"""Reward of a response: the last `\\boxed{...}` must hold the right integer (docs/rl.md).
 
 Rules, decided here once and pinned by tests/rl/test_verifier.py:
 

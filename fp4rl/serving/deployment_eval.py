@@ -23,6 +23,9 @@ Per metric and pair of deployments: Pearson and Spearman correlation of per-prom
 bootstrap CIs over prompts; per deployment: accuracy with its CI, per difficulty too, and the
 generation throughput (tokens/s of the batches, compile excluded). Writes `serve_eval.json`,
 `report.md` and `serve_eval.png` under `out`.
+
+Longer than ~400 lines because prompts, follow-ups, the per-deployment runs with their cache and
+the report share one config and one result schema; the statistics are in `serving.correlation`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""RL.md pilot step one: the largest learning rate whose bf16 arm is stable, on synthetic runs."""
+"""docs/rl.md "Learning-rate pilot", step one: the largest learning rate whose bf16 arm is stable, on synthetic runs."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The report writer and the whole judgement on synthetic run directories (RL.md "The report")."""
+"""The report writer and the whole judgement on synthetic run directories (docs/rl.md "The report")."""
 
 import json
 

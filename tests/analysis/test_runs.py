@@ -127,7 +127,7 @@ def test_load_run_layout_order_configs_and_alignment(tmp_path):
     (tmp_path / "checkpoints").mkdir()  # not an arm: no seed<k>/metrics.jsonl
     write_lines(tmp_path / "nvfp4" / "seed1" / "metrics.jsonl", [rec(s) for s in range(25)])
     run = load_run(tmp_path)
-    assert run.arm_names == ("bf16", "nvfp4", "+dq", "full")  # RL.md's table order
+    assert run.arm_names == ("bf16", "nvfp4", "+dq", "full")  # docs/rl.md's table order
     assert list(run.arms["+dq"]) == [0, 4] and run.warnings == ()
     assert len(run.arms["bf16"][4]) == 40 and len(run.arms["bf16"][4].updates) == 80
     assert set(run.configs) == {"bf16", "+dq", "full"}  # nvfp4 has no config.json

@@ -1,4 +1,4 @@
-"""Spike, collapse and power detection on synthetic series with known answers (RL.md "Stability criteria")."""
+"""Spike, collapse and power detection on synthetic series with known answers (docs/rl.md "Stability criteria")."""
 
 import dataclasses
 

@@ -1,7 +1,7 @@
 """Reusable inputs and config combinations for the NVFP4 / MX test suite.
 
 Kernel test files import these so that every implementation is pinned on the same inputs
-(DESIGN.md practice 2). All generators are deterministic (fixed seeds) and return float32.
+(docs/design.md practice 2). All generators are deterministic (fixed seeds) and return float32.
 
 Every case is a [ROWS, COLS] = [32, 64] matrix, so that 1x16 and 16x16 blocks both apply,
 and families stack CASES_PER_FAMILY such matrices: [C, 32, 64]. One jit(vmap(quantize))
@@ -19,7 +19,7 @@ ROWS, COLS = 32, 64
 CASES_PER_FAMILY = 8
 
 # ------------------------------------------------------------------------------------------
-# Config combinations (NVFP4Config fields, INTERFACES.md)
+# Config combinations (NVFP4Config fields, docs/INTERFACES.md)
 
 CONFIG_AXES = {
     "block_2d": (False, True),
@@ -40,8 +40,8 @@ def invalid_reason(kw) -> str | None:
     """Why a combination is invalid, or None. The two rules:
 
     - block_2d with per-token scale: a 16x16 tile spans 16 rows and shares one scale
-      (NUMERICS.md s2), which a per-row amax cannot give.
-    - fast_error without Four-Over-Six: the flag would be silently ignored (DESIGN.md refuses
+      (docs/numerics.md §2), which a per-row amax cannot give.
+    - fast_error without Four-Over-Six: the flag would be silently ignored (docs/design.md refuses
       silently ignored parameters).
     """
     if kw["block_2d"] and kw["scale"] == "token":
@@ -235,7 +235,7 @@ def e4m3_tie_family(e: int):
 
 def sum_order_family(e: int):
     """Blocks on which the 4/6 decision is decided by float32 rounding of the error sums, so
-    the summation order of s3 (sequential over 16 elements; pairwise tree over the 16 rows of
+    the summation order of §3 (sequential over 16 elements; pairwise tree over the 16 rows of
     a 2D tile) is pinned. A = 6E with E the family's bound, so S_enc = 1 when it matches the
     config's, and every d is exact (Sterbenz); with scale s (a power of two) each block holds
       6s (both candidates exact), x_a = 4.5s + eps (map-6 err 0.5s + eps, map-4 err eps),

@@ -1,10 +1,10 @@
-"""An independent NumPy oracle of docs/NUMERICS.md (NVFP4, Four-Over-Six, MXFP8, MXFP4).
+"""An independent NumPy oracle of docs/numerics.md (NVFP4, Four-Over-Six, MXFP8, MXFP4).
 
 Written from the contract alone, never from ``fp4rl.formats``, so that the pure-jnp reference
-is itself under test (DESIGN.md practice 2). Every ``fl(.)`` of the contract is one float32
+is itself under test (docs/design.md practice 2). Every ``fl(.)`` of the contract is one float32
 NumPy operation on float32 operands (NumPy never fuses a multiply and an add, and under NEP 50
 a float32 array op a float32 scalar stays float32); the module asserts the dtype of every
-intermediate that matters. Element rounding uses ml_dtypes, which NUMERICS.md s1 names as the
+intermediate that matters. Element rounding uses ml_dtypes, which docs/numerics.md §1 names as the
 oracle for E2M1; E4M3 goes through ml_dtypes after clamping to 448 (ml_dtypes turns values
 past 448 into NaN).
 
@@ -24,7 +24,7 @@ F32 = np.float32
 FLT_MAX = F32(3.4028235e38)
 ONE = F32(1.0)
 SIX = F32(6.0)
-ONE_SIXTH = ONE / SIX  # fl(1/6), NUMERICS.md s2
+ONE_SIXTH = ONE / SIX  # fl(1/6), docs/numerics.md §2
 E4M3_MAX = F32(448.0)
 E2M1_MAX = F32(6.0)
 #: magnitudes of E2M1 codes 0..7 (codes 8..15 are the negatives, code 8 is -0).
@@ -42,7 +42,7 @@ def _f32(a) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------
-# Element and scale types (NUMERICS.md s1)
+# Element and scale types (docs/numerics.md §1)
 
 
 def e2m1_codes(v) -> np.ndarray:
@@ -71,7 +71,7 @@ def e4m3(v) -> np.ndarray:
 
 
 def pack(codes) -> np.ndarray:
-    """Two E2M1 codes per byte, element 2j in the low nibble (NUMERICS.md s1)."""
+    """Two E2M1 codes per byte, element 2j in the low nibble (docs/numerics.md §1)."""
     c = np.asarray(codes, np.uint8)
     assert c.shape[-1] % 2 == 0
     return (c[..., 0::2] | (c[..., 1::2] << np.uint8(4))).astype(np.uint8)
@@ -86,11 +86,11 @@ def unpack(packed) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------
-# NVFP4 (NUMERICS.md s2, s3)
+# NVFP4 (docs/numerics.md §2, §3)
 
 
 def resolve_e(four_over_six, e4m3_max) -> int:
-    """E: the config's e4m3_max, else 256 with Four-Over-Six and 448 without (s2, s3)."""
+    """E: the config's e4m3_max, else 256 with Four-Over-Six and 448 without (§2, §3)."""
     if e4m3_max is not None:
         return int(e4m3_max)
     return 256 if four_over_six is not None else 448
@@ -179,7 +179,7 @@ def quantize_nvfp4(
     fast_error: bool = False,
     batch_dims: int = 0,
 ) -> NVFP4Ref:
-    """NVFP4 quantization of float32 ``x`` [..., K] (2D: [..., M, K]) per NUMERICS.md s2, s3.
+    """NVFP4 quantization of float32 ``x`` [..., K] (2D: [..., M, K]) per docs/numerics.md §2, §3.
 
     batch_dims: the first ``batch_dims`` axes hold independent tensors (as under jax.vmap):
     a per-tensor amax is then taken per batch entry (returned with the batch shape).
@@ -275,7 +275,7 @@ def quantize_nvfp4(
 
 
 def dequantize_nvfp4(codes, scales, amax, e: int) -> np.ndarray:
-    """x_hat = fl(fl(dec(q) * f32(sf)) * S_dec) (NUMERICS.md s2), with s8 on top: a non-finite
+    """x_hat = fl(fl(dec(q) * f32(sf)) * S_dec) (docs/numerics.md §2), with §8 on top: a non-finite
     amax makes every output it governs NaN, and a block whose scale is NaN dequantizes to NaN."""
     q = unpack(codes)
     sf = np.asarray(scales, np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
@@ -289,7 +289,7 @@ def dequantize_nvfp4(codes, scales, amax, e: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------
-# MX formats (NUMERICS.md s5)
+# MX formats (docs/numerics.md §5)
 
 
 def _exponent_floor_log2(v):

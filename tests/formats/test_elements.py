@@ -1,4 +1,4 @@
-"""Element rounding and packing (NUMERICS.md s1) against the oracle (ml_dtypes + clamping)."""
+"""Element rounding and packing (docs/numerics.md §1) against the oracle (ml_dtypes + clamping)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_e2m1_encode_matches_oracle_on_ties_neighbours_and_random(jit):
 
 
 def test_e2m1_zero_codes():
-    # +0 -> code 0. The sign of v decides the sign bit (s1), so -0.0 -> code 8 under the
+    # +0 -> code 0. The sign of v decides the sign bit (§1), so -0.0 -> code 8 under the
     # contract's wording; TE's reference (x >= 0.0 -> 0) gives 0 for -0.0. Only +0.0 is pinned.
     assert int(elements.e2m1_encode(jnp.float32(0.0))) == 0
 

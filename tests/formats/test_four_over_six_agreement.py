@@ -1,5 +1,5 @@
 """How often the fast (scaled-domain) 4/6 error picks the same candidate as the exact error
-(NUMERICS.md s3: "measure and report the rate"; the published figure is > 99.97%).
+(docs/numerics.md §3: "measure and report the rate"; the published figure is > 99.97%).
 
 Measured on 4M-element (2048 x 2048) tensors, per-token scales (activations), E = 256.
 The rates are printed (pytest -s shows them) and pinned as floors a little under the

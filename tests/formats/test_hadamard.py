@@ -1,4 +1,4 @@
-"""The 16x16 random Hadamard transform (NUMERICS.md s6): H16 * D / 4 on 16-blocks along an axis."""
+"""The 16x16 random Hadamard transform (docs/numerics.md §6): H16 * D / 4 on 16-blocks along an axis."""
 
 from __future__ import annotations
 

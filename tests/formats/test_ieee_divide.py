@@ -120,8 +120,8 @@ def test_divide_on_cpu_is_the_native_division():
 
 
 def test_forcing_integer_division_is_thread_local():
-    """The oracle suite builds its cases in 2 threads; a process-wide flag once leaked out of
-    the block and slowed every later test of that worker (integer division everywhere)."""
+    """The oracle suite builds its cases in 2 threads; a process-wide flag would leak out of
+    the block and slow every later test of that worker (integer division everywhere)."""
     inside = threading.Barrier(3)
     leave = threading.Event()
 

@@ -1,4 +1,4 @@
-"""MXFP8 / MXFP4 (NUMERICS.md s5) against the oracle: element bytes and E8M0 scale bytes."""
+"""MXFP8 / MXFP4 (docs/numerics.md §5) against the oracle: element bytes and E8M0 scale bytes."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_amax_zero_block(fmt):
     t = _jq(fmt)(x)
     s = np.asarray(t.scales)
     if fmt == "mxfp8":
-        assert s[0, 0] == 0 and s[0, 1] == 0 and s[1, 0] == 0  # s5: amax 0 gives byte 0
+        assert s[0, 0] == 0 and s[0, 1] == 0 and s[1, 0] == 0  # §5: amax 0 gives byte 0
     else:
         assert s[0, 0] != 0xFF  # contract silent on the byte; it must not read as NaN
     np.testing.assert_array_equal(np.asarray(jax.jit(mx.dequantize)(t))[0], 0.0)
@@ -100,7 +100,7 @@ def test_mxfp8_rceil_powers_of_two_by_hand(fmt):
 )
 @pytest.mark.parametrize("fmt", FMTS)
 def test_mx_nonfinite_block_dequantizes_to_nan(fmt, bad):
-    """s8: a block holding NaN or Inf gets the NaN scale byte 0xFF and dequantizes to NaN;
+    """§8: a block holding NaN or Inf gets the NaN scale byte 0xFF and dequantizes to NaN;
     the other blocks are those of the finite input."""
     x = FAMILIES["normal"].copy()  # [64, 128]
     x[5, 17] = bad

@@ -1,7 +1,10 @@
-"""NVFP4 quantization pinned bit for bit against the independent oracle (NUMERICS.md s1-s4, s8).
+"""NVFP4 quantization pinned bit for bit against the independent oracle (docs/numerics.md §1-§4, §8).
 
 Every test that takes `impl` runs on each registered implementation (conftest.IMPLS). Bytes
 are compared raw (codes, E4M3 scale bytes, amax bits, map4) with assert_array_equal.
+
+Longer than ~400 lines because tests mirror packages and `fp4rl.formats.nvfp4` is the core of
+the contract: one module holds every NVFP4 case against the oracle.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ FAMILIES = cases.all_families()
 
 
 # ------------------------------------------------------------------------------------------
-# NUMERICS.md reference vectors
+# docs/numerics.md reference vectors
 
 
 def _s3_vector():
@@ -149,7 +152,7 @@ def test_fma_repro_exact_error(impl, request):
 
 
 def test_nan_repro_per_token(impl, request):
-    """s8, per token, no vmap: x = normal [256, 64] with one NaN -> its row must dequantize
+    """§8, per token, no vmap: x = normal [256, 64] with one NaN -> its row must dequantize
     to NaN."""
     x = cases.normal().reshape(256, 64).copy()
     x[5, 17] = np.nan
@@ -234,7 +237,7 @@ DEQ_KWS = [
 
 @pytest.mark.parametrize("kw", DEQ_KWS, ids=[cases.config_id(k) for k in DEQ_KWS])
 def test_dequantize_and_scaled_operand_match_oracle(impl, kw):
-    """Dequantize of the implementation's own bytes, evaluated as fl(fl(dec*sf)*S_dec) (s2),
+    """Dequantize of the implementation's own bytes, evaluated as fl(fl(dec*sf)*S_dec) (§2),
     and the emulated-GEMM operand dec(q)*sf, exact in bf16, with its S_dec."""
     config = nvfp4.NVFP4Config(**kw)
     e = config.e4m3_bound
@@ -343,9 +346,9 @@ def _nonfinite_params():
 
 @pytest.mark.parametrize("kw,bad", _nonfinite_params())
 def test_nonfinite_input_dequantizes_to_nan(impl, kw, bad, request):
-    """s8: a block with a non-finite value dequantizes to NaN; a non-finite amax makes the
+    """§8: a block with a non-finite value dequantizes to NaN; a non-finite amax makes the
     output it governs NaN (the whole tensor per tensor, the row per token). Never finite
-    garbage. Per token, rows without a non-finite value are those of the finite input (s4)."""
+    garbage. Per token, rows without a non-finite value are those of the finite input (§4)."""
     x = _nonfinite_family(np.float32(bad))
     config = nvfp4.NVFP4Config(**kw)
     t = batched(impl, config)(x)
@@ -384,7 +387,7 @@ def test_jit_vmap_eager_and_batch_dims_agree(impl, kw):
     vmapped = batched(impl, config)(x)
     jitted = tensor_bytes(single(impl, config)(x[5]))
     assert_same_bytes(tensor_bytes(unbatch(vmapped, 5)), jitted, "vmap vs jit")
-    if not kw:  # eager (op by op) once: it is slow on CPU, and the s3 vectors run eager too
+    if not kw:  # eager (op by op) once: it is slow on CPU, and the §3 vectors run eager too
         assert_same_bytes(tensor_bytes(impl(x[5], config)), jitted, "eager vs jit")
     # leading batch dims: [8, 32, 64] is the same tensor as [256, 64] (per tensor: one amax
     # over everything; per token: one per row; 2D: tiles never straddle the 32-row slices)
@@ -397,7 +400,7 @@ def test_jit_vmap_eager_and_batch_dims_agree(impl, kw):
 
 
 # ------------------------------------------------------------------------------------------
-# Per-token causality (s4)
+# Per-token causality (§4)
 
 
 def test_per_token_later_token_cannot_move_earlier_ones_but_per_tensor_does(impl):

@@ -1,7 +1,7 @@
-"""The oracle's own foundations, checked against tables built from NUMERICS.md by hand.
+"""The oracle's own foundations, checked against tables built from docs/numerics.md by hand.
 
 The oracle leans on ml_dtypes for element rounding; these tests pin that ml_dtypes does what
-the contract says (s1), with tables computed in exact rational / float64 arithmetic, so a
+the contract says (§1), with tables computed in exact rational / float64 arithmetic, so a
 change in ml_dtypes cannot silently move the oracle.
 """
 
@@ -16,7 +16,7 @@ from tests.formats import cases, oracle
 
 
 def _e2m1_by_thresholds(v: float) -> float:
-    """NUMERICS.md s1 verbatim: |v| <= 0.25 -> 0; < 0.75 -> 0.5; <= 1.25 -> 1; < 1.75 -> 1.5;
+    """docs/numerics.md §1 verbatim: |v| <= 0.25 -> 0; < 0.75 -> 0.5; <= 1.25 -> 1; < 1.75 -> 1.5;
     <= 2.5 -> 2; < 3.5 -> 3; <= 5 -> 4; else 6."""
     a = abs(v)
     if a <= 0.25:
@@ -39,7 +39,7 @@ def _e2m1_by_thresholds(v: float) -> float:
 
 
 def test_e2m1_tie_table_of_s1():
-    # (tie, expected magnitude) exactly as NUMERICS.md s1 lists them
+    # (tie, expected magnitude) exactly as docs/numerics.md §1 lists them
     table = {0.25: 0.0, 0.75: 1.0, 1.25: 1.0, 1.75: 2.0, 2.5: 2.0, 3.5: 4.0, 5.0: 4.0}
     for t, want in table.items():
         for sign in (1, -1):
@@ -94,12 +94,12 @@ def test_e4m3_oracle_is_round_nearest_even_with_subnormals_and_saturation():
     got = oracle.e4m3(v).astype(np.float32)
     want = np.array([_e4m3_rne_exact(float(x)) for x in v], np.float32)
     np.testing.assert_array_equal(got, want)
-    assert oracle.e4m3(np.float32([2.0**-10]))[0] == 0  # s1: below 2^-10 -> 0; the tie goes to even 0
+    assert oracle.e4m3(np.float32([2.0**-10]))[0] == 0  # §1: below 2^-10 -> 0; the tie goes to even 0
     assert np.isnan(oracle.e4m3(np.float32([np.nan]))[0].astype(np.float32))
 
 
 def test_oracle_reference_vectors_of_s3():
-    """NUMERICS.md s3 on the oracle itself (E = 256, A = 1536, MAE)."""
+    """docs/numerics.md §3 on the oracle itself (E = 256, A = 1536, MAE)."""
     x = np.zeros((1, 64), np.float32)
     x[0, 0] = 1536
     x[0, 16:18] = [6, 5]

@@ -122,8 +122,8 @@ TWO_D = [
 @given(data=st.data())
 def test_2d_quantization_of_w_and_w_transpose_correspond(impl, data):
     """With 16x16 tiles the same tile max, scale and codes serve both GEMM orientations
-    (s2): quantize(W.T) is quantize(W) transposed, codes, scales, map4 and amax. Under 4/6 the
-    tile error is a sum over rows in a fixed order (s3), so the two orientations add the same
+    (§2): quantize(W.T) is quantize(W) transposed, codes, scales, map4 and amax. Under 4/6 the
+    tile error is a sum over rows in a fixed order (§3), so the two orientations add the same
     256 element errors in different orders and may decide a near-tie differently: tiles where
     the oracle's two decisions differ are left out (the contract allows them to differ)."""
     kw = data.draw(st.sampled_from(TWO_D), label="config")
@@ -151,7 +151,7 @@ TOKEN = [kw for kw in VALID if kw["scale"] == "token"]
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_per_token_rows_are_independent_bitwise(impl, data):
-    """s4: a token's quantized bytes (codes, scales, map4, amax) depend on that token alone:
+    """§4: a token's quantized bytes (codes, scales, map4, amax) depend on that token alone:
     replacing any other rows (here with rows of another distribution and scale) leaves it
     bitwise unchanged."""
     kw = data.draw(st.sampled_from(TOKEN), label="config")
@@ -175,7 +175,7 @@ def _normal_scale(scale_bytes):
 @PROPERTY_SETTINGS
 @given(data=st.data())
 def test_fixed_point_requantizing_the_dequantized_tensor(impl, data):
-    """The s3 reference vectors are fixed points ([6, 5] -> map-4 [6, 4.5] -> the same bytes);
+    """The §3 reference vectors are fixed points ([6, 5] -> map-4 [6, 4.5] -> the same bytes);
     broadly, x_hat = dequantize(quantize(x)) requantizes to the same bytes, per tensor, when
     the amax is preserved, on every block whose scale is a normal E4M3 value:
     - the block max lands on code 6 (map-6) or 4 (map-4) because a normal scale is within
@@ -185,7 +185,7 @@ def test_fixed_point_requantizing_the_dequantized_tensor(impl, data):
       keeps arbitrary codes that dequantize to 0.
     Under 4/6 a map-4 block may come back as map-6 when the map-6 grid also holds every value
     of x_hat: both candidates then reproduce x_hat exactly, the errors tie and ties go to
-    map-6 (s3). So under 4/6: the values are a fixed point (dequantize again gives x_hat
+    map-6 (§3). So under 4/6: the values are a fixed point (dequantize again gives x_hat
     bitwise), map-4 may only flip to map-6, and the bytes are equal wherever map4 agrees."""
     kw = data.draw(st.sampled_from(TENSOR), label="config")
     e = nvfp4.NVFP4Config(**kw).e4m3_bound

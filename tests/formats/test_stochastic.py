@@ -1,4 +1,4 @@
-"""Stochastic rounding onto the E2M1 grid (NUMERICS.md s6)."""
+"""Stochastic rounding onto the E2M1 grid (docs/numerics.md §6)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_nan_stays_nan():
 
 
 def test_nvfp4_sr_keeps_scales_and_rounds_to_a_neighbour():
-    """quantize(..., sr_key=k): scale selection unchanged (s6 only changes element rounding);
+    """quantize(..., sr_key=k): scale selection unchanged (§6 only changes element rounding);
     each code is the nearest-even code or its grid neighbour toward x."""
     x = cases.student_t()[0]
     c = nvfp4.NVFP4Config(scale="token")

@@ -1,8 +1,8 @@
-"""An independent NumPy oracle of NUMERICS.md s2/s3 (NVFP4 + Four-Over-Six), for tests only.
+"""An independent NumPy oracle of docs/numerics.md §2/§3 (NVFP4 + Four-Over-Six), for tests only.
 
 Independent of `fp4rl.formats` and of the kernels: NumPy float32 ufuncs evaluate each
 operation as one correctly rounded IEEE f32 op (no FMA, no flush-to-zero), E2M1 rounding of
-finite values is ml_dtypes' `float4_e2m1fn` cast (NUMERICS.md s1 names it a good oracle) and
+finite values is ml_dtypes' `float4_e2m1fn` cast (docs/numerics.md §1 names it a good oracle) and
 E4M3 rounding is ml_dtypes' `float8_e4m3fn` cast of the value clamped to 448. The only
 hand-written rounding is for non-finite values, which ml_dtypes has no opinion on that the
 contract shares: NaN -> code 0 with the NaN's sign bit (+-0), +-Inf -> +-6 (saturation).

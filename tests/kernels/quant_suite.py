@@ -1,12 +1,12 @@
-"""The shared NVFP4 quantize/dequantize test suite (DESIGN.md practice 2).
+"""The shared NVFP4 quantize/dequantize test suite (docs/design.md practice 2).
 
 One suite, run on the pure-jnp reference (`tests/kernels/test_reference.py`) and on every
 kernel backend (`test_triton.py`, ...). Its own oracle is independent of both: NumPy float32
-plus ml_dtypes (`tests/kernels/oracle.py`) and the hand-computed vectors of NUMERICS.md s3,
+plus ml_dtypes (`tests/kernels/oracle.py`) and the hand-computed vectors of docs/numerics.md §3,
 so the reference is tested too. Kernels are additionally compared with the reference byte
-for byte. Tolerance: none anywhere (quantizers are bit-exact, DESIGN.md practice 4); the
+for byte. Tolerance: none anywhere (quantizers are bit-exact, docs/design.md practice 4); the
 only normalisation is of NaN payloads in float outputs (amax, dequantized values), which
-the contract does not fix (s8 asks for NaN; a GPU returns the canonical NaN 0x7FFFFFFF
+the contract does not fix (§8 asks for NaN; a GPU returns the canonical NaN 0x7FFFFFFF
 where x86 propagates the operand's payload).
 
 Two limits of the CPU reference, both written down where they apply: XLA:CPU flushes f32
@@ -34,6 +34,9 @@ compiled Mosaic GPU kernel: 10-100 s on the H200), so each config / shape / expe
 jitted program (its value cases through `lax.map`), cached for the session, and the
 parametrized tests only compare the cached results. One program per case, not one per
 group: under `pytest -n N` each worker then compiles only the cases of its own tests.
+
+Longer than ~400 lines because it is the one shared suite every implementation runs
+(docs/design.md practice 2): split into parts, a backend could run some parts and skip the rest.
 """
 
 from __future__ import annotations
@@ -338,7 +341,7 @@ class QuantSuite:
             assert_float_bits_equal(out[i], expected, f"dequantize {config_id(config)} {case}")
 
     def test_nonfinite_input_never_turns_finite(self):
-        """NUMERICS.md s8: a NaN block dequantizes to NaN; a non-finite amax poisons its scope."""
+        """docs/numerics.md §8: a NaN block dequantizes to NaN; a non-finite amax poisons its scope."""
         tok = ref.NVFP4Config(scale="token", four_over_six="mae")
         out = dequant_result(self.impl, tok, jnp.float32)[CASE_NAMES.index("nonfinite")]
         x = sweep_inputs(tok)[CASE_NAMES.index("nonfinite")].astype(np.float32)
@@ -350,7 +353,7 @@ class QuantSuite:
         assert np.all(np.isnan(per_tensor)), "a non-finite per-tensor amax makes the whole tensor NaN"
 
     def test_hand_vectors(self):
-        """NUMERICS.md s3: E=256, A=1536 (S_enc = 1), MAE and MSE."""
+        """docs/numerics.md §3: E=256, A=1536 (S_enc = 1), MAE and MSE."""
         x = np.zeros((2, 64), np.float32)
         x[0, 0] = 1536.0               # block 0: [1536]
         x[0, 16:18] = [6.0, 5.0]       # block 1: [6, 5]
@@ -377,7 +380,7 @@ class QuantSuite:
             return _host(run(x))
 
     def test_per_token_scales_are_causal(self):
-        """NUMERICS.md s4: perturbing a later token leaves earlier tokens' bytes unchanged under
+        """docs/numerics.md §4: perturbing a later token leaves earlier tokens' bytes unchanged under
         per-token scales, and changes them under per-tensor scales."""
         x = value_cases(*SWEEP_SHAPE_1D)[0].astype(np.float32)
         x[0] = np.linspace(-1, 1, x.shape[1])
@@ -449,7 +452,7 @@ class KernelQuantSuite(QuantSuite):
         assert_float_bits_equal(out, expected, "expert-stack dequantize")
 
     def test_expert_dequantize_nan_expert_only(self):
-        """s8 for stacks: the kernel's own quantized stack; the NaN expert alone is NaN."""
+        """§8 for stacks: the kernel's own quantized stack; the NaN expert alone is NaN."""
         cfg, axis = EXPERT_CASES[0]
         t = expert_result(self.impl, (cfg, axis))
         out = np.asarray(self.impl.dequantize(t, jnp.float32))
@@ -496,7 +499,7 @@ class KernelQuantSuite(QuantSuite):
 
     @pytest.mark.gpu
     def test_fast_exact_choice_agreement(self):
-        """NUMERICS.md s3: fast and exact 4/6 errors agree on all but rare near-ties.
+        """docs/numerics.md §3: fast and exact 4/6 errors agree on all but rare near-ties.
 
         Measured on the compiled kernel over 4 distributions x {mae, mse}; the floor is the
         paper's ">99.97%" rounded down to 99.9% so that a regression (a wrong error path

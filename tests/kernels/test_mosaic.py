@@ -57,16 +57,16 @@ def make_input(m, k, dtype, seed, special=True, subnormal=True, nan=True):
 def cpu_input(m, k, dtype, seed, special=True):
     """Inputs for the CPU (interpret) tests: no f32-subnormal row, and no NaN in bf16 input.
 
-    Why: the *reference* on XLA:CPU deviates from NUMERICS.md there (not the kernel): its
+    Why: the *reference* on XLA:CPU deviates from docs/numerics.md there (not the kernel): its
     `jnp.max(|x|)` flushes f32 subnormals to 0 (amax 0 instead of the subnormal), and for
-    bf16 input the fused convert+abs+max drops a NaN (finite amax instead of NaN, s8). The
+    bf16 input the fused convert+abs+max drops a NaN (finite amax instead of NaN, §8). The
     kernel follows the contract (integer max on the bits); the GPU tests keep both rows.
     """
     return make_input(m, k, dtype, seed, special, subnormal=False, nan=jnp.dtype(dtype) == jnp.float32)
 
 
 def assert_same_bytes(got: ref.NVFP4Tensor, want: ref.NVFP4Tensor):
-    """Bit-exact on raw bytes (DESIGN.md practice 4): codes, scale bytes, amax bits, map4."""
+    """Bit-exact on raw bytes (docs/design.md practice 4): codes, scale bytes, amax bits, map4."""
     for field in ("codes", "scales", "amax", "map4"):
         g, w = np.asarray(getattr(got, field)), np.asarray(getattr(want, field))
         assert g.shape == w.shape and g.dtype == w.dtype, (field, g.shape, w.shape, g.dtype, w.dtype)
@@ -80,7 +80,7 @@ def assert_same_bytes(got: ref.NVFP4Tensor, want: ref.NVFP4Tensor):
 
 
 def fma_sensitive(config) -> bool:
-    """4/6 errors have products feeding adds (s3: fl(d*d) summed, fl(v - fl(x*S_enc)),
+    """4/6 errors have products feeding adds (§3: fl(d*d) summed, fl(v - fl(x*S_enc)),
     fl(fl(dq*A)/6E) - x), which XLA:GPU may contract into FMAs inside the reference's fused
     kernels (or turn the division by 6E into a multiply), against the contract ("no FMA
     anywhere"). The kernel blocks contraction, so these are compared on the host CPU."""
@@ -210,9 +210,10 @@ def test_gpu_bf16_input_equals_its_f32_upcast(name):
     bytes from the kernel, and the NumPy oracle's bytes (no XLA reference involved).
 
     Why bf16 matters: its 8-bit significands put quantities on E4M3/E2M1 rounding boundaries
-    often, so a one-ulp arithmetic error shows up in the bytes (session 5: the compiled kernel's
-    divisions were one ulp off in ~1/3 of the rows, bf16 cases failed, f32 ones passed; fixed by
-    `ieee.integer_divide`). Upcast and bf16 must agree, and both must equal the oracle.
+    often, so a one-ulp arithmetic error shows up in the bytes (a compiled Mosaic GPU float
+    division is one ulp off in about a third of the rows on an H200, which only bf16 input turns
+    into byte differences often; hence `ieee.integer_divide`). Upcast and bf16 must agree, and
+    both must equal the oracle.
     """
     from tests.formats import oracle
 

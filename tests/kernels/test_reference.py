@@ -1,6 +1,6 @@
 """The shared kernel suite run on the pure-jnp reference `fp4rl.formats.nvfp4` itself.
 
-Its oracle is independent (NumPy float32 + ml_dtypes + NUMERICS.md's hand vectors), so this
+Its oracle is independent (NumPy float32 + ml_dtypes + docs/numerics.md's hand vectors), so this
 file is what makes the reference trustworthy as the kernels' byte-exact target.
 """
 

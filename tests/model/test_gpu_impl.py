@@ -2,7 +2,7 @@
 gives the same bytes as the jnp reference inside the whole training program: scanned layers,
 vmapped seeds, custom_vjp backward, weight sync (`pytest -m gpu tests/model/test_gpu_impl.py`).
 
-Bitwise equality holds because both follow NUMERICS.md exactly on the GPU (the reference
+Bitwise equality holds because both follow docs/numerics.md exactly on the GPU (the reference
 divides through `ieee.integer_divide` there) and every GEMM receives the same operands. Run it
 with `XLA_FLAGS=--xla_gpu_deterministic_ops=true` (`tools/gpu_session.sh` does): otherwise GPU
 scatter-adds (the embedding gradient) sum in a run-dependent order.

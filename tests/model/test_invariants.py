@@ -1,4 +1,4 @@
-"""Causality and batch invariance, bitwise, under BF16 and the NVFP4 arms (NUMERICS.md s4).
+"""Causality and batch invariance, bitwise, under BF16 and the NVFP4 arms (docs/numerics.md §4).
 
 With per-token activation scales a token's quantization depends on that token alone, so
 perturbing token t+1 leaves every logit at positions <= t bitwise unchanged, and a sequence's

@@ -1,8 +1,9 @@
 """Recipe resolution inside the model: which SiteConfig each linear of each layer receives.
 
-`full` (RL.md intervention 3) keeps the shared expert and the last ceil(0.15 N) layers in BF16
-and quantizes the rest; router, embedding gather and LM head are BF16 in every preset. The
-check records the SiteConfigs that actually reach `qlinear.qdot` (monkeypatched), traced only.
+`full` (docs/rl.md intervention 3) keeps the shared expert and the last round(0.15 N) layers
+(half up, at least one) in BF16 and quantizes the rest; router, embedding gather and LM head are
+BF16 in every preset. The check records the SiteConfigs that actually reach `qlinear.qdot`
+(monkeypatched), traced only.
 """
 
 import dataclasses
@@ -45,7 +46,7 @@ def test_full_recipe_sites(monkeypatch):
     where = {(r.layer, r.name): (r.kind, r.site) for r in records}
     quantized = full.routed_experts
     assert quantized.format == "nvfp4" and quantized.weight_46 == "mae" and quantized.backward == "dequantized"
-    # Only the MoE linears are NVFP4 (RL.md): attention and the dense MLP stay BF16.
+    # Only the MoE linears are NVFP4 (docs/rl.md): attention and the dense MLP stay BF16.
     expected = {
         (0, "qkv"): ("attention", BF16), (0, "o"): ("attention", BF16),
         (0, "mlp.gate_up"): ("dense_mlp", BF16), (0, "mlp.down"): ("dense_mlp", BF16),

@@ -107,8 +107,8 @@ def test_checksums_of_deleted_steps_are_removed(tmp_path):
 
 
 def test_saving_a_step_twice_is_an_error_not_a_no_op(tmp_path):
-    """orbax's save() returns False for a step that exists and keeps the old values; the warm-up
-    used to ignore that and write new metadata beside old weights."""
+    """orbax's save() returns False for a step that exists and keeps the old values; ignoring
+    that would write new metadata beside old weights."""
     directory = _saved(tmp_path, steps=(0,))
     ckpt = Checkpointer(directory)
     with pytest.raises(CheckpointError, match="exists already"):

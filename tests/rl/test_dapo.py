@@ -1,5 +1,5 @@
 """DAPO/GRPO objectives against NumPy float64 oracles and behavioural invariants
-(DESIGN.md 11: advantages sum to zero per group, importance ratio exactly 1 on-policy)."""
+(docs/design.md practice 11: advantages sum to zero per group, importance ratio exactly 1 on-policy)."""
 
 import jax
 import jax.numpy as jnp
