@@ -18,6 +18,7 @@ from flax import nnx
 from fp4rl.model.config import ModelConfig
 from fp4rl.model.layers import SwiGLU, dtype_of, normal_init, swiglu_act, widen
 from fp4rl.model.sites import Ctx, site_dot
+from fp4rl.parallel.mesh import active_mesh
 
 F32 = jnp.float32
 
@@ -88,7 +89,13 @@ class MoE(nnx.Module):
         return probs_TxE, weight_TxK, expert_TxK.astype(jnp.int32)
 
     def experts(self, x_TxD, weight_TxK, expert_TxK, ctx: Ctx):
-        """sum_j weight[t, j] * expert_{expert[t, j]}(x[t]) for every token, dropless."""
+        """sum_j weight[t, j] * expert_{expert[t, j]}(x[t]) for every token, dropless. Under a
+        `jax.set_mesh` of a (data, expert) mesh the experts run sharded (`fp4rl.parallel.expert`)."""
+        mesh = active_mesh()
+        if mesh is not None:
+            from fp4rl.parallel import expert as expert_parallel  # lazy: it imports this module
+
+            return expert_parallel.experts(self, x_TxD, weight_TxK, expert_TxK, ctx, mesh)
         T, D = x_TxD.shape
         row_of_pair_P, token_of_row_R, sizes_E = dispatch(expert_TxK, self.num_experts, self.group_align)
         # Padding rows gather the appended zero row: they quantize to zeros and cost no accuracy.

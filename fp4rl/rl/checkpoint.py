@@ -57,6 +57,12 @@ def _host(leaf) -> np.ndarray:
     return np.asarray(leaf)
 
 
+def _mesh_sharding(leaf):
+    """The leaf's NamedSharding (its place on a mesh), else None (orbax's default placement)."""
+    sharding = getattr(leaf, "sharding", None)
+    return sharding if isinstance(sharding, jax.sharding.NamedSharding) else None
+
+
 def state_digest(leaves: dict[str, Any]) -> str:
     """SHA-256 over the leaves in name order: each one's name, dtype, shape and bytes."""
     digest = hashlib.sha256()
@@ -120,7 +126,9 @@ class Checkpointer:
         except ValueError as err:
             raise CheckpointError(str(err)) from None
         leaves, treedef = _to_leaves(like)
-        abstract = {k: jax.ShapeDtypeStruct(np.shape(v), v.dtype) for k, v in leaves.items()}
+        # A `like` laid out on a mesh gives the target layout: a checkpoint saved on any mesh shape
+        # (or on one device) restores straight onto this one (orbax reads each shard's slice).
+        abstract = {k: jax.ShapeDtypeStruct(np.shape(v), v.dtype, sharding=_mesh_sharding(v)) for k, v in leaves.items()}
         try:
             restored = self._manager.restore(
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())

@@ -22,6 +22,7 @@ argument shapes they are compiled for; the pure pieces are in `policy`, `rollout
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -38,6 +39,8 @@ from tqdm.auto import tqdm
 from fp4rl import operands
 from fp4rl.model import sync as model_sync
 from fp4rl.model.config import ModelConfig
+from fp4rl.parallel import placement
+from fp4rl.parallel.mesh import MeshConfig, make_mesh
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import data, dapo, evaluation, policy, resume, rollout, sft, verifier
 from fp4rl.rl.checkpoint import Checkpointer
@@ -87,6 +90,7 @@ class RLConfig:
     resume: "check" refuses to resume a checkpoint under settings other than its config.json's
     (see `fp4rl.rl.resume`, which lists the few that may differ); "force" resumes under the new
     settings and records the change in config_changes.jsonl.
+    mesh: data x expert devices (`fp4rl.parallel`, docs/parallel.md); 1 x 1 is the one-device program.
     """
 
     arm: str = "bf16"
@@ -115,6 +119,7 @@ class RLConfig:
     init: str = "runs/sft"
     out: str = "runs/rl"
     resume: Literal["check", "force"] = "check"
+    mesh: MeshConfig = MeshConfig()
 
     def __post_init__(self):
         PrecisionRecipe.from_name(self.arm)  # names the valid arms on a typo
@@ -136,6 +141,9 @@ class RLConfig:
             raise ValueError(f"on_nonfinite={self.on_nonfinite!r}; valid options: skip, stop")
         if self.resume not in resume.RESUME_OPTIONS:
             raise ValueError(f"resume={self.resume!r}; valid options: {', '.join(resume.RESUME_OPTIONS)}")
+        # Every device takes an equal share of each mini-batch's (and each rollout's) rows.
+        self.mesh.check_rows(self.prompts_per_step * self.group_size // self.mini_batches,
+                             "prompts_per_step * group_size / mini_batches")
 
 
 # Per mini-batch update, one line each in <arm>/seed<k>/updates.jsonl (spike detection judges these).
@@ -256,6 +264,11 @@ class Trainer:
         records = data.problem_records(config.task, config.task_seed, data.DataConfig().num_problems)
         self.iterators = [data.iterate(data.prompt_batches(records, dcfg(s)), dcfg(s)) for s in self.seeds]
         self.ckpt = Checkpointer(self.dir / "checkpoint")
+        # Multi-device: the same programs under `jax.set_mesh`, rows split over the mesh, state
+        # replicated but for the expert stacks (fp4rl.parallel.placement); None: one device.
+        self.mesh = None if config.mesh.trivial else make_mesh(config.mesh)
+        if self.mesh is not None:
+            config.mesh.check_experts(self.model_config.num_experts)
         # Checked here, before anything compiles; only a run with a checkpoint resumes (without one
         # it starts over and rewrites config.json).
         self.setting_changes = check_settings(config) if self.ckpt.steps() else {}
@@ -263,11 +276,29 @@ class Trainer:
     @functools.cached_property
     def ref_params_S(self):
         """The reference stacked per seed, so that it reuses the policy's compiled log-probs."""
-        return _committed(_stack([self.ref_params] * len(self.seeds)))
+        return self._put_state(_stack([self.ref_params] * len(self.seeds)))
+
+    # ------------------------------------------------------------------ placement
+    def _put(self, tree):
+        """Replicated (one device: committed to it, `_committed`)."""
+        return _committed(tree) if self.mesh is None else jax.device_put(tree, jax.sharding.NamedSharding(
+            self.mesh, jax.sharding.PartitionSpec()))
+
+    def _put_rows(self, tree):
+        """[seeds, rows, ...] arrays with their rows split over the mesh."""
+        return _committed(tree) if self.mesh is None else placement.place_rows(tree, self.mesh, row_axis=1)
+
+    def _put_state(self, tree):
+        """Params / optimizer state per seed: expert stacks split over "expert", the rest replicated."""
+        return _committed(tree) if self.mesh is None else placement.place_state(tree, self.mesh, lead=1)
+
+    def _on_mesh(self):
+        return contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh)
 
     # ------------------------------------------------------------------ compiling ahead
     def compile_tasks(self) -> list[tuple[tuple, Callable[[], None]]]:
         """Ahead-of-time compilation of the three programs of `step` and `evaluate`: (key, task) pairs.
+        On a mesh there are none (the tasks compile for one device's argument shardings).
 
         A task lowers and compiles one program for the abstract arguments (shapes, dtypes, weak
         types) that `step` and `evaluate` pass it, which fills JAX's trace, lowering and executable
@@ -276,6 +307,8 @@ class Trainer:
         keys are the same program (arms sharing a forward): one task per key is enough. Nothing
         here is needed for correctness; a program that is not compiled ahead compiles on first use.
         """
+        if self.mesh is not None:
+            return []
         c = self.config
         S, R, P, T = len(self.seeds), c.prompts_per_step * c.group_size, c.prompt_len, c.max_new_tokens
         n = R // c.mini_batches
@@ -306,7 +339,7 @@ class Trainer:
         return {"params": params, "opt_state": jax.vmap(self.optimizer.init)(params)}
 
     def _initial_state(self):
-        return _committed(self._fresh_state())
+        return self._put_state(self._fresh_state())
 
     def _restore_or_init(self, log):
         state = self._initial_state()
@@ -324,7 +357,7 @@ class Trainer:
             raise ValueError(f"{self.ckpt.directory} (step {step}) was trained under recipe {meta.get('recipe')}, "
                              f"but this run asks for {self.recipe.to_json()}: resume with the arm it was started "
                              "with, or start a new --out")
-        state = _committed(state)
+        state = self._put_state(state)
         self._check_finite(state["params"], f"checkpoint step {step} in {self.ckpt.directory}", "start a new --out")
         for it, s in zip(self.iterators, meta["data_states"]):
             it.set_state(s)
@@ -349,7 +382,7 @@ class Trainer:
     def _step_keys(self, step: int, stream: int):
         """One key per seed for (step, stream): a pure function of them, so a resumed run
         draws exactly what an uninterrupted one would."""
-        return _committed(jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), stream) for s in self.seeds]))
+        return self._put(jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), stream) for s in self.seeds]))
 
     def _rollouts(self, qparams, step: int):
         c = self.config
@@ -361,7 +394,7 @@ class Trainer:
             mask = np.stack([np.repeat(x["prompt_mask_BxT"], c.group_size, 0) for x in batches])
             keys = self._step_keys(step, b)
             t0 = time.time()
-            inputs = _committed((ids.astype(np.int32), mask.astype(bool), keys, jnp.float32(c.temperature)))
+            inputs = (*self._put_rows((ids.astype(np.int32), mask.astype(bool))), keys, self._put(jnp.float32(c.temperature)))
             out = jax.device_get(self._sample(qparams, *inputs))
             gen_time += time.time() - t0
             gen_tokens += float(np.sum(out.lengths))
@@ -375,6 +408,10 @@ class Trainer:
         return pools, b + 1, gen_time, gen_tokens
 
     def step(self, state, step: int):
+        with self._on_mesh():
+            return self._step(state, step)
+
+    def _step(self, state, step: int):
         c = self.config
         t_start = time.time()
         qparams, sync_stats = self._sync(state["params"])
@@ -383,18 +420,19 @@ class Trainer:
         # explicit dtypes: the programs were compiled ahead for exactly these (compile_tasks)
         dtypes = {"tokens": jnp.int32, "valid": bool, "response_mask": bool, "logp_sampler": jnp.float32,
                   "advantages": jnp.float32}
-        stacked = _committed({k: np.asarray(np.stack([a[k] for a in arrays]), dtypes.get(k)) for k in arrays[0]})
+        stacked = self._put_rows({k: np.asarray(np.stack([a[k] for a in arrays]), dtypes.get(k)) for k in arrays[0]})
         unknown = jnp.zeros_like(stacked["logp_sampler"])  # old/reference log-probs, filled in below
         batch = policy.Batch(stacked["tokens"], stacked["valid"], stacked["response_mask"], unknown,
                              stacked["logp_sampler"], unknown, stacked["advantages"])
         per = batch.tokens_NxL.shape[1] // c.mini_batches
-        minibatch = lambda tree, m: jax.tree.map(lambda x: x[:, m * per : (m + 1) * per], tree)  # noqa: E731
+        minibatch = lambda tree, m: self._put_rows(jax.tree.map(lambda x: x[:, m * per : (m + 1) * per], tree))  # noqa: E731
+        apply_flag = _apply_flag if self.mesh is None else lambda apply: self._put(jnp.asarray(apply))  # noqa: E731
         keys = [self._step_keys(step, 1000 + m) for m in range(c.mini_batches)]
 
         # Old and reference log-probs through the update program itself (apply=False: forward
         # only), mini-batch by mini-batch: the first update recomputes the old ones bit for bit.
         def forward_pass(params):
-            outs = [self._update(params, state["opt_state"], minibatch(batch, m), keys[m], _apply_flag(False))[2]
+            outs = [self._update(params, state["opt_state"], minibatch(batch, m), keys[m], apply_flag(False))[2]
                     for m in range(c.mini_batches)]
             return jnp.concatenate([o["logp"] for o in outs], 1), jnp.concatenate([o["router_topk"] for o in outs], 2)
 
@@ -409,7 +447,9 @@ class Trainer:
         update_metrics = []
         params, opt_state = state["params"], state["opt_state"]
         for m in range(c.mini_batches):
-            params, opt_state, metrics = self._update(params, opt_state, minibatch(batch, m), keys[m], _apply_flag(True))
+            params, opt_state, metrics = self._update(params, opt_state, minibatch(batch, m), keys[m], apply_flag(True))
+            if self.mesh is not None:  # keep the state's placement whatever layout XLA chose for the outputs
+                params, opt_state = self._put_state((params, opt_state))
             update_metrics.append(jax.device_get({k: v for k, v in metrics.items() if k not in ("logp", "router_topk")}))
         train_time = time.time() - t_train
 
@@ -542,6 +582,10 @@ class Trainer:
         return history
 
     def evaluate(self, params_S) -> list[dict]:
+        with self._on_mesh():
+            return self._evaluate(params_S)
+
+    def _evaluate(self, params_S) -> list[dict]:
         """Held-out accuracy per seed through the rollout's compiled sync and sampler (temperature
         is a runtime value: nothing recompiles): greedy (`eval/accuracy`, docs/rl.md's final accuracy)
         and sampled at the rollout temperature (`eval/sampled_accuracy`), with the same keys at
@@ -553,8 +597,8 @@ class Trainer:
         for i, (ids, mask, answers) in enumerate(self._eval_batches):
             keys = jnp.stack([jax.random.fold_in(jax.random.key(c.eval_task_seed), 1000 * s + i) for s in self.seeds])
             for name, temperature in (("eval/accuracy", 0.0), ("eval/sampled_accuracy", c.temperature)):
-                inputs = _committed((np.stack([ids] * n).astype(np.int32), np.stack([mask] * n).astype(bool), keys,
-                                     jnp.float32(temperature)))
+                inputs = (*self._put_rows((np.stack([ids] * n).astype(np.int32), np.stack([mask] * n).astype(bool))),
+                          self._put(keys), self._put(jnp.float32(temperature)))
                 tokens = np.asarray(self._sample(qparams, *inputs).tokens)
                 for k in range(n):
                     texts = data.tokenizer.decode_batch(tokens[k][: len(answers)])
