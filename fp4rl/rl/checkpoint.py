@@ -57,10 +57,10 @@ def _host(leaf) -> np.ndarray:
     return np.asarray(leaf)
 
 
-def _mesh_sharding(leaf):
-    """The leaf's NamedSharding (its place on a mesh), else None (orbax's default placement)."""
-    sharding = getattr(leaf, "sharding", None)
-    return sharding if isinstance(sharding, jax.sharding.NamedSharding) else None
+def _target_sharding(leaf):
+    """Where a restored leaf goes: the layout of the caller's array (one device or a mesh), else
+    None (a NumPy `like`: the saved layout)."""
+    return leaf.sharding if isinstance(leaf, jax.Array) else None
 
 
 def state_digest(leaves: dict[str, Any]) -> str:
@@ -126,9 +126,9 @@ class Checkpointer:
         except ValueError as err:
             raise CheckpointError(str(err)) from None
         leaves, treedef = _to_leaves(like)
-        # A `like` laid out on a mesh gives the target layout: a checkpoint saved on any mesh shape
-        # (or on one device) restores straight onto this one (orbax reads each shard's slice).
-        abstract = {k: jax.ShapeDtypeStruct(np.shape(v), v.dtype, sharding=_mesh_sharding(v)) for k, v in leaves.items()}
+        # `like` gives the target layout: a checkpoint saved on any mesh shape (or on one device)
+        # restores straight onto this one (orbax reads each shard's slice).
+        abstract = {k: jax.ShapeDtypeStruct(np.shape(v), v.dtype, sharding=_target_sharding(v)) for k, v in leaves.items()}
         try:
             restored = self._manager.restore(
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())

@@ -9,6 +9,7 @@ with the same settings returns it, with other settings is an error.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -25,6 +26,8 @@ from tqdm.auto import tqdm
 
 from fp4rl.model import transformer
 from fp4rl.model.config import ModelConfig
+from fp4rl.parallel import placement
+from fp4rl.parallel.mesh import MeshConfig, make_mesh
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import data, evaluation, resume, tokenizer
 from fp4rl.rl.checkpoint import Checkpointer
@@ -60,8 +63,10 @@ class SFTConfig:
     max_new_tokens: int = 64
     answer_noise: float = 0.0
     out: str = "runs/sft"
+    mesh: MeshConfig = MeshConfig()  # data x expert devices (docs/parallel.md); 1 x 1: one device
 
     def __post_init__(self):
+        self.mesh.check_rows(self.batch_size, "batch_size")
         if not 0 <= self.warmup_steps < self.steps:
             raise ValueError(f"need 0 <= {self.warmup_steps=} < {self.steps=}")
         if not 0.0 <= self.answer_noise < 1.0:
@@ -160,6 +165,13 @@ def train(config: SFTConfig, progress: bool = True) -> dict:
                     weight_decay=config.weight_decay),
     )
     opt_state = optimizer.init(params)
+    # On a mesh: the same program under jax.set_mesh, sequences split over the devices, the
+    # state replicated but for the expert stacks (fp4rl.parallel.placement).
+    mesh = None if config.mesh.trivial else make_mesh(config.mesh)
+    if mesh is not None:
+        config.mesh.check_experts(mc.num_experts)
+        params, opt_state = placement.place_state((params, opt_state), mesh)
+    on_mesh = (lambda: jax.set_mesh(mesh)) if mesh is not None else contextlib.nullcontext  # noqa: E731
 
     @jax.jit
     def step(params, opt_state, batch):
@@ -174,7 +186,9 @@ def train(config: SFTConfig, progress: bool = True) -> dict:
     bar = tqdm(range(config.steps), desc="sft", disable=not progress)
     for i in bar:
         batch = {k: jnp.asarray(v) for k, v in next(batches).items() if k != "index_B"}
-        params, opt_state, loss, gnorm = step(params, opt_state, batch)
+        with on_mesh():
+            batch = batch if mesh is None else placement.place_rows(batch, mesh, row_axis=0)
+            params, opt_state, loss, gnorm = step(params, opt_state, batch)
         if i % 10 == 0 or i == config.steps - 1:
             losses.append((i, float(loss)))
             bar.set_postfix(loss=f"{float(loss):.3f}", grad_norm=f"{float(gnorm):.2f}")

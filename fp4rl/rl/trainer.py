@@ -269,6 +269,7 @@ class Trainer:
         self.mesh = None if config.mesh.trivial else make_mesh(config.mesh)
         if self.mesh is not None:
             config.mesh.check_experts(self.model_config.num_experts)
+            self.ref_params = placement.place_state(self.ref_params, self.mesh)  # every state derives from it
         # Checked here, before anything compiles; only a run with a checkpoint resumes (without one
         # it starts over and rewrites config.json).
         self.setting_changes = check_settings(config) if self.ckpt.steps() else {}
@@ -420,7 +421,8 @@ class Trainer:
         # explicit dtypes: the programs were compiled ahead for exactly these (compile_tasks)
         dtypes = {"tokens": jnp.int32, "valid": bool, "response_mask": bool, "logp_sampler": jnp.float32,
                   "advantages": jnp.float32}
-        stacked = self._put_rows({k: np.asarray(np.stack([a[k] for a in arrays]), dtypes.get(k)) for k in arrays[0]})
+        # The arrays the programs take (rows on axis 1; the host keeps the rest, e.g. router_topk).
+        stacked = self._put_rows({k: np.asarray(np.stack([a[k] for a in arrays]), dtype) for k, dtype in dtypes.items()})
         unknown = jnp.zeros_like(stacked["logp_sampler"])  # old/reference log-probs, filled in below
         batch = policy.Batch(stacked["tokens"], stacked["valid"], stacked["response_mask"], unknown,
                              stacked["logp_sampler"], unknown, stacked["advantages"])
