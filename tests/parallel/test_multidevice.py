@@ -21,7 +21,7 @@ def test_modules_found():
 @pytest.mark.parametrize("module", MODULES)
 def test_on_8_cpu_devices(module):
     env = {**os.environ, "FP4RL_MULTIDEVICE": "1", "JAX_PLATFORMS": "cpu"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
            str(HERE / "multidevice" / module)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
