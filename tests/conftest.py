@@ -10,6 +10,7 @@ if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 # One persistent compilation cache per test session: the smoke runs (SFT, RL, ablation,
 # kill-and-resume, notebooks) compile the same programs in several processes, which then
@@ -17,3 +18,17 @@ import jax  # noqa: E402
 _CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "fp4rl-jax-cache"))
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+@pytest.fixture(scope="session")
+def warmup_dir(tmp_path_factory):
+    """The smoke preset's BF16 warm-up, trained once per test process (~15 s on CPU) and only read
+    by the tests that load it (RL steps, gradient measurements, resume, serving)."""
+    import dataclasses
+
+    from experiments import sft as sft_experiment
+    from fp4rl.rl import sft
+
+    out = tmp_path_factory.mktemp("smoke_sft")
+    sft.train(dataclasses.replace(sft_experiment.PRESETS["smoke"], out=str(out)), progress=False)
+    return out

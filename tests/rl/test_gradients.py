@@ -14,19 +14,11 @@ import numpy as np
 import pytest
 
 from experiments import gradients as gradients_experiment
-from experiments import sft as sft_experiment
 from fp4rl.analysis import gradient_report
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import gradients, sft
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def warmup_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sft")
-    sft.train(dataclasses.replace(sft_experiment.PRESETS["smoke"], out=str(out)), progress=False)
-    return out
 
 
 @pytest.fixture(scope="module")

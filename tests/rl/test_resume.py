@@ -18,20 +18,12 @@ import numpy as np
 import pytest
 
 from experiments import rl as rl_experiment
-from experiments import sft as sft_experiment
 from fp4rl.config_cli import parse
 from fp4rl.rl import resume, sft, trainer
 from fp4rl.rl.checkpoint import Checkpointer
 from tests.rl.test_metrics_log import tensorboard_scalars
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def warmup_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sft")
-    sft.train(dataclasses.replace(sft_experiment.PRESETS["smoke"], out=str(out)), progress=False)
-    return out
 
 
 def _smoke(warmup_dir, out, **overrides):

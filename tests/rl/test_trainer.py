@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from experiments import rl as rl_experiment
-from experiments import sft as sft_experiment
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import policy, sft, trainer
 
@@ -28,13 +27,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 # Keys that measure wall time: they legitimately differ between two identical runs.
 TIMING_KEYS = ("time/", "throughput/")
-
-
-@pytest.fixture(scope="module")
-def warmup_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sft")
-    sft.train(dataclasses.replace(sft_experiment.PRESETS["smoke"], out=str(out)), progress=False)
-    return out
 
 
 def _smoke(warmup_dir, out, **overrides):
