@@ -9,6 +9,7 @@
 #   bash tools/gpu_session.sh learn     # h200 warm-up + bf16 RL (RL_ARGS), then the learning analysis
 #   bash tools/gpu_session.sh gradients # h200 warm-up + the fixed-parameter gradient measurements (GRAD_ARGS)
 #   bash tools/gpu_session.sh arms      # h200 warm-up + the ablation arms ARMS (comma separated) x SEEDS seeds
+#   bash tools/gpu_session.sh serve_eval # h200 warm-up + the deployment correlation (SERVE_ARGS; resumable)
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
 #   bash tools/gpu_session.sh mosaic    # the compiled Mosaic GPU kernel suite alone
 #   bash tools/gpu_session.sh model     # the model GPU test alone (Triton impl == reference, bitwise)
@@ -172,6 +173,12 @@ case "$mode" in
       --seeds="${SEEDS:-4}" ${ABLATION_ARGS:-}
     cp "$log" runs/h200/log.txt
     tar czf "$OUT/arms.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200
+    ;;
+  serve_eval)
+    warmup
+    step serve_eval "${SERVE_SECONDS:-560}" python -m experiments.serve_eval --preset h200 ${SERVE_ARGS:-}
+    cp "$log" runs/h200/log.txt
+    tar czf "$OUT/serve_eval.tgz" --exclude=checkpoint runs/h200/serve_eval runs/h200/log.txt
     ;;
   gradients)
     warmup
