@@ -114,9 +114,7 @@ def check(x, config, *, amax=None, interpret):
 SMALL = (("tiling", mq.MosaicQuantTiling(block_k=16)),)
 
 
-# One xdist group: the interpreter is slow (~6 min on one CPU core), so this class shares a
-# worker's time with the rest of tests/ instead of each worker taking a share of it.
-@pytest.mark.xdist_group("mosaic_interpret")
+# The interpreter is slow: tests/kernels/conftest.py groups this class's tests per parameter set.
 class TestMosaicInterpret(KernelQuantSuite):
     impl = Impl("mosaic", interpret=True, small_k_options=SMALL)
 
