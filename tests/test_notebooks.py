@@ -1,7 +1,9 @@
-"""The notebooks, executed headless with nbclient.
+"""The notebooks: each is its generator's output (tools/make_*_notebook.py), and is executed
+headless with nbclient. Their cells only call the library (docs/design.md practice 9), whose
+logic is unit-tested: tests/analysis/test_explore.py, tests/analysis/test_four_over_six.py.
 
-- notebooks/numerics.ipynb is executed by tests/test_numerics_study.py::test_notebook_executes
-  (slow), so it is not executed a second time here.
+- notebooks/numerics.ipynb (built by tools/make_numerics_notebook.py) is executed by
+  tests/test_numerics_study.py::test_notebook_executes (slow), so not a second time here.
 - notebooks/ablations.ipynb (built by tools/make_ablations_notebook.py) is executed on a
   synthetic run directory (`fp4rl.analysis.synthetic.make_synthetic_run`) with the edge cases a
   real smoke ablation produces: an arm with one seed, no evaluation, no updates.jsonl, a
@@ -11,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -22,7 +25,6 @@ from fp4rl.analysis.synthetic import make_synthetic_run
 
 REPO = Path(__file__).resolve().parents[1]
 ABLATIONS = REPO / "notebooks" / "ablations.ipynb"
-GENERATOR = REPO / "tools" / "make_ablations_notebook.py"
 # The report's per-arm table header (fp4rl.analysis.report._arm_table), as the notebook shows it.
 TABLE_HEADER = ("| arm | recipe | seeds (judged) | steps (min-max) | judged steps (updates) per seed | "
                 "spikes/100 steps (mean; max) | spikes/100 updates (max) | severe spikes | spike |")
@@ -64,17 +66,29 @@ def _texts(nb) -> str:
     return "\n".join(parts)
 
 
-def test_ablations_notebook_is_generated(tmp_path):
-    """The committed notebook is what the generator builds (regenerate it after editing the tool)."""
+@pytest.mark.parametrize("name", ["ablations", "numerics"])
+def test_notebook_is_generated(tmp_path, name):
+    """The committed notebook is what its generator builds (regenerate it after editing the
+    tool), outputs stripped, and every code cell is short: the logic lives in the library."""
     nbformat = pytest.importorskip("nbformat", reason="notebook test needs nbformat (dev extra)")
-    out = tmp_path / "ablations.ipynb"
-    subprocess.run([sys.executable, str(GENERATOR), str(out)], check=True, capture_output=True, timeout=120)
-    fresh, committed = (nbformat.read(p, as_version=4) for p in (out, ABLATIONS))
+    generator, committed_path, out = (REPO / "tools" / f"make_{name}_notebook.py",
+                                      REPO / "notebooks" / f"{name}.ipynb", tmp_path / f"{name}.ipynb")
+    subprocess.run([sys.executable, str(generator), str(out)], check=True, capture_output=True, timeout=120)
+    fresh, committed = (nbformat.read(p, as_version=4) for p in (out, committed_path))
     assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in fresh.cells], \
-        "notebooks/ablations.ipynb is stale: run `python tools/make_ablations_notebook.py`"
-    assert committed.cells[0].cell_type == "code" and 'RUN_DIR = "runs/cpu/ablation"' in committed.cells[0].source
-    assert "parameters" in committed.cells[0].metadata.get("tags", [])
-    assert not [c for c in committed.cells if c.cell_type == "code" and (c.outputs or c.execution_count)]
+        f"notebooks/{name}.ipynb is stale: run `python tools/make_{name}_notebook.py`"
+    code = [c for c in committed.cells if c.cell_type == "code"]
+    assert not [c for c in code if c.outputs or c.execution_count]
+    long = [c.source for c in code if len(c.source.splitlines()) > 20]
+    assert not long, "notebook logic belongs in the library (docs/design.md practice 9)"
+    assert not [c.source for c in code if re.search(r"^(def|class) ", c.source, re.M)], "no function in a notebook"
+
+
+def test_ablations_notebook_parameters_cell():
+    nbformat = pytest.importorskip("nbformat", reason="notebook test needs nbformat (dev extra)")
+    first = nbformat.read(ABLATIONS, as_version=4).cells[0]
+    assert first.cell_type == "code" and 'RUN_DIR = "runs/cpu/ablation"' in first.source
+    assert "parameters" in first.metadata.get("tags", [])
 
 
 @pytest.mark.slow

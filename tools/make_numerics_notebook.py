@@ -1,4 +1,11 @@
-"""Builds notebooks/numerics.ipynb with nbformat (outputs stripped; tests execute it)."""
+"""Builds notebooks/numerics.ipynb with nbformat (outputs stripped; tests execute it).
+
+    python tools/make_numerics_notebook.py [OUT.ipynb]   # default: notebooks/numerics.ipynb
+
+Every cell calls the library: `fp4rl.numerics_study` (the study, its table and figure) and
+`fp4rl.analysis.four_over_six` (the 4/6 figures, unit-tested in tests/analysis/test_four_over_six.py).
+tests/test_notebooks.py checks the committed notebook is this output.
+"""
 import sys
 from pathlib import Path
 
@@ -21,11 +28,9 @@ cells = [
         "%matplotlib inline\n"
         "import time\n\n"
         "import jax\n"
-        "import matplotlib.pyplot as plt\n"
-        "import numpy as np\n"
         "from IPython.display import Markdown, display\n\n"
         "from fp4rl import numerics_study as ns\n"
-        "from fp4rl.formats import NVFP4Config\n\n"
+        "from fp4rl.analysis import four_over_six as fos\n\n"
         "ROWS, COLS, SEED = 256, 1024, 0  # small: 16k 1x16 blocks per tensor\n"
         "print(jax.default_backend(), jax.devices())"
     ),
@@ -53,57 +58,17 @@ cells = [
     ),
     md("## 2. The 4/6 choice\n\n### Map-to-4 fraction by distribution"),
     code(
-        "four_six = [f for f in formats if f.four_over_six]\n"
-        "fig, ax = plt.subplots(figsize=(9, 3.6))\n"
-        "labels = [(d, s) for d in result.distributions for s in ns.SCALES\n"
-        "          if result.get(d, s, four_six[0].name).map4_fraction is not None]\n"
-        "width = 0.38\n"
-        "for j, f in enumerate(four_six):\n"
-        "    v = [result.get(d, s, f.name).map4_fraction for d, s in labels]\n"
-        "    bars = ax.bar(np.arange(len(labels)) + (j - 0.5) * width, v, width, label=f.name)\n"
-        "    ax.bar_label(bars, fmt='%.3f', fontsize=7)\n"
-        "ax.set_xticks(np.arange(len(labels)), [f'{d}\\nper-{s}' for d, s in labels], fontsize=8)\n"
-        "ax.set_ylabel('fraction of blocks choosing map-to-4')\n"
-        "ax.legend(fontsize=8)\n"
-        "plt.show()\n"
-        "for f in four_six:\n"
-        "    m = result.get('normal', 'token', f.name)\n"
-        "    print(f'{f.name}: fast/exact choice agreement {100 * m.fast_exact_agreement:.3f}% '\n"
-        "          f'({m.fast_exact_disagreements} of {m.blocks} blocks differ), normal per-token')"
+        "display(fos.map4_fraction_figure(result, formats))\n"
+        "print('\\n'.join(fos.agreement_lines(result, formats)))"
     ),
     md(
         "### Per-block error ratio err₄ / err₆\n\n"
         "`four_over_six_block_errors` returns each block's error under both candidates, in the config's "
-        "metric; map-to-4 is chosen exactly where the ratio is < 1 (ties go to map-6), which the cell "
-        "checks against `quantize`'s map4 bits. Zero-error blocks (ratio undefined) are dropped."
+        "metric; map-to-4 is chosen exactly where the ratio is < 1 (ties go to map-6), which "
+        "`fos.block_error_ratios` checks against `quantize`'s map4 bits. Zero-error blocks (ratio undefined) "
+        "are dropped."
     ),
-    code(
-        "cases = [('normal', 'token'), ('student_t', 'token'), ('llm_activations', 'token'), ('weight', 'tensor')]\n"
-        "fig, axes = plt.subplots(1, len(cases), figsize=(16, 3.4), sharey=True)\n"
-        "bins = np.geomspace(0.25, 4, 61)\n"
-        "for ax, (dist, scale) in zip(axes, cases):\n"
-        "    x = ns.sample(dist, ROWS, COLS, SEED)\n"
-        "    for metric, color in (('mae', 'C0'), ('mse', 'C2')):\n"
-        "        cfg = NVFP4Config(four_over_six=metric, scale=scale, block_2d=ns.is_weight(dist))\n"
-        "        err4, err6 = (np.asarray(e).ravel() for e in ns.four_over_six_block_errors(x, cfg))\n"
-        "        ok = err6 > 0\n"
-        "        ratio = err4[ok] / err6[ok]\n"
-        "        map4 = np.asarray(ns.nvfp4.quantize(x, cfg).map4)\n"
-        "        map4 = map4[::16] if cfg.block_2d else map4\n"
-        "        assert np.array_equal((err4 < err6), map4.ravel())  # the library's choice, bit for bit\n"
-        "        ax.hist(np.clip(ratio, bins[0], bins[-1]), bins=bins, histtype='step', color=color, lw=1.5,\n"
-        "                label=f'{metric.upper()}: map-4 {np.mean(err4 < err6):.1%}')\n"
-        "    ax.axvline(1, color='k', ls='--', lw=1)\n"
-        "    ax.set_xscale('log')\n"
-        "    ax.set_xticks([0.25, 0.5, 1, 2, 4], ['0.25', '0.5', '1', '2', '4'])\n"
-        "    ax.minorticks_off()\n"
-        "    ax.set_title(f'{dist}, per-{scale}' + (' (16x16)' if ns.is_weight(dist) else ''), fontsize=10)\n"
-        "    ax.set_xlabel('err4 / err6 (clipped to [0.25, 4])')\n"
-        "    ax.legend(fontsize=8, loc='upper left')\n"
-        "axes[0].set_ylabel('blocks')\n"
-        "plt.tight_layout()\n"
-        "plt.show()"
-    ),
+    code("fos.error_ratio_figure(ROWS, COLS, SEED)"),
     md(
         "### When does map-to-4 win?\n\n"
         "Binned by the block's crest factor (max |x| / RMS). Relative to the block max M, map-to-6's grid is "
@@ -113,30 +78,14 @@ cells = [
         "16×16 weight tile is spiky almost by construction (the max of 256 Gaussians is ~3σ), hence its "
         "near-zero map-to-4 fraction above."
     ),
-    code(
-        "x = np.asarray(ns.sample('normal', ROWS, COLS, SEED))\n"
-        "blocks = x.reshape(ROWS, COLS // 16, 16)\n"
-        "crest = np.abs(blocks).max(-1) / np.sqrt((blocks ** 2).mean(-1))\n"
-        "edges = np.quantile(crest, np.linspace(0, 1, 11))\n"
-        "which = np.clip(np.digitize(crest, edges[1:-1]), 0, 9)\n"
-        "fig, ax = plt.subplots(figsize=(7, 3.2))\n"
-        "for metric in ('mae', 'mse'):\n"
-        "    map4 = np.asarray(ns.nvfp4.quantize(x, NVFP4Config(four_over_six=metric, scale='token')).map4)\n"
-        "    frac = [map4[which == i].mean() for i in range(10)]\n"
-        "    ax.plot(0.5 * (edges[:-1] + edges[1:]), frac, 'o-', label=metric.upper())\n"
-        "ax.set_xlabel('block crest factor max|x| / rms (decile centres)')\n"
-        "ax.set_ylabel('map-to-4 fraction')\n"
-        "ax.set_title('normal data, per-token scale')\n"
-        "ax.legend()\n"
-        "plt.show()"
-    ),
+    code("fos.crest_figure(ROWS, COLS, SEED)"),
 ]
 
 nb = new_notebook(cells=cells, metadata={
     "kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
     "language_info": {"name": "python"},
 })
-out = Path(sys.argv[1] if len(sys.argv) > 1 else "/work/main/notebooks/numerics.ipynb")
+out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "notebooks" / "numerics.ipynb"
 nbformat.validate(nb)
 nbformat.write(nb, out)
 print("wrote", out)

@@ -11,6 +11,9 @@ criteria" and "The report").
 - `fp4rl.analysis.stability`: all of the above criteria names in one import;
 - `fp4rl.analysis.report`: `write_report(run_dir)` -> report.md + PNGs (imports matplotlib);
 - `fp4rl.analysis.plots`: the figures; `fp4rl.analysis.synthetic`: synthetic run directories.
+- `fp4rl.analysis.explore`, `fp4rl.analysis.explore_plots`: the tables and figures of
+  notebooks/ablations.ipynb beyond the report;
+- `fp4rl.analysis.four_over_six`: the 4/6-choice figures of notebooks/numerics.ipynb (imports jax).
 
 Only numpy is imported here; import `report`/`plots` explicitly for matplotlib.
 """
