@@ -13,7 +13,6 @@ O0 does not, which changes such results in the last bit. An XLA_FLAGS that alrea
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shlex
 import sys
@@ -33,47 +32,17 @@ if __name__ == "__main__" and _is_smoke(sys.argv[1:]):
 
 import jax  # noqa: E402
 
-from experiments import gradients as gradients_experiment  # noqa: E402
-from experiments import rl as rl_experiment  # noqa: E402
-from experiments import sft as sft_experiment  # noqa: E402
-from fp4rl import xla_flags  # noqa: E402
+from fp4rl import configs, xla_flags  # noqa: E402
 from fp4rl.config_cli import cli  # noqa: E402
 from fp4rl.rl import sft  # noqa: E402
-from fp4rl.rl.ablation import RUNNER_SET, AblationConfig, field_default, run  # noqa: E402
-
-
-def _preset(name: str, seeds: int, compile_workers: int, measure_gradients: bool = False, learning_steps: int = 0,
-            arm_steps: int | None = None) -> AblationConfig:
-    """The experiments' presets of `name`, with the fields the runner sets itself (`RUNNER_SET`:
-    directories, arm, seeds) left at their defaults, as AblationConfig requires."""
-    def runner_fields_unset(config, sub: str):
-        fields = [dotted.split(".")[1] for dotted in RUNNER_SET if dotted.startswith(sub + ".")]
-        return dataclasses.replace(config, **{f: field_default(type(config), f) for f in fields})
-
-    rl = rl_experiment.PRESETS[name] if arm_steps is None else dataclasses.replace(rl_experiment.PRESETS[name], steps=arm_steps)
-    return AblationConfig(sft=runner_fields_unset(sft_experiment.PRESETS[name], "sft"), rl=runner_fields_unset(rl, "rl"),
-                          gradients=runner_fields_unset(gradients_experiment.PRESETS[name], "gradients"),
-                          measure_gradients=measure_gradients, learning_steps=learning_steps, seeds=seeds,
-                          compile_workers=compile_workers, out=f"runs/{name}/ablation")
-
-
-# The CPU presets compile later arms on 2 threads while an arm trains (AblationConfig.compile_workers).
-# The default main job (cpu): the gradient measurements at the warm-up, a bf16 run long enough to
-# show learning, then the nine arms for a few steps each: a machinery check, not a stability result
-# (the report marks every criterion UNDECIDED for lack of steps). On the H200 the gradient
-# measurements are their own command (`python -m experiments.gradients --preset h200`).
-PRESETS = {
-    "smoke": _preset("smoke", 1, 2),
-    "cpu": _preset("cpu", 2, 2, measure_gradients=True, learning_steps=12, arm_steps=2),
-    "h200": _preset("h200", 2, 0),
-}
+from fp4rl.rl.ablation import AblationConfig, run  # noqa: E402
 
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not any(a == "--preset" or a.startswith("--preset=") for a in argv):
         argv = ["--preset", "cpu", *argv]
-    config = cli(AblationConfig, PRESETS, argv)
+    config = cli(AblationConfig, configs.ABLATION_PRESETS, argv)
     # Arms that differ only in their backward mode (nvfp4/+dq, +46/full-hp, +hp/full-46,
     # full/full-dq) share their forward programs (sync, sampler, log-probs) in one process; the
     # persistent compilation cache is for reruns: a resumed run recompiles nothing it has seen.

@@ -11,7 +11,6 @@ of its time).
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 from fp4rl import xla_flags
@@ -21,44 +20,19 @@ if __name__ == "__main__" and any(a in ("--preset=smoke", "smoke") for a in sys.
 
 import jax  # noqa: E402
 
-from experiments import rl as rl_experiment  # noqa: E402
+from fp4rl import configs  # noqa: E402
 from fp4rl.config_cli import cli, preset_of  # noqa: E402
-from fp4rl.rl import gradients  # noqa: E402
-
-
-def _preset(name: str, prompts_per_step: int | None = None, **overrides) -> gradients.GradientsConfig:
-    """The RL preset's measurement (rollout, loss, optimizer, warm-up), optionally with another
-    number of prompts per batch."""
-    config = gradients.from_rl_config(rl_experiment.PRESETS[name], out=f"runs/{name}/gradients", **overrides)
-    if prompts_per_step is None:
-        return config
-    return dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, prompts_per_step=prompts_per_step))
-
-
-PRESETS = {
-    "smoke": _preset("smoke", batches=3, sr_keys=2, recipes=("bf16", "nvfp4"), mismatch_batches=1, impls=("reference",),
-                     dtypes=("float32",), bootstrap=200, compile_workers=2),
-    # CPU: compiling dominates (10-40 s per gradient program on 2 cores), so: the recipes that bracket
-    # the question (NVFP4 everywhere, + the dequantized backward, the full recipe), batches of one
-    # update's mini-batch (2 prompts x 8, as the cpu RL preset updates), and no sampler check (on XLA:CPU
-    # its k3 KL measured below 1e-8 in either compute dtype; the RL runs log it every step).
-    "cpu": _preset("cpu", prompts_per_step=2, batches=8, sr_keys=2, recipes=("bf16", "nvfp4", "+dq", "full"), dtypes=(),
-                   compile_workers=2),
-    # H200: every recipe, 128 batches of 32 prompts x 8; large groups through a CountSketch (the Gram
-    # matrices of 16 gradient sources x 128 batches stay a few GB on the host); 4 threads compile ahead.
-    # Two SR keys and the policy change on 16 batches keep a recipe's gradients near 0.3 s per batch.
-    "h200": _preset("h200", prompts_per_step=32, batches=128, sr_keys=2, mismatch_batches=4, kl_batches=16, sketch_dim=1 << 15,
-                    compile_workers=4),
-}
+from fp4rl.rl import gradients, sft  # noqa: E402
 
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not any(a == "--preset" or a.startswith("--preset=") for a in argv) and not {"-h", "--help"} & set(argv):
+    if not any(a == "--preset" or a.startswith("--preset=") for a in argv):
         argv = ["--preset", "cpu", *argv]
-    config = cli(gradients.GradientsConfig, PRESETS, argv)
+    config = cli(gradients.GradientsConfig, configs.GRADIENTS_PRESETS, argv)
     print(f"devices: {jax.devices()}")
-    rl_experiment.ensure_warmup(preset_of(argv), config.init)
+    preset = preset_of(argv)
+    sft.ensure_warmup(configs.warmup_config(preset, config.init), preset)
     gradients.run(config)
     print(f"report: {config.out}/report.md")
 

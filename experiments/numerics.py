@@ -15,35 +15,12 @@ import time
 
 import jax
 
-from fp4rl import numerics_study
+from fp4rl import configs, numerics_study
 from fp4rl.config_cli import cli
 
 
-@dataclasses.dataclass(frozen=True)
-class NumericsConfig:
-    rows: int = 1024  # tokens (activations) or output features (weights); multiple of 16
-    cols: int = 4096  # the contraction dim K the blocks run along; multiple of 32
-    seed: int = 0
-    out: str = "runs/numerics"
-    distributions: tuple[str, ...] = numerics_study.DISTRIBUTIONS
-
-    def __post_init__(self):
-        numerics_study.check_shape(self.rows, self.cols)
-        unknown = set(self.distributions) - set(numerics_study.DISTRIBUTIONS)
-        if unknown or not self.distributions:
-            raise ValueError(
-                f"distributions={self.distributions}; valid options: {numerics_study.DISTRIBUTIONS}"
-            )
-
-
-PRESETS = {
-    "default": NumericsConfig(),
-    "smoke": NumericsConfig(rows=64, cols=256),  # seconds on CPU
-}
-
-
 def main(argv=None) -> numerics_study.StudyResult:
-    config = cli(NumericsConfig, PRESETS, argv)
+    config = cli(numerics_study.NumericsConfig, configs.NUMERICS_PRESETS, argv)
     devices = [str(d) for d in jax.devices()]
     print(f"jax {jax.__version__} on {jax.default_backend()}: {devices}")
     print(f"config: {config}")

@@ -18,21 +18,13 @@ import dataclasses
 
 import jax
 
+from fp4rl import configs
 from fp4rl.config_cli import cli
-from fp4rl.serving.engine import EngineConfig
 from fp4rl.serving.server import ServeConfig, serve
-
-PRESETS = {
-    "cpu": ServeConfig(),
-    # The h200 warm-up's prompts and answers (experiments/rl.py: prompt_len 40, max_new_tokens 72) with
-    # room for longer prompts; 64 rows per batch.
-    "h200": ServeConfig(checkpoint="runs/h200/sft", engine=EngineConfig(max_batch=64, prompt_buckets=(64, 128),
-                                                                          max_new_tokens=128)),
-}
 
 
 def main(argv=None) -> None:
-    config = cli(ServeConfig, PRESETS, argv)
+    config = cli(ServeConfig, configs.SERVE_PRESETS, argv)
     print(f"devices: {jax.devices()}")
     print(f"config: {dataclasses.asdict(config)}")
     serve(config)

@@ -25,6 +25,8 @@ Rules (kept small on purpose, so every experiment parses the same way):
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import re
 import sys
 import types
 import typing
@@ -180,30 +182,96 @@ def preset_of(argv: Sequence[str]) -> str | None:
     return _split_argv(argv)[0]
 
 
-def describe(config, prefix: str = "") -> list[str]:
-    """`--dotted.key=value` lines for every leaf field of `config` (help text and logs)."""
+def _comment_descriptions(cls) -> dict[str, str]:
+    """`name: type = default  # description` comments in the class body."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    found = {}
+    for line in source.splitlines():
+        match = re.match(r"^\s+(\w+)\s*:[^#]*?\s#\s*(.+)$", line)
+        if match and match[1] not in found:
+            found[match[1]] = match[2].strip()
+    return found
+
+
+def _docstring_descriptions(cls, names) -> dict[str, str]:
+    """`name: description` (or `a, b: ...`, `a / b: ...`) entries of the class docstring: an entry
+    starts a line or follows ". " or "; ", and runs up to the next entry or blank line."""
+    doc = inspect.getdoc(cls) or ""
+    if cls.__doc__ is None or doc.startswith(f"{cls.__name__}("):  # the dataclass's generated signature
+        return {}
+    label = re.compile(r"(?:^|(?<=\n)|(?<=[.;] ))\s*((?:`?\w+`?)(?:(?:, | / )`?\w+`?)*): ")
+    found = {}
+    for paragraph in re.split(r"\n\s*\n", doc):
+        matches = [m for m in label.finditer(paragraph)
+                   if all(n.strip("`") in names for n in re.split(r", | / ", m[1]))]
+        for m, after in zip(matches, [*matches[1:], None]):
+            text = " ".join(paragraph[m.end(): after.start() if after else None].split()).rstrip(";. ")
+            for n in re.split(r", | / ", m[1]):
+                found.setdefault(n.strip("`"), text)
+    return found
+
+
+def field_descriptions(cls) -> dict[str, str]:
+    """One line per field of `cls` that the code documents: the field's trailing `# comment`, else
+    its `name: description` entry in the class docstring (cut at its first sentence when long)."""
+    names = set(_fields(cls))
+    found = {**_docstring_descriptions(cls, names), **_comment_descriptions(cls)}
+    lines = {}
+    for name, text in found.items():
+        if name not in names:
+            continue
+        if len(text) > 100:
+            text = _first_sentence(text)
+            text = text if len(text) <= 100 else text[:97].rstrip() + "..."
+        lines[name] = text
+    return lines
+
+
+def _first_sentence(text: str) -> str:
+    """`text` up to its first ". " or "; " outside parentheses (not the dot of "e.g." or "et al.")."""
+    depth = 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and char in ".;" and text[i + 1: i + 2] == " " and not re.search(r"(\be\.g|\bi\.e|\bal|\bvs)$", text[:i]):
+            return text[:i]
+    return text
+
+
+def describe(config, prefix: str = "", descriptions: bool = False) -> list[str]:
+    """`--dotted.key=value` lines for every leaf field of `config` (help text and logs); with
+    `descriptions`, each followed by the field's one-line description where it has one."""
     lines = []
+    notes = field_descriptions(type(config)) if descriptions else {}
     for name in _fields(type(config)):
         value = getattr(config, name)
         if dataclasses.is_dataclass(value):
-            lines += describe(value, f"{prefix}{name}.")
+            lines += describe(value, f"{prefix}{name}.", descriptions)
         else:
             shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
-            lines.append(f"--{prefix}{name}={shown}")
+            line = f"--{prefix}{name}={shown}"
+            lines.append(f"{line:<36}  {notes[name]}" if name in notes else line)
     return lines
 
 
 def cli(cls: type[T], presets: Mapping[str, T] | None = None, argv: Sequence[str] | None = None) -> T:
-    """`parse` for a `main()`: `-h/--help` prints the fields and presets; errors exit with 2."""
+    """`parse` for a `main()`: `-h/--help` prints every field's value under the preset (and
+    overrides) `argv` applies, with its description, and the presets; errors exit with 2."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "-h" in argv or "--help" in argv:
-        print(f"options of {cls.__name__} (defaults shown):")
-        print("\n".join("  " + line for line in describe(cls())))
-        if presets:
-            print(f"presets (--preset NAME): {', '.join(presets)}")
-        raise SystemExit(0)
+    wants_help = "-h" in argv or "--help" in argv
     try:
-        return parse(cls, argv, presets)
+        config = parse(cls, [a for a in argv if a not in ("-h", "--help")], presets)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    if wants_help:
+        preset = preset_of([a for a in argv if a not in ("-h", "--help")])
+        applied = f"preset {preset!r} applied" if preset else f"no preset: {cls.__name__}'s defaults"
+        print(f"options of {cls.__name__} ({applied}, with any overrides given):")
+        print("\n".join("  " + line for line in describe(config, descriptions=True)))
+        if presets:
+            print(f"presets (--preset NAME): {', '.join(presets)}")
+        raise SystemExit(0)
+    return config

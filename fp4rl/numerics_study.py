@@ -281,6 +281,25 @@ def check_shape(rows: int, cols: int):
         raise ValueError(f"{cols=} must be a positive multiple of {mx.BLOCK} (the MX block)")
 
 
+@dataclasses.dataclass(frozen=True)
+class NumericsConfig:
+    """The study `experiments.numerics` runs (presets: `fp4rl.configs.NUMERICS_PRESETS`)."""
+
+    rows: int = 1024  # tokens (activations) or output features (weights); multiple of 16
+    cols: int = 4096  # the contraction dim K the blocks run along; multiple of 32
+    seed: int = 0
+    out: str = "runs/numerics"
+    distributions: tuple[str, ...] = DISTRIBUTIONS
+
+    def __post_init__(self):
+        check_shape(self.rows, self.cols)
+        unknown = set(self.distributions) - set(DISTRIBUTIONS)
+        if unknown or not self.distributions:
+            raise ValueError(
+                f"distributions={self.distributions}; valid options: {DISTRIBUTIONS}"
+            )
+
+
 def run_study(
     *,
     rows: int,

@@ -26,9 +26,9 @@ def warmup_dir(tmp_path_factory):
     by the tests that load it (RL steps, gradient measurements, resume, serving)."""
     import dataclasses
 
-    from experiments import sft as sft_experiment
+    from fp4rl import configs
     from fp4rl.rl import sft
 
     out = tmp_path_factory.mktemp("smoke_sft")
-    sft.train(dataclasses.replace(sft_experiment.PRESETS["smoke"], out=str(out)), progress=False)
+    sft.train(dataclasses.replace(configs.SFT_PRESETS["smoke"], out=str(out)), progress=False)
     return out

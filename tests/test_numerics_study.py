@@ -231,9 +231,37 @@ def test_cli_exits_with_message(capsys):
     assert e.value.code == 0 and "--optim.lr=0.001" in out and "short" in out
 
 
+
+@dataclasses.dataclass(frozen=True)
+class Documented:
+    """steps: optimizer updates; lr, warmup: the schedule (e.g. 3e-4 with 10 warm-up steps).
+    out: where the run goes."""
+
+    steps: int = 100
+    lr: float = 3e-4
+    warmup: int = 10  # linear warm-up steps
+    seed: int = 0
+    out: str = "runs/x"
+
+
+def test_cli_help_shows_the_applied_preset_and_descriptions(capsys):
+    assert config_cli.field_descriptions(Documented) == {
+        "steps": "optimizer updates", "lr": "the schedule (e.g. 3e-4 with 10 warm-up steps)",
+        "warmup": "linear warm-up steps", "out": "where the run goes"}
+    with pytest.raises(SystemExit) as e:
+        config_cli.cli(Documented, {"short": Documented(steps=5)}, ["--preset", "short", "--lr=0.5", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "preset 'short' applied" in out
+    lines = {line.split()[0]: line.split(None, 1)[1:] for line in out.splitlines() if line.startswith("  --")}
+    assert lines["--steps=5"] == ["optimizer updates"] and lines["--lr=0.5"] and lines["--seed=0"] == []
+    assert lines["--warmup=10"] == ["linear warm-up steps"]
+    with pytest.raises(SystemExit) as e:
+        config_cli.cli(Documented, {}, ["--help", "--stepz=1"])  # a help with a bad override is an error
+    assert e.value.code == 2
+
 def test_numerics_config_overrides_and_presets():
-    from experiments.numerics import PRESETS as NUMERICS_PRESETS
-    from experiments.numerics import NumericsConfig
+    from fp4rl.configs import NUMERICS_PRESETS
+    from fp4rl.numerics_study import NumericsConfig
 
     cfg = config_cli.parse(NumericsConfig, ["--rows=512", "--distributions=normal,weight"], NUMERICS_PRESETS)
     assert (cfg.rows, cfg.cols, cfg.distributions) == (512, 4096, ("normal", "weight"))

@@ -125,6 +125,17 @@ def is_finished(out: str | Path) -> bool:
     return (Path(out) / META_FILE).exists()
 
 
+def ensure_warmup(config: SFTConfig, preset: str | None) -> None:
+    """Train `config` into `config.out` unless a warm-up is already there (then it is used as
+    given). `preset`: the SFT preset `config` came from (`fp4rl.configs.warmup_config`), for the log."""
+    if is_finished(config.out):
+        print(f"reusing warm-up checkpoint {config.out}")
+        return
+    print(f"no warm-up at {config.out}: running experiments.sft {'--preset ' + preset if preset else '(defaults)'} "
+          f"--out={config.out}")
+    train(config)
+
+
 def settings(config: SFTConfig) -> dict:
     """The config as sft_meta.json records it."""
     return json.loads(json.dumps(dataclasses.asdict(config), default=str))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import ablation as ablation_experiment
+from fp4rl import configs
 from fp4rl.analysis.synthetic import make_synthetic_run, synthetic_recipe
 from fp4rl.config_cli import parse
 from fp4rl.rl import ablation, sft, trainer
@@ -32,7 +32,7 @@ STEPS = 30
 def test_options_the_runner_sets_itself_are_refused(option, controls):
     with pytest.raises(ValueError, match=f"^{option.replace('.', '[.]')} is set by the ablation runner itself; "
                                          f"use {controls.replace('(', '[(]').replace(')', '[)]')}"):
-        parse(ablation.AblationConfig, ["--preset", "smoke", option], ablation_experiment.PRESETS)
+        parse(ablation.AblationConfig, ["--preset", "smoke", option], configs.ABLATION_PRESETS)
 
 
 def _finished_run(out: Path, config: ablation.AblationConfig) -> None:
@@ -50,7 +50,7 @@ def _finished_run(out: Path, config: ablation.AblationConfig) -> None:
 
 def _config(out: Path, *argv: str) -> ablation.AblationConfig:
     return parse(ablation.AblationConfig, ["--preset", "smoke", f"--out={out}", "--arms=bf16,full",
-                                           f"--rl.steps={STEPS}", *argv], ablation_experiment.PRESETS)
+                                           f"--rl.steps={STEPS}", *argv], configs.ABLATION_PRESETS)
 
 
 def _configuration_section(report: str) -> str:

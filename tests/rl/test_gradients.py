@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from experiments import gradients as gradients_experiment
+from fp4rl import configs
 from fp4rl.analysis import gradient_report
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import gradients, sft
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def smoke(warmup_dir, tmp_path_factory):
-    config = dataclasses.replace(gradients_experiment.PRESETS["smoke"], init=str(warmup_dir),
+    config = dataclasses.replace(configs.GRADIENTS_PRESETS["smoke"], init=str(warmup_dir),
                                  out=str(tmp_path_factory.mktemp("gradients")))
     return config, gradients.run(config, progress=False)
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import rl as rl_experiment
+from fp4rl import configs
 from fp4rl.config_cli import parse
 from fp4rl.rl import resume, sft, trainer
 from fp4rl.rl.checkpoint import Checkpointer
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 
 def _smoke(warmup_dir, out, **overrides):
-    return dataclasses.replace(rl_experiment.PRESETS["smoke"], init=str(warmup_dir), out=str(out), eval_every=0,
+    return dataclasses.replace(configs.RL_PRESETS["smoke"], init=str(warmup_dir), out=str(out), eval_every=0,
                                **overrides)
 
 
@@ -139,7 +139,7 @@ def test_an_out_that_is_a_file_or_not_writable_fails_at_start(warmup_dir, tmp_pa
 ])
 def test_bad_settings_are_refused_when_the_config_is_built(option, message):
     with pytest.raises(ValueError, match=f"^{message.replace('(', '[(]').replace(')', '[)]')}"):
-        parse(trainer.RLConfig, ["--preset", "smoke", option], rl_experiment.PRESETS)
+        parse(trainer.RLConfig, ["--preset", "smoke", option], configs.RL_PRESETS)
 
 
 def test_the_warm_up_refuses_a_nan_learning_rate():

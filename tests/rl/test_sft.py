@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from experiments import sft as sft_experiment
+from fp4rl import configs
 from fp4rl.rl import sft
 
 
 def _config(out, **overrides) -> sft.SFTConfig:
-    return dataclasses.replace(sft_experiment.PRESETS["smoke"], out=str(out), **overrides)
+    return dataclasses.replace(configs.SFT_PRESETS["smoke"], out=str(out), **overrides)
 
 
 def _finished(out, config: sft.SFTConfig) -> dict:

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import rl as rl_experiment
+from fp4rl import configs
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import policy, sft, trainer
 
@@ -30,7 +30,7 @@ TIMING_KEYS = ("time/", "throughput/")
 
 
 def _smoke(warmup_dir, out, **overrides):
-    return dataclasses.replace(rl_experiment.PRESETS["smoke"], init=str(warmup_dir), out=str(out), **overrides)
+    return dataclasses.replace(configs.RL_PRESETS["smoke"], init=str(warmup_dir), out=str(out), **overrides)
 
 
 def _records(path: Path) -> list[dict]:

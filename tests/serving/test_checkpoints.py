@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import rl as rl_experiment
+from fp4rl import configs
 from fp4rl.rl import trainer
 from fp4rl.rl.checkpoint import Checkpointer
 from fp4rl.serving import checkpoints, deployment
@@ -21,7 +21,7 @@ HF = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hf", "qwen3_moe_
 
 @pytest.mark.slow
 def test_rl_arm_checkpoint_serves_the_chosen_seed(warmup_dir, tmp_path):
-    config = dataclasses.replace(rl_experiment.PRESETS["smoke"], arm="bf16", seeds=2, steps=1, eval_every=0,
+    config = dataclasses.replace(configs.RL_PRESETS["smoke"], arm="bf16", seeds=2, steps=1, eval_every=0,
                                  init=str(warmup_dir), out=str(tmp_path))
     run = trainer.Trainer(config, progress=False)
     run.run()

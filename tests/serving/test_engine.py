@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import sft as sft_experiment
+from fp4rl import configs
 from fp4rl.model import flat_params
 from fp4rl.model.config import ModelConfig
 from fp4rl.recipe import PrecisionRecipe
@@ -82,7 +82,7 @@ def engine(served):
 
 
 def _problems(n, seed=11):
-    return [make_problem(i, seed, sft_experiment.SMOKE_TASK) for i in range(n)]
+    return [make_problem(i, seed, configs.SMOKE_TASK) for i in range(n)]
 
 
 def test_greedy_rows_are_the_samplers_tokens_bitwise(served):

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from experiments import sft as sft_experiment
+from fp4rl import configs
 from fp4rl.rl import data
 from fp4rl.rl.task import TaskConfig, make_problem
 from fp4rl.serving.engine import EngineConfig, RowRequest
@@ -49,7 +49,7 @@ def client(server):
 LONG_TASK = TaskConfig(min_ops=3, max_ops=3, digits=1, max_operands=2)  # prompts of 33-48 tokens: the second bucket
 
 
-def _prompt(i: int, seed: int = 23, task: TaskConfig = sft_experiment.SMOKE_TASK) -> str:
+def _prompt(i: int, seed: int = 23, task: TaskConfig = configs.SMOKE_TASK) -> str:
     return make_problem(i, seed, task).prompt + data.PROMPT_SEPARATOR
 
 
@@ -155,7 +155,7 @@ def test_concurrent_requests_are_neither_lost_nor_mixed_up(server):
     plus 8 bad ones: every good answer equals the same request run alone, every bad one gets its
     error, and the batcher did batch them."""
     background, service = server
-    good = [{"model": "smoke-nvfp4", "prompt": _prompt(100 + i, task=LONG_TASK if i % 4 < 2 else sft_experiment.SMOKE_TASK),
+    good = [{"model": "smoke-nvfp4", "prompt": _prompt(100 + i, task=LONG_TASK if i % 4 < 2 else configs.SMOKE_TASK),
              "max_tokens": T,
              **({"temperature": 0} if i % 2 else {"temperature": 1.0, "seed": 1000 + i})} for i in range(64)]
     bad = [{"model": "nope", "prompt": "a"} if i % 2 else {"model": "smoke-nvfp4", "prompt": "a", "n": 0} for i in range(8)]

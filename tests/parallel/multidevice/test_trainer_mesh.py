@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import sft as sft_experiment
+from fp4rl import configs
 from fp4rl.model import init
 from fp4rl.parallel.mesh import MeshConfig
 from fp4rl.rl import sft, trainer
@@ -21,7 +21,7 @@ TIMING = ("time/", "throughput/")
 def warmup(tmp_path_factory):
     """A warm-up directory holding the initial tiny model (8 experts), as `sft.load` reads it."""
     out = tmp_path_factory.mktemp("warmup")
-    mc = dataclasses.replace(sft.model_config(sft_experiment.PRESETS["smoke"]), num_experts=8)
+    mc = dataclasses.replace(sft.model_config(configs.SFT_PRESETS["smoke"]), num_experts=8)
     _, params = init(mc, 0)
     ckpt = Checkpointer(sft.checkpoint_dir(out))
     ckpt.save(0, params, {"kind": "sft"})
@@ -31,7 +31,7 @@ def warmup(tmp_path_factory):
 
 
 def _config(warmup, out, mesh, **kw):
-    return trainer.RLConfig(steps=1, task=sft_experiment.SMOKE_TASK, group_size=4, prompts_per_step=4, mini_batches=2,
+    return trainer.RLConfig(steps=1, task=configs.SMOKE_TASK, group_size=4, prompts_per_step=4, mini_batches=2,
                             max_gen_batches=1, max_new_tokens=16, prompt_len=32, impl="reference", init=str(warmup),
                             out=str(out), mesh=mesh, **kw)
 
@@ -70,7 +70,7 @@ def test_mesh_step_equals_one_device_and_checkpoint_moves_between_meshes(warmup,
 
 
 def test_sft_on_mesh_equals_one_device(tmp_path):
-    base = dataclasses.replace(sft_experiment.PRESETS["smoke"], steps=3, warmup_steps=1, eval_problems=1, max_new_tokens=8)
+    base = dataclasses.replace(configs.SFT_PRESETS["smoke"], steps=3, warmup_steps=1, eval_problems=1, max_new_tokens=8)
     one = sft.train(dataclasses.replace(base, out=str(tmp_path / "one")), progress=False)
     many = sft.train(dataclasses.replace(base, out=str(tmp_path / "mesh"), mesh=MeshConfig(data=4, expert=2)),
                      progress=False)

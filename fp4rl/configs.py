@@ -1,0 +1,168 @@
+"""Every experiment's presets, in one place (docs/design.md practices 8 and 9).
+
+One dict of named, complete configs per entry point (`python -m experiments.NAME --preset KEY`):
+`SFT_PRESETS` (experiments.sft), `RL_PRESETS` (experiments.rl), `GRADIENTS_PRESETS`,
+`ABLATION_PRESETS`, `SERVE_PRESETS`, `SERVE_EVAL_PRESETS` and `NUMERICS_PRESETS`. Each config's
+field defaults live on its dataclass (e.g. `fp4rl.rl.sft.SFTConfig`); a preset only names the
+fields it changes. The later dicts are built from the earlier ones (the RL presets train on the
+warm-up's task constants, the gradient measurements start from the RL presets, the ablation
+combines all three), so a value changed here changes every experiment that follows it.
+
+The entry points import this module, never each other; the library does not import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fp4rl.numerics_study import NumericsConfig
+from fp4rl.rl import gradients, sft, trainer
+from fp4rl.rl.ablation import RUNNER_SET, AblationConfig, field_default
+from fp4rl.rl.task import TaskConfig
+from fp4rl.serving.deployment_eval import ServeEvalConfig
+from fp4rl.serving.engine import EngineConfig
+from fp4rl.serving.server import ServeConfig
+
+# ------------------------------------------------------------------------------------------ tasks
+
+# The RL band (docs/rl.md's difficulty knobs): two or three operations on one-digit literals, two
+# operands per step; the warm-up trains on one to three. Short problems keep CPU runs fast and let
+# a short warm-up get the scratchpad mostly right.
+SMOKE_TASK = TaskConfig(min_ops=1, max_ops=2, digits=1, max_operands=2)
+WARMUP_TASK = TaskConfig(min_ops=1, max_ops=3, digits=1, max_operands=2)
+RL_TASK = TaskConfig(min_ops=2, max_ops=3, digits=1, max_operands=2)
+# CPU scale: one or two operations, for the warm-up and the RL band alike.
+CPU_TASK = TaskConfig(min_ops=1, max_ops=2, digits=1, max_operands=2)
+# The noisy teacher (`task.noisy_solution`): half of the training solutions box a wrong answer, so
+# the warm-up samples the right answer about half as often as its scratchpad gets it right, and RL
+# has something to learn.
+ANSWER_NOISE = 0.5
+
+# ------------------------------------------------------------------------ BF16 warm-up (experiments.sft)
+
+SFT_PRESETS = {
+    "smoke": sft.SFTConfig(model="tiny", task=SMOKE_TASK, eval_task=SMOKE_TASK, steps=20, warmup_steps=5, batch_size=8,
+                           max_len=80, eval_problems=4, max_new_tokens=48, out="runs/smoke/sft"),
+    "cpu": sft.SFTConfig(model="cpu", task=CPU_TASK, eval_task=CPU_TASK, steps=300, warmup_steps=30, batch_size=64,
+                         max_len=80, lr=5e-3, eval_problems=64, max_new_tokens=48, answer_noise=ANSWER_NOISE,
+                         out="runs/cpu/sft"),
+    "h200": sft.SFTConfig(model="h200", task=WARMUP_TASK, eval_task=RL_TASK, steps=400, batch_size=128, max_len=112,
+                          lr=1e-3, warmup_steps=40, eval_problems=512, max_new_tokens=72, answer_noise=ANSWER_NOISE,
+                          out="runs/h200/sft"),
+}
+
+
+def warmup_config(preset: str | None, init: str) -> sft.SFTConfig:
+    """The warm-up `--preset NAME` trains into `init` when none is there: the SFT preset of the
+    same name (no --preset: SFTConfig's defaults, as the RL settings are then RLConfig's)."""
+    return dataclasses.replace(sft.SFTConfig() if preset is None else SFT_PRESETS[preset], out=init)
+
+
+# --------------------------------------------------------------------------- DAPO RL (experiments.rl)
+
+RL_PRESETS = {
+    "smoke": trainer.RLConfig(steps=2, task=SMOKE_TASK, group_size=4, prompts_per_step=2, max_gen_batches=2,
+                              mini_batches=2, max_new_tokens=48, overlong_buffer=8, prompt_len=32, eval_every=2, eval_prompts=8,
+                              init="runs/smoke/sft", out="runs/smoke/rl"),
+    "cpu": trainer.RLConfig(steps=12, task=CPU_TASK, group_size=8, prompts_per_step=8, mini_batches=2,
+                            max_new_tokens=48, overlong_buffer=4, prompt_len=32, eval_every=6, eval_prompts=128,
+                            optim=trainer.OptimConfig(lr=1e-4, warmup_steps=2), init="runs/cpu/sft", out="runs/cpu/rl"),
+    "h200": trainer.RLConfig(steps=100, task=RL_TASK, group_size=8, prompts_per_step=32,
+                             max_gen_batches=3, mini_batches=2, max_new_tokens=72, overlong_buffer=8, prompt_len=40,
+                             optim=trainer.OptimConfig(lr=3e-5, warmup_steps=3), eval_every=20, eval_prompts=512,
+                             checkpoint_every=50, init="runs/h200/sft", out="runs/h200/rl"),
+}
+
+# -------------------------------------------------------- gradient measurements (experiments.gradients)
+
+
+def _gradients_preset(name: str, prompts_per_step: int | None = None, **overrides) -> gradients.GradientsConfig:
+    """The RL preset's measurement (rollout, loss, optimizer, warm-up), optionally with another
+    number of prompts per batch."""
+    config = gradients.from_rl_config(RL_PRESETS[name], out=f"runs/{name}/gradients", **overrides)
+    if prompts_per_step is None:
+        return config
+    return dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, prompts_per_step=prompts_per_step))
+
+
+GRADIENTS_PRESETS = {
+    "smoke": _gradients_preset("smoke", batches=3, sr_keys=2, recipes=("bf16", "nvfp4"), mismatch_batches=1,
+                               impls=("reference",), dtypes=("float32",), bootstrap=200, compile_workers=2),
+    # CPU: compiling dominates (10-40 s per gradient program on 2 cores), so: the recipes that bracket
+    # the question (NVFP4 everywhere, + the dequantized backward, the full recipe), batches of one
+    # update's mini-batch (2 prompts x 8, as the cpu RL preset updates), and no sampler check (on XLA:CPU
+    # its k3 KL measured below 1e-8 in either compute dtype; the RL runs log it every step).
+    "cpu": _gradients_preset("cpu", prompts_per_step=2, batches=8, sr_keys=2, recipes=("bf16", "nvfp4", "+dq", "full"),
+                             dtypes=(), compile_workers=2),
+    # H200: every recipe, 128 batches of 32 prompts x 8; large groups through a CountSketch (the Gram
+    # matrices of 16 gradient sources x 128 batches stay a few GB on the host); 4 threads compile ahead.
+    # Two SR keys and the policy change on 16 batches keep a recipe's gradients near 0.3 s per batch.
+    "h200": _gradients_preset("h200", prompts_per_step=32, batches=128, sr_keys=2, mismatch_batches=4, kl_batches=16,
+                              sketch_dim=1 << 15, compile_workers=4),
+}
+
+# ------------------------------------------------------------------ the main job (experiments.ablation)
+
+
+def _ablation_preset(name: str, seeds: int, compile_workers: int, measure_gradients: bool = False,
+                     learning_steps: int = 0, arm_steps: int | None = None) -> AblationConfig:
+    """The experiments' presets of `name`, with the fields the runner sets itself (`RUNNER_SET`:
+    directories, arm, seeds) left at their defaults, as AblationConfig requires."""
+    def runner_fields_unset(config, sub: str):
+        fields = [dotted.split(".")[1] for dotted in RUNNER_SET if dotted.startswith(sub + ".")]
+        return dataclasses.replace(config, **{f: field_default(type(config), f) for f in fields})
+
+    rl = RL_PRESETS[name] if arm_steps is None else dataclasses.replace(RL_PRESETS[name], steps=arm_steps)
+    return AblationConfig(sft=runner_fields_unset(SFT_PRESETS[name], "sft"), rl=runner_fields_unset(rl, "rl"),
+                          gradients=runner_fields_unset(GRADIENTS_PRESETS[name], "gradients"),
+                          measure_gradients=measure_gradients, learning_steps=learning_steps, seeds=seeds,
+                          compile_workers=compile_workers, out=f"runs/{name}/ablation")
+
+
+# The CPU presets compile later arms on 2 threads while an arm trains (AblationConfig.compile_workers).
+# The default main job (cpu): the gradient measurements at the warm-up, a bf16 run long enough to
+# show learning, then the nine arms for a few steps each: a machinery check, not a stability result
+# (the report marks every criterion UNDECIDED for lack of steps). On the H200 the gradient
+# measurements are their own command (`python -m experiments.gradients --preset h200`).
+ABLATION_PRESETS = {
+    "smoke": _ablation_preset("smoke", 1, 2),
+    "cpu": _ablation_preset("cpu", 2, 2, measure_gradients=True, learning_steps=12, arm_steps=2),
+    "h200": _ablation_preset("h200", 2, 0),
+}
+
+# ---------------------------------------------------------------------------- serving (experiments.serve)
+
+SERVE_PRESETS = {
+    "cpu": ServeConfig(),
+    # The h200 warm-up's prompts and answers (RL_PRESETS["h200"]: prompt_len 40, max_new_tokens 72) with
+    # room for longer prompts; 64 rows per batch.
+    "h200": ServeConfig(checkpoint="runs/h200/sft", engine=EngineConfig(max_batch=64, prompt_buckets=(64, 128),
+                                                                          max_new_tokens=128)),
+}
+
+# ------------------------------------------------------- deployment correlation (experiments.serve_eval)
+
+SERVE_EVAL_PRESETS = {
+    # Seconds on CPU: the tiny warm-up, 2 levels x 8 prompts, 2 samples each.
+    "smoke": ServeEvalConfig(checkpoint="runs/smoke/sft", task=SMOKE_TASK, per_level=8, samples=2,
+                             engine=EngineConfig(max_batch=32, prompt_buckets=(48,), max_new_tokens=48), bootstrap=200,
+                             out="runs/smoke/serve_eval"),
+    # The cpu warm-up (7 layers) on its RL band (1-2 operations): 2 x 64 prompts, 4 samples each.
+    "cpu": ServeEvalConfig(checkpoint="runs/cpu/sft", task=CPU_TASK, per_level=64, samples=4,
+                           engine=EngineConfig(max_batch=64, prompt_buckets=(48,), max_new_tokens=48),
+                           out="runs/cpu/serve_eval"),
+    # The h200 warm-up on every level it was trained on (1-3 operations), 256 prompts each, 4 samples at
+    # T=1; plain NVFP4 beside the `full` forward. 256 rows per batch, answers up to 72 tokens (the RL
+    # preset's budget).
+    "h200": ServeEvalConfig(checkpoint="runs/h200/sft", task=WARMUP_TASK, per_level=256, samples=4,
+                            deployments=("bf16", "mxfp8", "nvfp4_online", "nvfp4_online:nvfp4"),
+                            engine=EngineConfig(max_batch=256, prompt_buckets=(48,), max_new_tokens=72),
+                            out="runs/h200/serve_eval"),
+}
+
+# ----------------------------------------------------------- quantization error (experiments.numerics)
+
+NUMERICS_PRESETS = {
+    "default": NumericsConfig(),
+    "smoke": NumericsConfig(rows=64, cols=256),  # seconds on CPU
+}
