@@ -1,6 +1,6 @@
 """Runs each module of tests/parallel/multidevice in a fresh pytest process with 8 host CPU
 devices (XLA fixes the device count when its backend starts, so the flag cannot be set inside
-this session). A failure shows the inner pytest's output."""
+this test process). A failure shows the inner pytest's output."""
 
 import os
 import subprocess
