@@ -4,7 +4,9 @@ From the preset's BF16 warm-up (trained first when missing), B rollout batches a
 every recipe's policy gradient is compared with BF16's and with its own straight-through
 gradient, against the RL noise floor; plus grad-norm tails, one-update policy change and the
 sampler/trainer mismatch. Writes gradients.json, report.md and PNGs under --out and prints the
-decision. Default preset: `cpu`. The smoke preset compiles with LLVM's O0 backend, as
+decision. The recipes can be measured in several processes (each with --recipes=... and the same
+--rollouts_file, so they share the batches) and combined with --merge=DIR,DIR,... (nothing is
+measured then). Default preset: `cpu`. The smoke preset compiles with LLVM's O0 backend, as
 `experiments.ablation --preset smoke` and the tests do (its programs are tiny: compiling is most
 of its time).
 """
@@ -17,6 +19,8 @@ from fp4rl import xla_flags
 
 if __name__ == "__main__" and any(a in ("--preset=smoke", "smoke") for a in sys.argv[1:]):
     xla_flags.add("--xla_backend_optimization_level=0")  # before JAX starts its backend
+# Measurements split over processes are merged only if the reference they share is bit-identical.
+xla_flags.add(xla_flags.DETERMINISTIC_GPU)
 
 import jax  # noqa: E402
 
@@ -32,7 +36,8 @@ def main(argv=None) -> None:
     config = cli(gradients.GradientsConfig, configs.GRADIENTS_PRESETS, argv)
     print(f"devices: {jax.devices()}")
     preset = preset_of(argv)
-    sft.ensure_warmup(configs.warmup_config(preset, config.init), preset)
+    if not config.merge:  # merging reads earlier measurements only
+        sft.ensure_warmup(configs.warmup_config(preset, config.init), preset)
     gradients.run(config)
     print(f"report: {config.out}/report.md")
 

@@ -7,7 +7,9 @@
 #   bash tools/gpu_session.sh bench     # compiled kernel suite + the four benchmarks
 #   bash tools/gpu_session.sh pilot     # h200 warm-up + the pilot arms (resumable)
 #   bash tools/gpu_session.sh learn     # h200 warm-up + bf16 RL (RL_ARGS), then the learning analysis
-#   bash tools/gpu_session.sh gradients # h200 warm-up + the fixed-parameter gradient measurements (GRAD_ARGS)
+#   bash tools/gpu_session.sh gradients # h200 warm-up + the fixed-parameter gradient measurements (GRAD_ARGS),
+#                                       # into runs/h200/gradients/GRAD_PART on the batches of
+#                                       # runs/h200/gradients/rollouts.npz (drawn when missing; carry it back in)
 #   bash tools/gpu_session.sh arms      # h200 warm-up + the ablation arms ARMS (comma separated) x SEEDS seeds
 #   bash tools/gpu_session.sh serve_eval # h200 warm-up + the deployment correlation (SERVE_ARGS; resumable)
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
@@ -182,9 +184,11 @@ case "$mode" in
     ;;
   gradients)
     warmup
-    step gradients "${GRAD_SECONDS:-330}" python -m experiments.gradients --preset h200 ${GRAD_ARGS:-}
-    cp "$log" runs/h200/log.txt
-    tar czf "$OUT/gradients.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200
+    dir=runs/h200/gradients && mkdir -p runs/h200/gradients
+    step gradients "${GRAD_SECONDS:-330}" python -m experiments.gradients --preset h200 \
+      --rollouts_file=$dir/rollouts.npz --out="$dir/${GRAD_PART:-all}" ${GRAD_ARGS:-}
+    cp "$log" "$dir/${GRAD_PART:-all}.log"
+    tar czf "$OUT/gradients.tgz" "$dir" runs/h200/sft/sft_meta.json
     ;;
   *)
     echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, probe, pilot, learn, gradients" | tee -a "$log"; exit 2

@@ -255,16 +255,6 @@ def _jsonable(x):
     return x
 
 
-def _flat_arrays(tree, prefix="") -> dict[str, np.ndarray]:
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, Mapping):
-            out.update(_flat_arrays(v, f"{prefix}{k}/"))
-        elif isinstance(v, np.ndarray):
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def fmt(c) -> str:
     """'value [lo, hi]' with 3 significant digits (n/a for a missing or non-finite value)."""
     if isinstance(c, str):
@@ -354,12 +344,23 @@ def report_markdown(results: Mapping) -> str:
                     [[n, v["checks"]["noise_fraction"], v["checks"]["coherent_bias"], v["checks"]["tail"], f"**{v['verdict']}**"]
                      for n, v in d["per_recipe"].items()])
     lines += ["", f"**{d['conclusion']}**", ""]
-    t = results["timings"]
-    mismatch_s = f"{t['mismatch_s']:.1f} s" if "mismatch_s" in t else "not run"
-    lines += ["## Timings", "", f"Total {t['total_s']:.1f} s: rollouts {t['rollouts_s']:.1f} s, "
-              f"gradients {t['gradients_s']:.1f} s, mismatch {mismatch_s} (compiling included); compile time "
-              f"summed over {len(t['compile_s'])} programs {t['compile_total_s']:.1f} s (per program: gradients.json).", ""]
+    lines += ["## Timings", ""]
+    parts = results.get("merged_from")
+    if parts:  # one line per device call / process that measured a part
+        lines += [f"Merged from {len(parts)} measurements on the same rollout batches (SHA-256 "
+                  f"`{results['rollouts_sha256'][:16]}...`, warm-up parameters `{results['warmup_sha256'][:16]}...`):", ""]
+        lines += [f"- `{d}` ({', '.join(recipes_of)}): {_timing_line(results['timings'][d])}" for d, recipes_of in parts.items()]
+    else:
+        lines += [_timing_line(results["timings"])]
+    lines += [""]
     return "\n".join(lines)
+
+
+def _timing_line(t: Mapping) -> str:
+    mismatch_s = f"{t['mismatch_s']:.1f} s" if "mismatch_s" in t else "not run"
+    return (f"Total {t['total_s']:.1f} s: rollouts {t['rollouts_s']:.1f} s, gradients {t['gradients_s']:.1f} s, mismatch "
+            f"{mismatch_s} (compiling included); compile time summed over {len(t['compile_s'])} programs "
+            f"{t['compile_total_s']:.1f} s (per program: gradients.json).")
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -451,14 +452,13 @@ def plot_policy_change(results: Mapping, path: Path) -> Path:
     return _save(fig, path)
 
 
-def write(results: Mapping, raw: Mapping, out: str | Path) -> dict[str, Path]:
-    """gradients.json (every number), gradients.npz (the raw per-batch arrays and Gram matrices),
-    report.md and three PNGs under `out`; returns their paths."""
+def write(results: Mapping, out: str | Path) -> dict[str, Path]:
+    """gradients.json (every number), report.md and three PNGs under `out`; returns their paths.
+    The raw arrays are written beside them by `fp4rl.rl.gradient_store.save_raw`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / RESULTS_FILE, "npz": out / "gradients.npz", "report": out / "report.md"}
+    paths = {"json": out / RESULTS_FILE, "report": out / "report.md"}
     paths["json"].write_text(json.dumps(_jsonable(results), indent=1))
-    np.savez_compressed(paths["npz"], **_flat_arrays({k: raw[k] for k in ("per_batch", "gram_diff", "gram_ref", "kl")}))
     clean = json.loads(paths["json"].read_text())
     paths["report"].write_text(report_markdown(clean))
     paths["errors_png"] = plot_errors(clean, out / "gradient_error.png")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +45,7 @@ from fp4rl.model import sync as model_sync
 from fp4rl.model.config import DTYPES, ModelConfig
 from fp4rl.model.transformer import Transformer
 from fp4rl.recipe import ABLATION_ARMS, SITE_KINDS, PrecisionRecipe
-from fp4rl.rl import dapo, data, evaluation, policy, rollout, sft
+from fp4rl.rl import dapo, data, evaluation, gradient_store, policy, rollout, sft
 from fp4rl.rl.gradient_programs import GROUPS, Programs, Projection, group_dots, group_sums, leaf_groups
 from fp4rl.rl.task import TaskConfig, make_problem
 from fp4rl.rl.trainer import OptimConfig, RLConfig
@@ -103,6 +104,10 @@ class GradientsConfig:
     compile_workers: threads compiling the programs ahead (0: each compiles on first use).
     kl_batches: the one-update policy change is measured on the first this many batches (None: all);
       three optimizer steps and forwards per recipe and batch make it the costliest measurement.
+    rollouts_file: an .npz of the rollout batches (`gradient_store`): read when it exists (it must
+      match this warm-up and these rollout settings), else drawn and written there ("": not stored).
+    merge: --out directories of earlier measurements on the same rollouts file: their raw arrays
+      are combined and analysed as one measurement under `out`; nothing is measured.
     init: the warm-up run directory; out: where gradients.json, report.md and the plots go.
     """
 
@@ -119,6 +124,8 @@ class GradientsConfig:
     bootstrap: int = 1000
     compile_workers: int = 0
     kl_batches: int | None = None
+    rollouts_file: str = ""
+    merge: tuple[str, ...] = ()
     init: str = "runs/sft"
     out: str = "runs/gradients"
     seed: int = 0
@@ -200,6 +207,7 @@ class Session:
         self.config, self.recipes, self.progress = config, dict(recipes), progress
         self.graphdef, self.params, meta = sft.load(config.init) if warmup is None else warmup
         self.model_config = ModelConfig(**meta["model_config"])
+        self.warmup_sha256 = meta.get("params_sha256") or sft.params_digest(self.params)
         self.impl = operands.resolve_impl(config.impl)
         self.groups = leaf_groups(self.params, self.model_config.num_layers)
         self.projection, self.hashes = Projection.build(self.params, self.groups, config.sketch_dim, config.seed)
@@ -338,7 +346,19 @@ class Session:
         ids, mask = (np.repeat(cols[k], r.group_size, 0) for k in ("prompt_ids_BxT", "prompt_mask_BxT"))
         return ids.astype(np.int32), mask, cols["answer_B"]
 
-    def rollouts(self) -> tuple[list[dict], dict]:
+    def rollouts(self) -> tuple[list[dict], dict, str]:
+        """(batches, stats, SHA-256 of the batches) from `config.rollouts_file` when it holds this
+        warm-up's batches, else drawn (`draw_rollouts`) and stored there."""
+        path, key = self.config.rollouts_file, gradient_store.rollout_key(self.config, self.warmup_sha256)
+        if path and Path(path).is_file():
+            print(f"rollouts: read from {path}")
+            return gradient_store.load_rollouts(path, key)
+        batches, stats = self.draw_rollouts()
+        if path:
+            return batches, stats, gradient_store.save_rollouts(path, batches, stats, key)
+        return batches, stats, gradient_store.rollouts_digest(batches)
+
+    def draw_rollouts(self) -> tuple[list[dict], dict]:
         """(batches, stats): per batch the `rollout.training_arrays` of one pool filled as the trainer
         fills a step (up to `max_gen_batches` generation batches), plus its first prompts."""
         r, p = self.config.rollout, self.programs
@@ -451,34 +471,50 @@ def _impl_available(impl: str) -> bool:
     return impl not in KERNEL_IMPLS or jax.default_backend() == "gpu"
 
 
+def _settings(config: GradientsConfig) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+def _analyze_and_write(config: GradientsConfig, raw: dict, settings: dict, extra: dict) -> dict:
+    """Statistics and decision of `raw`; gradients.json, the raw arrays, report and plots under `config.out`."""
+    results = gradient_report.analyze(raw, config.bootstrap, config.seed)
+    results["config"] = settings
+    results["rollouts_sha256"], results["warmup_sha256"] = raw["rollouts_sha256"], raw["warmup_sha256"]
+    results.update(extra)
+    gradient_store.save_raw(raw, settings, config.out)
+    gradient_report.write(results, config.out)
+    return results
+
+
 def run(config: GradientsConfig, warmup=None, progress: bool = True) -> dict:
-    """Measure every recipe of `config` (`warmup`: an already loaded `sft.load(config.init)`), write
-    gradients.json, gradients.npz, report.md and the plots under `config.out`, print the
-    conclusion; returns the results (what gradients.json holds)."""
+    """Measure every recipe of `config` (`warmup`: an already loaded `sft.load(config.init)`), or
+    merge the measurements of `config.merge`; write gradients.json, the raw arrays, report.md and
+    the plots under `config.out`, print the conclusion; returns the results (gradients.json)."""
+    if config.merge:
+        return merge(config)
     t0 = time.perf_counter()
     recipes = {name: PrecisionRecipe.from_name(name) for name in config.recipe_names}
     session = Session(config, recipes, warmup, progress)
     timings = {}
     mc = session.model_config
+    model = {"config": dataclasses.asdict(mc), "backend": jax.default_backend(), "impl": session.impl,
+             "high_precision": {n: r.high_precision_summary(mc.num_layers) for n, r in recipes.items()}}
 
     def write(raw, timings):  # every number so far, so that a run cut short by a time limit keeps them
-        results = gradient_report.analyze(raw, config.bootstrap, config.seed)
-        results["config"] = json.loads(json.dumps(dataclasses.asdict(config), default=str))
-        results["model"] = {"config": dataclasses.asdict(mc), "backend": jax.default_backend(), "impl": session.impl,
-                            "high_precision": {n: r.high_precision_summary(mc.num_layers) for n, r in recipes.items()}}
         compile_s = session.programs.seconds
-        results["timings"] = {**timings, "compile_s": dict(sorted(compile_s.items(), key=lambda kv: -kv[1])),
-                              "compile_total_s": sum(compile_s.values()), "total_s": time.perf_counter() - t0}
-        gradient_report.write(results, raw, config.out)
-        return results
+        timings = {**timings, "compile_s": dict(sorted(compile_s.items(), key=lambda kv: -kv[1])),
+                   "compile_total_s": sum(compile_s.values()), "total_s": time.perf_counter() - t0}
+        raw["model"], raw["timings"] = model, timings
+        return _analyze_and_write(config, raw, _settings(config), {"model": model, "timings": timings})
 
     try:
         t = time.perf_counter()
-        batches, rollout_stats = session.rollouts()
+        batches, rollout_stats, digest = session.rollouts()
         timings["rollouts_s"], t = time.perf_counter() - t, time.perf_counter()
         raw = session.gradients(batches)
         timings["gradients_s"], t = time.perf_counter() - t, time.perf_counter()
         raw["rollouts"], raw["mismatch"] = rollout_stats, {}
+        raw["rollouts_sha256"], raw["warmup_sha256"] = digest, session.warmup_sha256
         if config.dtypes and config.impls:
             write(raw, timings)
             raw["mismatch"] = session.mismatch(batches)
@@ -486,5 +522,19 @@ def run(config: GradientsConfig, warmup=None, progress: bool = True) -> dict:
     finally:
         session.programs.close()
     results = write(raw, timings)
+    print(results["decision"]["conclusion"])
+    return results
+
+
+def merge(config: GradientsConfig) -> dict:
+    """Analyse the measurements under `config.merge` (same rollouts, disjoint recipes) as one."""
+    parts = [gradient_store.load_raw(d) for d in config.merge]
+    raw, settings = gradient_store.merge(parts)
+    for (part, _), d in zip(parts, config.merge):
+        print(f"merge: {d}: {', '.join(part['recipes'])}")
+    settings = {**settings, "recipes": [r for r in raw["recipes"]], "merge": list(config.merge), "out": config.out}
+    extra = {"model": parts[0][0]["model"], "merged_from": {d: p["recipes"] for (p, _), d in zip(parts, config.merge)},
+             "timings": {d: p["timings"] for (p, _), d in zip(parts, config.merge)}}
+    results = _analyze_and_write(config, raw, settings, extra)
     print(results["decision"]["conclusion"])
     return results

@@ -17,15 +17,16 @@ from experiments import gradients as gradients_experiment
 from fp4rl import configs
 from fp4rl.analysis import gradient_report
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import gradients, sft
+from fp4rl.rl import gradient_store, gradients, sft
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def smoke(warmup_dir, tmp_path_factory):
-    config = dataclasses.replace(configs.GRADIENTS_PRESETS["smoke"], init=str(warmup_dir),
-                                 out=str(tmp_path_factory.mktemp("gradients")))
+    out = tmp_path_factory.mktemp("gradients")
+    config = dataclasses.replace(configs.GRADIENTS_PRESETS["smoke"], init=str(warmup_dir), out=str(out / "run"),
+                                 rollouts_file=str(out / "rollouts.npz"))
     return config, gradients.run(config, progress=False)
 
 
@@ -44,7 +45,7 @@ def _with_signal(batches):
 def test_smoke_writes_json_report_and_plots(smoke):
     config, results = smoke
     out = Path(config.out)
-    for name in ("gradients.json", "gradients.npz", "report.md", "gradient_error.png", "grad_norms.png", "policy_change.png"):
+    for name in ("gradients.json", "gradients.npz", "raw.json", "report.md", "gradient_error.png", "grad_norms.png", "policy_change.png"):
         assert (out / name).stat().st_size > 0, name
     saved = json.loads((out / "gradients.json").read_text())
     assert set(saved["recipes"]) == set(config.recipe_names)
@@ -82,7 +83,7 @@ def test_straight_through_backward_equals_its_reference_exactly(smoke, warmup_di
     assert gradients.straight_through(manual) == gradients.straight_through(nvfp4) != manual
     session = gradients.Session(dataclasses.replace(config, batches=2), {"nvfp4": nvfp4, "nvfp4-bwd-bf16": manual},
                                 sft.load(warmup_dir), progress=False)
-    batches, _ = session.rollouts()
+    batches, _ = session.draw_rollouts()
     raw = session.gradients(_with_signal(batches))
     session.programs.close()
     same, differs = raw["per_batch"]["nvfp4-bwd-bf16"]["cmp"]["ste"], raw["per_batch"]["nvfp4"]["cmp"]["ste"]
@@ -97,6 +98,69 @@ def test_straight_through_backward_equals_its_reference_exactly(smoke, warmup_di
     kl = raw["kl"]["nvfp4"]  # [batches, lrs]
     assert np.all(kl[:, 0] > 0) and np.all(kl[:, -1] > kl[:, 0])  # a larger step moves the policy more
     np.testing.assert_array_equal(raw["per_batch"]["nvfp4"]["ratio_dev"], 0.0)  # on-policy: ratio exactly 1
+
+
+def _part(raw: dict, recipes: list[str]) -> dict:
+    """The measurement of `recipes` alone (plus the reference and their straight-through views)."""
+    sources = [s for s in raw["sources"] if s in recipes or s == raw["reference"]
+               or any(raw["refs_of"][r].get("ste") == s for r in recipes)]
+    keep = lambda d, names: {k: v for k, v in d.items() if k in names}  # noqa: E731
+    part = {**raw, "recipes": [raw["reference"], *recipes], "sources": sources,
+            "gram_ref": keep(raw["gram_ref"], sources)}
+    for k in ("per_batch", "gram_diff", "refs_of", "sr_keys"):
+        part[k] = keep(raw[k], sources)
+    for k in ("kl", "forward_class"):
+        part[k] = keep(raw[k], part["recipes"])
+    part["mismatch"] = keep(raw["mismatch"], {raw["forward_class"][r] for r in part["recipes"]})
+    return part
+
+
+def test_parts_merged_equal_one_measurement(smoke, tmp_path):
+    """The H200 measurement is split over device calls: recipes measured in separate processes on the
+    stored rollouts and merged give the statistics of one process measuring them all."""
+    config, results = smoke
+    raw, settings = gradient_store.load_raw(config.out)
+    assert gradient_report.analyze(raw, config.bootstrap, config.seed)["recipes"] == results["recipes"]  # lossless
+    dirs = []
+    for i, recipes in enumerate([[], ["nvfp4"]]):
+        dirs.append(str(tmp_path / f"part{i}"))
+        gradient_store.save_raw(_part(raw, recipes), settings, dirs[-1])
+    merged = gradients.run(dataclasses.replace(config, merge=tuple(dirs), out=str(tmp_path / "merged")), progress=False)
+    as_json = lambda x: json.loads(json.dumps(gradient_report._jsonable(x)))  # noqa: E731
+    for key in ("recipes", "straight_through", "noise_floor", "rollouts", "decision"):
+        assert as_json(merged[key]) == as_json(results[key]), key
+    assert "Merged from 2 measurements" in (tmp_path / "merged" / "report.md").read_text()
+    with pytest.raises(ValueError, match="measured in part 0 and part 1"):
+        gradient_store.merge([(raw, settings), (raw, settings)])
+    with pytest.raises(ValueError, match="rollouts_sha256"):
+        gradient_store.merge([(raw, settings), ({**_part(raw, []), "rollouts_sha256": "0" * 64}, settings)])
+    with pytest.raises(ValueError, match="setting batches"):
+        gradient_store.merge([(raw, settings), (_part(raw, []), {**settings, "batches": 99})])
+    other = _part(raw, [])
+    other["per_batch"] = {**other["per_batch"], "bf16": {**raw["per_batch"]["bf16"],
+                                                         "ratio_dev": raw["per_batch"]["bf16"]["ratio_dev"] + 1}}
+    with pytest.raises(ValueError, match="not deterministic"):
+        gradient_store.merge([(_part(raw, ["nvfp4"]), settings), (other, settings)])
+
+
+def test_rollouts_file_is_reused_and_checked(smoke, tmp_path):
+    config, results = smoke
+    key = gradient_store.rollout_key(config, results["warmup_sha256"])
+    batches, stats, digest = gradient_store.load_rollouts(config.rollouts_file, key)
+    assert digest == results["rollouts_sha256"] and len(batches) == config.batches
+    assert len(stats["accuracy"]) == len(stats["loss_tokens"]) == config.batches
+    with pytest.raises(ValueError, match=r"other \['seed'\]"):
+        gradient_store.load_rollouts(config.rollouts_file, {**key, "seed": 1})
+    copy = tmp_path / "rollouts.npz"
+    gradient_store.save_rollouts(copy, [{**b, "advantages": b["advantages"] + 1} if i == 0 else b
+                                        for i, b in enumerate(batches)], stats, key)
+    assert gradient_store.load_rollouts(copy, key)[2] != digest  # the digest covers every array
+    with np.load(copy) as f:
+        arrays = dict(f)
+    arrays["0/advantages"] = arrays["0/advantages"] - 1
+    np.savez(copy, **arrays)  # the arrays changed behind the stored digest
+    with pytest.raises(ValueError, match="corrupted"):
+        gradient_store.load_rollouts(copy, key)
 
 
 def test_draws_keys_and_straight_through_views():
