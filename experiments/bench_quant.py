@@ -2,10 +2,14 @@
 
     python -m experiments.bench_quant [--backends=triton,triton-tiled,mosaic,xla] [--iters=20] [--out=benchmarks]
 
-Shapes: activations tokens x hidden 8192x2048, 16384x4096, 32768x7168 (bf16, per-token
-amax, 1x16 blocks); weights 128 experts x [2048 x 768] (the Qwen3-30B-A3B expert shape, per-
-expert amax, 16x16 blocks, quantized along K = 2048). Variants: plain NVFP4, 4/6 exact (MAE),
-4/6 fast (MAE). Every implementation (the XLA:GPU reference included) is checked BEFORE it is
+It times the path the model runs: `fp4rl.operands.nvfp4_quantize` with `impl` = the backend
+("xla" is the jnp reference), on activations [tokens, hidden] and, as
+`fp4rl.qlinear.quantize_weight` does, on each expert's transposed weight [N, K] under `jax.vmap`.
+"triton-tiled" is the Triton kernel with its tiled layout (a launch option, so it calls the
+kernel entry point on the same layout). Shapes (`pallas_kernels.nvfp4_quant.shapes`):
+activations tokens x hidden 8192x2048, 16384x4096, 32768x7168 (bf16, per-token amax, 1x16
+blocks); weights 128 experts x [2048 x 768] (the Qwen3-30B-A3B expert shape, per-expert amax,
+16x16 blocks, quantized along K = 2048). Variants: plain NVFP4, 4/6 exact (MAE), 4/6 fast (MAE). Every implementation (the XLA:GPU reference included) is checked BEFORE it is
 timed against the reference run on the CPU (whose f32 ops are IEEE, the docs/numerics.md contract;
 tests pin it to the NumPy oracle) on the first `check_rows` rows / `check_experts` experts
 (rows and experts are quantized independently); a mismatch is reported and the row not timed.
@@ -25,16 +29,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.gpu_bench import bench_main, median_seconds
+import pallas_kernels
+from fp4rl import operands
 from fp4rl.formats import ieee, nvfp4
+from pallas_kernels.nvfp4_quant import shapes
+from pallas_kernels.nvfp4_quant.tunables import TritonQuantTunables
 
 VARIANTS = {
     "nvfp4": {},
     "4/6 exact": {"four_over_six": "mae"},
     "4/6 fast": {"four_over_six": "mae", "fast_error": True},
 }
-# Diagnostic rows (activations, Triton and XLA only, not in the targets): plain NVFP4 with the
-# per-token amax given, i.e. without the kernel's amax pass over each row (one read of x
-# instead of two), which tells how much of the plain kernel's time that pass costs.
+# Diagnostic rows (activations, not in the targets): plain NVFP4 with the per-token amax given,
+# i.e. without the kernel's amax pass over each row (one read of x instead of two), which tells
+# how much of the plain kernel's time that pass costs.
 AMAX_GIVEN = "nvfp4, amax given"
 PLAIN = ("nvfp4", AMAX_GIVEN)  # the plain-NVFP4 rows: the baseline of the targets, not judged by them
 
@@ -42,9 +50,9 @@ PLAIN = ("nvfp4", AMAX_GIVEN)  # the plain-NVFP4 rows: the baseline of the targe
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
     backends: tuple[str, ...] = ("triton", "triton-tiled", "mosaic", "xla")
-    activation_shapes: tuple[str, ...] = ("8192x2048", "16384x4096", "32768x7168")
-    experts: int = 128
-    expert_shape: str = "2048x768"
+    activation_shapes: tuple[str, ...] = shapes.ACTIVATIONS
+    experts: int = shapes.EXPERTS
+    expert_shape: str = shapes.EXPERT_MATRIX
     iters: int = 20
     check_rows: int = 1024
     check_experts: int = 4
@@ -74,23 +82,26 @@ def cpu_reference(x, config: nvfp4.NVFP4Config, experts: bool, n: int, amax=None
 
 
 def quantizer(backend: str, config: nvfp4.NVFP4Config, experts: bool, amax=None, **options):
-    """A jitted quantizer of `backend` ("xla" is the reference); options go to the kernel.
-    amax: a given per-token amax [M, 1] (activations only), else the quantizer computes it."""
-    if amax is not None:
-        options = {**options, "amax": amax}
-    if backend == "xla":
-        fn = (lambda w: jax.vmap(lambda m: nvfp4.quantize(m, config))(jnp.swapaxes(w, 1, 2))) if experts else (
-            lambda x: nvfp4.quantize(x, config, amax=amax))
-        return jax.jit(fn)
-    import pallas_kernels
+    """A jitted quantizer of `backend` on the model's path (see the module docstring).
 
+    options (launch tunables) and amax (a given per-token amax [M, 1], activations only) are not
+    arguments of the model's quantizer: with either, the backend's entry point is called instead
+    (`pallas_kernels.quantize`, or `nvfp4.quantize` for "xla"), on the same layout."""
+    impl = "reference" if backend == "xla" else backend
     if backend == "triton-tiled":  # the Triton kernel with its tiled [rows, blocks, 16] layout
-        from pallas_kernels.triton_tunables import TritonQuantTunables
-
-        backend, options = "triton", {**options, "tunables": TritonQuantTunables(layout="tiled")}
-    if experts:
-        return jax.jit(lambda w: pallas_kernels.quantize_experts(w, config, backend=backend, contraction_axis=1, **options))
-    return jax.jit(lambda x: pallas_kernels.quantize(x, config, backend=backend, **options))
+        impl, options = "triton", {**options, "tunables": TritonQuantTunables(layout="tiled")}
+    if not options and amax is None:
+        def quantize(x):
+            return operands.nvfp4_quantize(x, config, impl)
+    elif impl == "reference":
+        def quantize(x):
+            return nvfp4.quantize(x, config, amax=amax)
+    else:
+        def quantize(x):
+            return pallas_kernels.quantize(x, config, backend=impl, amax=amax, **options)
+    if experts:  # [E, K, N] -> each expert's w^T [N, K], one tensor per expert (qlinear.quantize_weight)
+        return jax.jit(jax.vmap(lambda m: quantize(m.T)))
+    return jax.jit(quantize)
 
 
 def copy_bandwidth(x, iters: int) -> float:
@@ -120,9 +131,8 @@ def run(config: BenchConfig) -> dict:
     key = jax.random.key(0)
     cases = []
     for shape in config.activation_shapes:
-        m, k = map(int, shape.split("x"))
-        cases.append((f"act {shape}", jax.random.normal(key, (m, k), jnp.bfloat16), False, "token"))
-    k, n = map(int, config.expert_shape.split("x"))
+        cases.append((f"act {shape}", jax.random.normal(key, shapes.parse(shape), jnp.bfloat16), False, "token"))
+    k, n = shapes.parse(config.expert_shape)
     w = (jax.random.normal(key, (config.experts, k, n), jnp.float32) * 0.02).astype(jnp.bfloat16)
     cases.append((f"weights {config.experts}x{config.expert_shape}", w, True, "tensor"))
 
@@ -140,7 +150,7 @@ def run(config: BenchConfig) -> dict:
             qconfig = nvfp4.NVFP4Config(scale=scale)
             amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
             reference = cpu_reference(x, qconfig, False, config.check_rows, amax=amax)
-            for backend in ("triton", "xla"):
+            for backend in ("triton", "mosaic", "xla"):
                 if backend in config.backends:
                     rows.append(bench_row(name, AMAX_GIVEN, backend, qconfig, False, x, reference,
                                           config.check_rows, config, copy_bw, amax=amax))

@@ -2,11 +2,11 @@
 
     python -m experiments.tune_quant [--iters=10] [--out=benchmarks]
 
-For each activation shape (bf16, per-token amax) and variant, every candidate
-`TritonQuantTunables` is checked byte for byte against the CPU reference (as in bench_quant)
-and timed; the expert stack (16x16 blocks) sweeps `block_k_2d` and `num_warps`. Writes
-`<out>/tune_quant.{json,md}`: ms and % of the copy bandwidth per candidate, best marked.
-The kernel's default tunables are chosen from this table.
+For each activation shape (bf16, per-token amax; `pallas_kernels.nvfp4_quant.shapes`) and
+variant, every candidate `TritonQuantTunables` is checked byte for byte against the CPU reference
+and timed on the model's layout (`bench_quant.quantizer`); the expert stack (16x16 blocks) sweeps
+`block_k_2d` and `num_warps`. Writes `<out>/tune_quant.{json,md}`: ms and % of the copy bandwidth
+per candidate, best marked. The kernel's default tunables are chosen from this table.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import jax.numpy as jnp
 from experiments.bench_quant import VARIANTS, check_then_time, copy_bandwidth, cpu_reference, quantizer
 from experiments.gpu_bench import bench_main
 from fp4rl.formats import nvfp4
+from pallas_kernels.nvfp4_quant import shapes
+from pallas_kernels.nvfp4_quant.tunables import TritonQuantTunables
 
 # (rows_1d, block_k, num_warps, prefetch, row_groups) of the planar kernel: K in chunks, two
 # passes over each row (the default shape and the fastest shapes of a wider sweep), and a whole row
@@ -33,18 +35,16 @@ EXPERT_CANDIDATES = ((128, 4), (256, 4), (256, 8), (512, 8), (1024, 8))
 
 @dataclasses.dataclass(frozen=True)
 class TuneConfig:
-    activation_shapes: tuple[str, ...] = ("16384x4096", "32768x7168")
+    activation_shapes: tuple[str, ...] = shapes.TUNE_ACTIVATIONS
     variants: tuple[str, ...] = ("nvfp4", "4/6 fast", "4/6 exact")
-    experts: int = 128  # 0: skip the expert-stack sweep
-    expert_shape: str = "2048x768"
+    experts: int = shapes.EXPERTS  # 0: skip the expert-stack sweep
+    expert_shape: str = shapes.EXPERT_MATRIX
     iters: int = 10
     check_rows: int = 256
     out: str = "benchmarks"
 
 
 def _measure(x, qconfig, experts, tunables, reference, n, iters, copy_bw):
-    from pallas_kernels.triton_tunables import TritonQuantTunables
-
     tunables = TritonQuantTunables(**tunables)
     fn = quantizer("triton", qconfig, experts, tunables=tunables)
     return {"tunables": dataclasses.asdict(tunables), **check_then_time(fn, x, reference, n, iters, copy_bw)}
@@ -54,8 +54,7 @@ def run(config: TuneConfig) -> dict:
     key = jax.random.key(0)
     results = []
     for shape in config.activation_shapes:
-        m, k = map(int, shape.split("x"))
-        x = jax.random.normal(key, (m, k), jnp.bfloat16)
+        x = jax.random.normal(key, shapes.parse(shape), jnp.bfloat16)
         copy_bw = copy_bandwidth(x, config.iters)
         for variant in config.variants:
             qconfig = nvfp4.NVFP4Config(scale="token", **VARIANTS[variant])
@@ -69,7 +68,7 @@ def run(config: TuneConfig) -> dict:
                 results.append(row)
     if not config.experts:
         return {"device": str(jax.devices()[0].device_kind), "rows": results}
-    k, n = map(int, config.expert_shape.split("x"))
+    k, n = shapes.parse(config.expert_shape)
     w = (jax.random.normal(key, (config.experts, k, n), jnp.float32) * 0.02).astype(jnp.bfloat16)
     copy_bw = copy_bandwidth(w, config.iters)
     for variant in config.variants:

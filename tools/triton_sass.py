@@ -41,7 +41,7 @@ def lower_to_ttir(variant: str, tunables, shape: tuple[int, int]) -> list[str]:
     from jax._src.pallas.triton import gpu_info, lowering, pallas_call_registration
 
     from fp4rl.formats import nvfp4 as ref
-    from pallas_kernels import triton_quant as tq
+    from pallas_kernels.nvfp4_quant import triton as tq
 
     pallas_call_registration.gpu_info_lib.get_gpu_info = (
         lambda: gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H200))
@@ -100,7 +100,8 @@ def compile_and_count(ttir_path: str, num_warps: int, num_stages: int) -> dict:
 def main(argv=None) -> None:
     import dataclasses
 
-    from pallas_kernels.triton_tunables import DEFAULT_TUNABLES, LAYOUTS, TritonQuantTunables
+    from pallas_kernels.nvfp4_quant import shapes
+    from pallas_kernels.nvfp4_quant.tunables import DEFAULT_TUNABLES, LAYOUTS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="4/6-fast")
@@ -110,12 +111,12 @@ def main(argv=None) -> None:
     parser.add_argument("--num-warps", type=int, default=DEFAULT_TUNABLES.num_warps)
     parser.add_argument("--num-stages", type=int, default=DEFAULT_TUNABLES.num_stages)
     parser.add_argument("--no-prefetch", action="store_true", help="planar: no software prefetch of chunk i+1")
-    parser.add_argument("--shape", default="8192x2048", help="MxK of the bf16 activation")
+    parser.add_argument("--shape", default=shapes.ACTIVATIONS[0], help="MxK of the bf16 activation")
     parser.add_argument("--out", default=None, help="folder for ttir/ttgir/ptx/sass (default: a temp folder)")
     args = parser.parse_args(argv)
     out = args.out or tempfile.mkdtemp(prefix="triton_sass_")
     os.makedirs(out, exist_ok=True)
-    shape = tuple(int(v) for v in args.shape.split("x"))
+    shape = shapes.parse(args.shape)
     tunables = dataclasses.replace(DEFAULT_TUNABLES, layout=args.layout, rows_1d=args.rows, block_k=args.block_k,
                                    num_warps=args.num_warps, num_stages=args.num_stages, prefetch=not args.no_prefetch)
     for i, text in enumerate(lower_to_ttir(args.variant, tunables, shape)):

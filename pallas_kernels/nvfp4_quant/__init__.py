@@ -1,12 +1,24 @@
-"""Pallas GPU kernels of fp4rl, behind one explicit backend registry.
+"""NVFP4 (+ Four-Over-Six) quantize and dequantize, one op with two Pallas backends.
 
-    from pallas_kernels import quantize, dequantize
+    from pallas_kernels.nvfp4_quant import quantize, dequantize, NVFP4Config
     t = quantize(x, NVFP4Config(scale="token"), backend="triton")          # GPU, compiled
     t = quantize(x, config, backend="triton", interpret=True)               # CPU interpret mode
     x_hat = dequantize(t, jnp.bfloat16, backend="mosaic")
 
-Every backend reproduces `fp4rl.formats.nvfp4` byte for byte (docs/numerics.md). A backend is a
-module `pallas_kernels.<module>` exposing, for backend name `<b>`:
+The reference is `fp4rl.formats.nvfp4` (re-exported here as `reference_quantize` /
+`reference_dequantize`, with its `NVFP4Config` and `NVFP4Tensor`); every backend reproduces its
+bytes exactly (docs/numerics.md). The package:
+
+    block_math.py     the contract's element and block math, shared by both backends
+    wrappers.py       validation, GPU guard, amax layout, result assembly (plain XLA)
+    tunables.py       launch shapes: TritonQuantTunables, MosaicQuantTiling
+    shapes.py         named shapes shared by the tests, the benchmark and the tuner
+    triton.py         the Pallas Triton kernels (+ triton_planar.py, triton_arith.py)
+    mosaic.py         the Pallas Mosaic GPU kernels (+ mosaic_block.py)
+
+The tests are one shared suite (`tests/kernels/quant_suite.py`) run on the reference and on each
+backend, against one NumPy oracle (`tests/formats/oracle.py`). A backend is a module
+`pallas_kernels.nvfp4_quant.<module>` exposing, for backend name `<b>`:
 
     quantize_<b>(x, config, *, interpret=False, amax=None, **options) -> NVFP4Tensor
     dequantize_<b>(t, dtype, *, interpret=False, **options) -> array
@@ -26,10 +38,14 @@ from types import ModuleType
 
 import jax.numpy as jnp
 
-# backend name -> module (relative to this package) that implements it
+from fp4rl.formats.nvfp4 import NVFP4Config, NVFP4Tensor
+from fp4rl.formats.nvfp4 import dequantize as reference_dequantize
+from fp4rl.formats.nvfp4 import quantize as reference_quantize
+
+# backend name -> module that implements it
 BACKENDS: dict[str, str] = {
-    "triton": "pallas_kernels.triton_quant",
-    "mosaic": "pallas_kernels.mosaic_quant",
+    "triton": "pallas_kernels.nvfp4_quant.triton",
+    "mosaic": "pallas_kernels.nvfp4_quant.mosaic",
 }
 
 
@@ -78,4 +94,7 @@ def quantize_experts(w, config, *, backend: str, contraction_axis: int = 1, inte
     )
 
 
-__all__ = ["BACKENDS", "BackendUnavailableError", "backend_module", "dequantize", "quantize", "quantize_experts"]
+__all__ = [
+    "BACKENDS", "BackendUnavailableError", "NVFP4Config", "NVFP4Tensor", "backend_module", "dequantize", "quantize",
+    "quantize_experts", "reference_dequantize", "reference_quantize",
+]

@@ -1,25 +1,16 @@
-"""Backend-independent pieces of the NVFP4 Pallas kernels (docs/numerics.md §1-§3, §8).
+"""The NVFP4 block contract (docs/numerics.md §1-§3, §8) as kernel-side element math.
 
-Two kinds of helpers live here:
-
-* Wrapper-side (plain XLA, run before or after a kernel): input validation, the device
-  guard that refuses to run a compiled kernel without a GPU, the per-row layout of the
-  global amax, and the assembly of an `NVFP4Tensor` from the kernel's raw outputs.
-* Kernel-side element math written against an `Arith` object, so that one kernel body
-  serves interpret mode (plain jnp ops) and a compiled backend that must pin every `fl()`
-  of the contract to one IEEE-rounded f32 instruction (see `triton_arith.RoundedArith`).
-  Everything that is not an `fl()` of the contract is done on the integer bits (abs, max,
-  E4M3 rounding of normals, E2M1 sign), which is exact on every backend: the Triton
-  lowering turns float min/max into `minnumf`/`maxnumf`, which drop NaN, whereas the
-  contract (and the reference) propagate it (§8).
-
-Longer than ~400 lines because it is the one copy of the contract's kernel-side math that both
-backends (Triton and Mosaic GPU) share; a split would give each backend its own copy to drift.
+Written against an `Arith` object, so that one kernel body serves interpret mode (`PlainArith`,
+plain jnp ops) and a compiled backend that must pin every `fl()` of the contract to one
+IEEE-rounded f32 instruction (`triton_arith.RoundedArith`; Mosaic GPU: `mosaic_block.ExactArith`).
+Everything that is not an `fl()` of the contract is done on the integer bits (abs, max, E4M3
+rounding of normals, E2M1 sign), which is exact on every backend: the Triton lowering turns
+float min/max into `minnumf`/`maxnumf`, which drop NaN, whereas the contract (and the
+reference) propagate it (§8). The wrapper side (validation, amax layout, assembly of the
+result) is `wrappers`.
 """
 
 from __future__ import annotations
-
-import math
 
 import jax
 import jax.numpy as jnp
@@ -34,112 +25,6 @@ E4M3_MAX = np.float32(448.0)
 ONE_SIXTH = np.float32(1.0) / np.float32(6.0)  # fl(1/6), as the contract's k = fl(S_enc * fl(1/6))
 _MIN_NORMAL_E4M3 = np.float32(2.0**-6)
 _ABS_MASK = np.int32(0x7FFFFFFF)
-
-
-def is_power_of_two(n: int) -> bool:
-    return n >= 1 and (n & (n - 1)) == 0
-
-
-def next_power_of_two(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
-
-
-# ----------------------------------------------------------------------------------------
-# Wrapper-side helpers
-# ----------------------------------------------------------------------------------------
-
-
-def require_gpu(interpret: bool, what: str) -> None:
-    """Refuse to run a compiled GPU kernel where there is no GPU (never fall back to XLA)."""
-    if interpret:
-        return
-    backend = jax.default_backend()
-    if backend != "gpu":
-        raise RuntimeError(
-            f"{what} is a compiled GPU kernel but jax.default_backend()={backend!r}; "
-            "run it on a CUDA GPU, or pass interpret=True to run it in Pallas interpret mode "
-            "(there is no silent XLA fallback)."
-        )
-
-
-def check_k(k: int, block: int = BLOCK) -> None:
-    if k % block or k < block:
-        raise ValueError(f"{k=} must be a multiple of {block=} (and at least one block)")
-
-
-def check_input(x, config: ref.NVFP4Config) -> None:
-    """Validate dtype and shape before tracing (the reference's rules, the kernels' messages)."""
-    dtype = jnp.result_type(x)
-    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-        raise TypeError(f"the NVFP4 kernels take float32, bfloat16 or float16 input, got {dtype}")
-    shape = jnp.shape(x)
-    if len(shape) < 1:
-        raise ValueError(f"quantize needs an array with a K axis, got shape {shape}")
-    check_k(shape[-1])
-    if config.block_2d:
-        rows = shape[-2] if len(shape) >= 2 else 1
-        tile = BLOCK
-        if len(shape) < 2 or rows % tile:
-            raise ValueError(f"{rows=} must be a multiple of {tile=} for 2D (16x16) blocks")
-
-
-def amax_rows(amax, config: ref.NVFP4Config, lead_shape, groups: int):
-    """A given global amax -> float32 [groups, rows_per_group], one value per quantized row.
-
-    Per tensor: `()` (groups == 1) or `[groups]` (an expert stack); per token: `[..., 1]`.
-    """
-    amax = jnp.asarray(amax, jnp.float32)
-    rows = math.prod(lead_shape) // groups
-    if config.scale == "token":
-        expected = (*lead_shape, 1)
-        if amax.shape != expected:
-            raise ValueError(f"a per-token amax must have shape {expected}, got {amax.shape}")
-        return amax.reshape(groups, rows)
-    expected = () if groups == 1 else (groups,)
-    if amax.shape == ():
-        amax = amax[None]
-    if amax.shape != (groups,):
-        raise ValueError(f"a per-tensor amax must have shape {expected}, got {amax.shape}")
-    return jnp.broadcast_to(amax[:, None], (groups, rows))
-
-
-def expert_stack_dims(w, contraction_axis: int):
-    """(E, N, K) of an expert stack w: [E, K, N] (contraction_axis=1) or [E, N, K] (2)."""
-    if contraction_axis not in (1, 2):
-        raise ValueError(f"{contraction_axis=} must be 1 (w is [E, K, N]) or 2 (w is [E, N, K])")
-    if jnp.ndim(w) != 3:
-        raise ValueError(f"an expert stack is [E, K, N] or [E, N, K], got shape {jnp.shape(w)}")
-    e, d1, d2 = jnp.shape(w)
-    return (e, d2, d1) if contraction_axis == 1 else (e, d1, d2)
-
-
-def dequant_amax_rows(t: ref.NVFP4Tensor):
-    """The amax of a quantized tensor -> float32 [rows] (rows = prod(codes.shape[:-1])).
-
-    `()` per tensor, `[..., 1]` per token, and also `[E]` / `[E, ...]` leading-axis amaxes of
-    a `jax.vmap`-ed quantize (expert stacks): the same broadcast `jax.vmap(dequantize)` makes.
-    """
-    lead = t.codes.shape[:-1]
-    amax = jnp.asarray(t.amax, jnp.float32)
-    if amax.ndim == len(lead) + 1 and amax.shape[-1] == 1:
-        amax = amax[..., 0]
-    if amax.shape != lead[: amax.ndim]:
-        raise ValueError(f"amax of shape {amax.shape} does not match codes of shape {t.codes.shape}")
-    amax = amax.reshape(amax.shape + (1,) * (len(lead) - amax.ndim))
-    return jnp.broadcast_to(amax, lead).reshape(-1)
-
-
-def assemble(codes_u8, scale_bytes_u8, map4, amax, config, lead_shape, k):
-    """Raw kernel outputs (flattened rows) -> an NVFP4Tensor shaped like the reference's."""
-    codes = codes_u8.reshape(*lead_shape, k // 2)
-    scales = lax.bitcast_convert_type(scale_bytes_u8, jnp.float8_e4m3fn).reshape(*lead_shape, k // BLOCK)
-    map4 = map4.reshape(*lead_shape, k // BLOCK)
-    return ref.NVFP4Tensor(codes=codes, scales=scales, amax=amax, map4=map4, config=config)
-
-
-# ----------------------------------------------------------------------------------------
-# Kernel-side element math (docs/numerics.md §1-§3), parametrised by an Arith
-# ----------------------------------------------------------------------------------------
 
 
 class PlainArith:

@@ -19,7 +19,7 @@ layout (one element per thread). A block's column i of row r is one such array, 
 from a strided GMEM view (`_View`; K-major expert stacks give coalesced loads), so every
 reduction of the contract (block max, error sum, per-token amax) is a per-thread chain of
 elementwise ops in exactly the contract's order. `fori_loop`s walk the K/16 blocks and the
-16 columns. The per-block math is `pallas_kernels.mosaic_block`; this module has the views,
+16 columns. The per-block math is `mosaic_block`; this module has the views,
 the kernel bodies and the wrappers.
 
 Bit-exactness details
@@ -34,7 +34,7 @@ Bit-exactness details
   off in about a third of the rows and float MSE squares disagree in rare blocks
   (`tools/mosaic_probe.py` on an H200: `benchmarks/logs/mosaic_probe_float_*.log`).
 * f32 max/min lower to `max.NaN`/`min.NaN` (NaN-propagating like jnp); block and row maxima
-  are taken on the integer bits of |x| (NaN sorts above Inf), as in `pallas_kernels.common`.
+  are taken on the integer bits of |x| (NaN sorts above Inf), as in `block_math`.
 * E4M3 rounding is integer RNE on the f32 bits (normals) and the 2^23 trick (subnormals);
   E2M1 codes are compares; no float8/float4 casts are emitted in the kernel.
 
@@ -47,11 +47,10 @@ Kernels (each has a name that appears in the lowered program):
 Interpret mode: jax 0.11.2 has a Mosaic GPU interpreter (`plgpu.InterpretGPUParams`) that runs
 on CPU; `interpret=True` uses it.
 
-Status (H200, jax 0.11.2): the compiled shared suite and the Mosaic-specific GPU tests pass,
-every form (1D, 16x16 tiles, expert stacks row- and K-major), byte for byte
-(`benchmarks/README.md`, "Compiled GPU test suites"). Slow: one thread per unit with strided
-scalar loads (~4-7% of the copy bandwidth for row-major activations); a 2D 4/6 kernel takes
-~1-2 min to compile.
+Cost of this shape: one thread per unit with strided scalar loads keeps the kernel far from
+the copy bandwidth on row-major activations (`benchmarks/bench_quant.md`), and a 2D 4/6 kernel
+takes minutes to compile. The model's default on a GPU is therefore the Triton backend; this
+one is the second, independent implementation of the same bytes (`impl="mosaic"`).
 
 Longer than ~400 lines because every form (1D rows, 16x16 tiles, row- and K-major expert stacks)
 shares one set of wrappers, grids and launch code here; the per-block math is in `mosaic_block`.
@@ -71,34 +70,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from fp4rl.formats import nvfp4 as ref
-from pallas_kernels import common as cm
-from pallas_kernels import mosaic_block as mb
+from pallas_kernels.nvfp4_quant import block_math as bm
+from pallas_kernels.nvfp4_quant import mosaic_block as mb
+from pallas_kernels.nvfp4_quant import wrappers
+from pallas_kernels.nvfp4_quant.tunables import MosaicQuantTiling
 
-BLOCK = cm.BLOCK
-WARPGROUP = 128  # CUDA threads of one Mosaic GPU "thread" (a warpgroup) = rows per 128
+BLOCK = bm.BLOCK
 QUANT_KERNEL_NAME = "fp4rl_mosaic_nvfp4_quant"
 AMAX_KERNEL_NAME = "fp4rl_mosaic_nvfp4_amax"
 DEQUANT_KERNEL_NAME = "fp4rl_mosaic_nvfp4_dequant"
-
-
-@dataclasses.dataclass(frozen=True)
-class MosaicQuantTiling:
-    """Tunables of the Mosaic GPU quantizer, validated before tracing.
-
-    block_m: rows per program (one CUDA thread per row; a multiple of 128).
-    block_k: K columns per program when the amax is known before the kernel (per tensor, or
-      a given per-token amax); None = all of K. With the amax computed in-kernel (per token)
-      a program needs its whole rows, so block_k must be None there.
-    """
-
-    block_m: int = 128
-    block_k: int | None = None
-
-    def __post_init__(self):
-        if self.block_m <= 0 or self.block_m % WARPGROUP:
-            raise ValueError(f"block_m={self.block_m} must be a positive multiple of {WARPGROUP} (one thread per row)")
-        if self.block_k is not None and (self.block_k <= 0 or self.block_k % BLOCK):
-            raise ValueError(f"block_k={self.block_k} must be a positive multiple of block={BLOCK}")
 
 
 def _interpret_param(interpret: bool):
@@ -186,7 +166,7 @@ def _make_quant_body(view: _View, block_u, block_k, config: ref.NVFP4Config, ama
     band = view.band
 
     def quantize_cols(x_ref, codes_ref, scales_ref, map4_ref, g, units, amax):
-        s_enc, s_dec = cm.scales_from_amax(mb.ExactArith, amax, config.e4m3_bound)
+        s_enc, s_dec = bm.scales_from_amax(mb.ExactArith, amax, config.e4m3_bound)
         k0 = lax.axis_index("k") * nblk  # first block of this program
 
         def body(j, carry):
@@ -221,7 +201,7 @@ def _make_quant_body(view: _View, block_u, block_k, config: ref.NVFP4Config, ama
             g, units = _program_units(view, block_u)
             # max(., 0) is `max.NaN.f32` on the GPU: a NaN amax comes out as the canonical NaN
             # 0x7FFFFFFF, as XLA's reduce in the reference, not with the input's payload.
-            amax = jnp.maximum(cm.from_bits(_unit_amax_bits(view, x_ref, g, units)), mb.f32(0))
+            amax = jnp.maximum(bm.from_bits(_unit_amax_bits(view, x_ref, g, units)), mb.f32(0))
             amax_out_ref.at[g, units][...] = amax
             quantize_cols(x_ref, codes_ref, scales_ref, map4_ref, g, units, amax)
 
@@ -259,7 +239,7 @@ def _amax_call(view: _View, dtype, tiling: MosaicQuantTiling, interpret: bool):
 
     def kernel(x_ref, amax_out_ref):
         g, units = _program_units(view, block_u)
-        amax_out_ref.at[g, units][...] = cm.from_bits(_unit_amax_bits(view, x_ref, g, units))
+        amax_out_ref.at[g, units][...] = bm.from_bits(_unit_amax_bits(view, x_ref, g, units))
 
     return plgpu.kernel(
         kernel,
@@ -277,14 +257,14 @@ def _dequant_call(m_total, k, out_dtype, e4m3_bound, tiling: MosaicQuantTiling, 
 
     def kernel(codes_ref, scales_ref, amax_ref, out_ref):
         rows = pl.ds(jnp.minimum(lax.axis_index("m") * block_m, m_total - block_m), block_m)
-        s_dec = cm.dequant_s_dec(mb.ExactArith, amax_ref.at[rows][...], e4m3_bound)  # NaN if amax is not finite
+        s_dec = bm.dequant_s_dec(mb.ExactArith, amax_ref.at[rows][...], e4m3_bound)  # NaN if amax is not finite
 
         def body(j, carry):
-            sf = cm.e4m3_decode(scales_ref.at[rows, j][...].astype(jnp.int32))
+            sf = bm.e4m3_decode(scales_ref.at[rows, j][...].astype(jnp.int32))
             for p in range(BLOCK // 2):
                 byte = codes_ref.at[rows, j * (BLOCK // 2) + p][...].astype(jnp.int32)
                 for h, code in enumerate((byte & np.int32(15), lax.shift_right_logical(byte, np.int32(4)))):
-                    v = (cm.e2m1_decode(code) * sf) * s_dec
+                    v = (bm.e2m1_decode(code) * sf) * s_dec
                     out_ref.at[rows, j * BLOCK + 2 * p + h][...] = v.astype(out_dtype)
             return carry
 
@@ -350,7 +330,7 @@ def _quantize_groups(x, amax, view: _View, config: ref.NVFP4Config, tiling: Mosa
 
 
 def _validate(x, config: ref.NVFP4Config):
-    cm.check_input(x, config)
+    wrappers.check_input(x, config)
     if jnp.result_type(x) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         raise TypeError(f"the Mosaic GPU quantizer takes float32 or bfloat16 input, got {jnp.result_type(x)}")
     if math.prod(jnp.shape(x)[:-1]) == 0:
@@ -361,7 +341,7 @@ def _quantize(x_g, config, amax, lead, groups, k, k_major, tiling, interpret) ->
     """x_g [G, M, K] (or [G, K, M] K-major), lead = the result's leading shape (prod = G * M),
     amax as the caller was given it -> the NVFP4Tensor shaped like the reference's."""
     m = math.prod(lead) // groups
-    given = None if amax is None else cm.amax_rows(amax, config, lead, groups)  # [G, M]
+    given = None if amax is None else wrappers.amax_rows(amax, config, lead, groups)  # [G, M]
     if given is not None and config.scale == "tensor":
         given = given[:, 0]  # one value per group
     view = _View(groups=groups, m=m, k=k, band=BLOCK if config.block_2d else 1, k_major=k_major)
@@ -372,7 +352,7 @@ def _quantize(x_g, config, amax, lead, groups, k, k_major, tiling, interpret) ->
         amax_out = computed.reshape(*lead, 1)
     else:
         amax_out = computed.reshape(() if groups == 1 else (groups,))
-    return cm.assemble(codes, scales, map4, amax_out, config, lead, k)
+    return wrappers.assemble(codes, scales, map4, amax_out, config, lead, k)
 
 
 def quantize_mosaic(
@@ -393,7 +373,7 @@ def quantize_mosaic(
     interpret=True runs the Mosaic GPU interpreter (CPU); interpret=False needs a CUDA GPU
     (Hopper or newer) and raises otherwise.
     """
-    cm.require_gpu(interpret, "quantize_mosaic")
+    wrappers.require_gpu(interpret, "quantize_mosaic")
     _validate(x, config)
     *lead, k = jnp.shape(x)
     x_g = jnp.asarray(x).reshape(1, math.prod(lead), k)
@@ -417,8 +397,8 @@ def quantize_experts_mosaic(
     `jax.vmap(lambda v: quantize(v, config))` of the stack laid out [E, N, K].
     amax: optional, `[E]` per tensor or `[E, N, 1]` per token.
     """
-    e, n, k = cm.expert_stack_dims(w, contraction_axis)
-    cm.require_gpu(interpret, "quantize_experts_mosaic")
+    e, n, k = wrappers.expert_stack_dims(w, contraction_axis)
+    wrappers.require_gpu(interpret, "quantize_experts_mosaic")
     _validate(jax.ShapeDtypeStruct((e, n, k), jnp.result_type(w)), config)
     return _quantize(jnp.asarray(w), config, amax, (e, n), e, k, contraction_axis == 1, tiling, interpret)
 
@@ -441,10 +421,10 @@ def dequantize_mosaic(
     dtype = jnp.dtype(dtype)
     if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         raise TypeError(f"dequantize writes float32, bfloat16 or float16, got {dtype}")
-    cm.require_gpu(interpret, "dequantize_mosaic")
+    wrappers.require_gpu(interpret, "dequantize_mosaic")
     *lead, half = t.codes.shape
     m, k = math.prod(lead), 2 * half
-    amax_rows = cm.dequant_amax_rows(t)
+    amax_rows = wrappers.dequant_amax_rows(t)
     scale_bytes = lax.bitcast_convert_type(t.scales, jnp.uint8).reshape(m, k // BLOCK)
     call = _dequant_call(max(m, tiling.block_m), k, dtype, t.config.e4m3_bound, tiling, interpret)
     out = call(*(_pad_rows(a, tiling.block_m) for a in (t.codes.reshape(m, half), scale_bytes, amax_rows)))

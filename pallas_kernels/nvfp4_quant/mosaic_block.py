@@ -1,7 +1,7 @@
 """The NVFP4 block contract (docs/numerics.md §1-§3, §8) on Mosaic GPU register arrays.
 
 Every array here is a 1D `[block_m]` array in the strided layout, one element per CUDA
-thread (`pallas_kernels.mosaic_quant` explains why), so every reduction of the contract is a
+thread (`mosaic` explains why), so every reduction of the contract is a
 per-thread chain of elementwise ops in exactly the contract's order. A block is read through
 `load(r, i)` -> column i of row r (one row for 1x16 blocks, 16 for a 16x16 tile).
 """
@@ -14,9 +14,9 @@ from jax import lax
 
 from fp4rl.formats import ieee
 from fp4rl.formats import nvfp4 as ref
-from pallas_kernels import common as cm
+from pallas_kernels.nvfp4_quant import block_math as bm
 
-BLOCK = cm.BLOCK
+BLOCK = bm.BLOCK
 
 
 def f32(c):
@@ -35,8 +35,8 @@ def divide(a, b):
     return ieee.integer_divide(a, b, lambda x, y: x / y, unroll=False)
 
 
-class ExactArith(cm.PlainArith):
-    """`cm.PlainArith` with the correctly rounded division above."""
+class ExactArith(bm.PlainArith):
+    """`block_math.PlainArith` with the correctly rounded division above."""
 
     div = staticmethod(divide)
 
@@ -59,7 +59,7 @@ def e4m3_round(t):
     lsb = lax.shift_right_logical(bits, np.int32(20)) & np.int32(1)
     rbits = (bits + np.int32(0x7FFFF) + lsb) & np.int32(~0xFFFFF)
     n = lax.round(t * f32(512.0), lax.RoundingMethod.TO_NEAREST_EVEN)  # an integer 0..8
-    value = jnp.where(normal, cm.from_bits(rbits), n * f32(2.0**-9))
+    value = jnp.where(normal, bm.from_bits(rbits), n * f32(2.0**-9))
     byte = jnp.where(
         normal,
         lax.shift_right_logical(rbits, np.int32(20)) - np.int32(960),  # (exp - 120) << 3 | mant
@@ -69,23 +69,23 @@ def e4m3_round(t):
 
 
 def encode(col, inv):
-    return cm.e2m1_encode(col * inv)
+    return bm.e2m1_encode(col * inv)
 
 
 def inv_scale(sf, s_dec):
-    return cm.min_nan(divide(f32(1), sf * s_dec), cm.FLT_MAX)
+    return bm.min_nan(divide(f32(1), sf * s_dec), bm.FLT_MAX)
 
 
 def element_error(x, inv, sf, amax, s_enc, config: ref.NVFP4Config):
     """e(d) of §3 for one element of one 4/6 candidate (exact or fast error; MAE or MSE)."""
-    dec_sf = cm.e2m1_decode(encode(x, inv)) * sf  # exact (<= 6 significant bits)
+    dec_sf = bm.e2m1_decode(encode(x, inv)) * sf  # exact (<= 6 significant bits)
     if config.fast_error:
         d = dec_sf - no_fma(x * s_enc)
     else:
         d = divide(dec_sf * amax, f32(6 * config.e4m3_bound)) - x
     # MSE: the square from integer ops (`ieee.integer_square`): the float product, even behind a
     # barrier, disagrees with the contract in rare compiled blocks (`tools/mosaic_probe.py --mse`).
-    return cm.fabs(d) if config.four_over_six == "mae" else ieee.integer_square(d, lambda v: v * v)
+    return bm.fabs(d) if config.four_over_six == "mae" else ieee.integer_square(d, lambda v: v * v)
 
 
 def fold16(load, first, step):
@@ -99,7 +99,7 @@ def fold16(load, first, step):
 
 def tree_sum16(r):
     """Pairwise tree sum of the 16 row errors of a 2D tile (§3): r[0:8]+r[8:16], then 4, 2, 1.
-    (`common.tree_sum16_rows` on a list: Mosaic GPU register arrays are not stacked.)"""
+    (`block_math.tree_sum16_rows` on a list: Mosaic GPU register arrays are not stacked.)"""
     for half in (8, 4, 2, 1):
         r = [r[i] + r[i + half] for i in range(half)]
     return r[0]
@@ -118,7 +118,7 @@ def block_max_bits(load, band: int):
     """Integer max of |x| bits over a block's rows (load(r, i)): NaN-propagating, exact."""
 
     def row(r):
-        return fold16(lambda i: load(r, i), cm.abs_bits, lambda m, x: jnp.maximum(m, cm.abs_bits(x)))
+        return fold16(lambda i: load(r, i), bm.abs_bits, lambda m, x: jnp.maximum(m, bm.abs_bits(x)))
 
     first = row(np.int32(0))
     return first if band == 1 else for_rows(band, lambda r, m: jnp.maximum(m, row(r)), first)
@@ -131,15 +131,15 @@ def quantize_block(load, band: int, amax, s_enc, s_dec, config: ref.NVFP4Config)
     a 16x16 tile). The codes are then E2M1(fl(x_i * inv)) with the chosen candidate's inv:
     selecting inv and re-encoding gives the same codes as selecting between q4 and q6.
     """
-    b = cm.from_bits(block_max_bits(load, band))
-    cap = cm.E4M3_MAX
+    b = bm.from_bits(block_max_bits(load, band))
+    cap = bm.E4M3_MAX
     if config.four_over_six is None:
-        k = s_enc * f32(cm.ONE_SIXTH)
-        sf, byte = e4m3_round(cm.min_nan(b * k, cap))
+        k = s_enc * f32(bm.ONE_SIXTH)
+        sf, byte = e4m3_round(bm.min_nan(b * k, cap))
         return inv_scale(sf, s_dec), byte, None
     base = divide(b, f32(6.0)) * s_enc  # divide, then multiply
-    sf6, byte6 = e4m3_round(cm.min_nan(base, cap))
-    sf4, byte4 = e4m3_round(cm.min_nan(base * f32(1.5), cap))
+    sf6, byte6 = e4m3_round(bm.min_nan(base, cap))
+    sf4, byte4 = e4m3_round(bm.min_nan(base * f32(1.5), cap))
     inv6, inv4 = inv_scale(sf6, s_dec), inv_scale(sf4, s_dec)
 
     def errs(x):
@@ -163,7 +163,7 @@ def quantize_block(load, band: int, amax, s_enc, s_dec, config: ref.NVFP4Config)
             slots = tuple(jnp.where(row == np.int32(i % BLOCK), e, s) for i, (e, s) in enumerate(zip(new, slots)))
             return row + np.int32(1), slots
 
-        init = (jnp.zeros_like(cm.abs_bits(b)), (jnp.zeros_like(b),) * (2 * BLOCK))  # int32 row, f32 slots
+        init = (jnp.zeros_like(bm.abs_bits(b)), (jnp.zeros_like(b),) * (2 * BLOCK))  # int32 row, f32 slots
         _, slots = lax.fori_loop(np.int32(0), np.int32(band), body, init)
         err6, err4 = tree_sum16(list(slots[:BLOCK])), tree_sum16(list(slots[BLOCK:]))
     map4 = err4 < err6  # strict: ties go to map-6

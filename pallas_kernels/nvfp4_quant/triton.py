@@ -13,16 +13,16 @@ The grid is `(G, cdiv(M, rows))`; one program owns `rows` rows (1D blocks: the t
 (`block_k_2d` for 2D) columns, a power of two since Triton tensors must have power-of-two
 sizes (see `TritonQuantTunables`).
 
-* 1x16 blocks of a row-major input use the *planar* layout by default (`pallas_kernels.planar`,
+* 1x16 blocks of a row-major input use the *planar* layout by default (`triton_planar`,
   `TritonQuantTunables.layout`): each thread owns whole blocks, held as 8 (16 for f32)
   32-bit word planes, so the block max, the sequential 4/6 error sum and the packing of
   codes never cross threads, and E2M1 encoding is one rounding add per element. Each thread
   reads its blocks with 128-bit loads (4 words at a time) and writes a block's codes with one
   64-bit store; with K in several chunks the next chunk's loads are issued before the current
-  one is processed (`TritonQuantTunables.prefetch`, 4-8% faster for 4/6 fast on the H200). The
+  one is processed (`TritonQuantTunables.prefetch`), so loads overlap the arithmetic. The
   E2M1 range offset comes from the exponent by integer ops (no compares), the fast error is one
-  FMA and |v| clamps with one FMNMX: a thread's main path is 361 (plain) / 681 (4/6 fast) sm_90
-  SASS instructions per 16 elements (`tools/triton_sass.py`). The launch shape is chosen per
+  FMA and |v| clamps with one FMNMX, which keeps a thread's main path short (`tools/triton_sass.py`
+  counts its sm_90 SASS instructions per 16 elements). The launch shape is chosen per
   variant when none is given (`default_tunables`: plain NVFP4 reads each row once). The tiled
   layout (below) serves 16x16 tiles, K-major expert stacks and `layout="tiled"`.
 * Neither M nor K needs to be a multiple of the row block or chunk: the tails are MASKED
@@ -52,7 +52,7 @@ So compiled kernels do every contract op through `RoundedArith` (inline PTX `div
 `mul.rn.f32`, `add.rn.f32`, `sub.rn.f32`, and `fma.rn.f32` / `abs.f32` where the planar
 encoder needs them: correctly rounded, never contracted or flushed; Triton's own fabs is
 `FADD.FTZ |a|, -0`, which flushes a subnormal error term),
-and abs/max/E4M3 rounding/E2M1 sign are integer bit operations (`pallas_kernels.common`).
+and abs/max/E4M3 rounding/E2M1 sign are integer bit operations (`block_math`).
 The fast 4/6 error's product `dec(q)*sf` is exact in f32 (as it is in the f16 registers
 the paper uses), so it is formed in f32; the subtraction is the contract's f32 one.
 E4M3 scales are computed on the bits and stored as bytes, not with the f32->fp8 cast.
@@ -70,7 +70,7 @@ NVIDIA GPUs return the canonical +NaN), which is why the GPU tests use positive 
 
 Longer than ~400 lines because the tiled and planar kernels share one quantize builder, the
 wrappers and the launch code, which a split would duplicate; the planar block math is in
-`pallas_kernels.planar`, the launch shapes in `triton_tunables`, the PTX ops in `triton_arith`.
+`triton_planar`, the launch shapes in `tunables`, the PTX ops in `triton_arith`.
 """
 
 from __future__ import annotations
@@ -85,10 +85,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu_triton
 
 from fp4rl.formats import nvfp4 as ref
-from pallas_kernels import common as cm
-from pallas_kernels import planar
-from pallas_kernels.triton_arith import RoundedArith
-from pallas_kernels.triton_tunables import DEFAULT_TUNABLES, TritonQuantTunables, default_tunables
+from pallas_kernels.nvfp4_quant import block_math as bm
+from pallas_kernels.nvfp4_quant import triton_planar as planar
+from pallas_kernels.nvfp4_quant import wrappers
+from pallas_kernels.nvfp4_quant.triton_arith import RoundedArith
+from pallas_kernels.nvfp4_quant.tunables import DEFAULT_TUNABLES, TritonQuantTunables, default_tunables
 
 QUANT_NAME = "fp4rl_nvfp4_quant_triton"
 AMAX_NAME = "fp4rl_nvfp4_amax_triton"
@@ -96,7 +97,7 @@ DEQUANT_NAME = "fp4rl_nvfp4_dequant_triton"
 
 
 def _arith(interpret: bool):
-    return cm.PlainArith if interpret else RoundedArith
+    return bm.PlainArith if interpret else RoundedArith
 
 
 # ----------------------------------------------------------------------------------------
@@ -116,17 +117,17 @@ def _load_rows(x_ref, g, r0, k0, *, rows, chunk, m, k, k_major):
         mask = row_ok[:, None] & col_ok[None, :]
         x = plgpu_triton.load(x_ref.at[g, pl.ds(r0, rows), pl.ds(k0, chunk)], mask=mask, other=0)
     if x.dtype == jnp.bfloat16:
-        return cm.bf16_to_f32(x)  # on the bits: exact, subnormals kept whatever the FTZ mode
+        return bm.bf16_to_f32(x)  # on the bits: exact, subnormals kept whatever the FTZ mode
     return x.astype(jnp.float32)
 
 
 def _row_amax_bits(load_chunk, n_chunks, rows):
     """max |x| over each row's K elements as int32 bits (NaN-propagating, exact)."""
     if n_chunks == 1:
-        return jnp.max(cm.abs_bits(load_chunk(0)), axis=1)
+        return jnp.max(bm.abs_bits(load_chunk(0)), axis=1)
 
     def body(i, acc):
-        return jnp.maximum(acc, jnp.max(cm.abs_bits(load_chunk(i)), axis=1))
+        return jnp.maximum(acc, jnp.max(bm.abs_bits(load_chunk(i)), axis=1))
 
     return lax.fori_loop(0, n_chunks, body, jnp.zeros((rows,), jnp.int32))
 
@@ -155,7 +156,7 @@ def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, interpr
     g = pl.program_id(0)
     r0 = pl.program_id(1) * rows
     n_chunks = pl.cdiv(k, chunk)
-    nb = chunk // cm.BLOCK
+    nb = chunk // bm.BLOCK
     row_ok = (r0 + jnp.arange(rows)) < m
 
     def load_chunk(i):
@@ -165,19 +166,19 @@ def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, interpr
     if amax_given:
         amax = plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok, other=0.0)
     else:
-        amax = cm.from_bits(_row_amax_bits(lambda i: first if first is not None else load_chunk(i), n_chunks, rows))
+        amax = bm.from_bits(_row_amax_bits(lambda i: first if first is not None else load_chunk(i), n_chunks, rows))
         plgpu_triton.store(amax_out_ref.at[g, pl.ds(r0, rows)], amax, mask=row_ok)
     amax = amax[:, None]  # [rows, 1]
 
     def body(i, carry):
         x = first if first is not None else load_chunk(i)
-        codes, scale_bytes, map4 = cm.quantize_blocks(ar, x.reshape(rows, nb, cm.BLOCK), amax, config)
+        codes, scale_bytes, map4 = bm.quantize_blocks(ar, x.reshape(rows, nb, bm.BLOCK), amax, config)
         k0 = i * chunk
-        _store_cols(codes_ref, g, r0, k0 // 2, cm.pack_codes(codes.reshape(rows, chunk)),
+        _store_cols(codes_ref, g, r0, k0 // 2, bm.pack_codes(codes.reshape(rows, chunk)),
                     rows=rows, m=m, ncols=k // 2)
-        _store_cols(scales_ref, g, r0, k0 // cm.BLOCK, scale_bytes.astype(jnp.uint8),
-                    rows=rows, m=m, ncols=k // cm.BLOCK)
-        _store_cols(map4_ref, g, r0, k0 // cm.BLOCK, map4, rows=rows, m=m, ncols=k // cm.BLOCK)
+        _store_cols(scales_ref, g, r0, k0 // bm.BLOCK, scale_bytes.astype(jnp.uint8),
+                    rows=rows, m=m, ncols=k // bm.BLOCK)
+        _store_cols(map4_ref, g, r0, k0 // bm.BLOCK, map4, rows=rows, m=m, ncols=k // bm.BLOCK)
         return carry
 
     if n_chunks == 1:
@@ -187,7 +188,7 @@ def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, interpr
 
 
 def _planar_quant_kernel(*refs, m, k, rows, nbc, groups, dtype, config, amax_given, prefetch, interpret):
-    """1x16 blocks of a row-major input held as element planes (`pallas_kernels.planar`).
+    """1x16 blocks of a row-major input held as element planes (`triton_planar`).
 
     x_ref: uint32 [G, M, K/16, wpb] (the input's bytes, one row of wpb words per block); a program
     owns `groups` consecutive groups of `rows` rows and walks each `nbc` blocks at a time. Plane j
@@ -199,7 +200,7 @@ def _planar_quant_kernel(*refs, m, k, rows, nbc, groups, dtype, config, amax_giv
     x_ref, amax_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = _quant_refs(refs, amax_given)
     ar = _arith(interpret)
     g = pl.program_id(0)
-    nblocks = k // cm.BLOCK
+    nblocks = k // bm.BLOCK
     n_chunks = pl.cdiv(nblocks, nbc)
     wpb = planar.words_per_block(dtype)
 
@@ -220,13 +221,13 @@ def _planar_quant_kernel(*refs, m, k, rows, nbc, groups, dtype, config, amax_giv
         return words
 
     def chunk_max(words):  # [rows, nbc]: reduced across threads once, after the loop
-        return planar.max_bits([cm.abs_bits(x) for x in planar.elements_from_words(words, dtype)])
+        return planar.max_bits([bm.abs_bits(x) for x in planar.elements_from_words(words, dtype)])
 
     def given_amax(r0):
         return plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok(r0), other=0.0)
 
     def store_amax(r0, bits):
-        amax = cm.from_bits(bits)
+        amax = bm.from_bits(bits)
         plgpu_triton.store(amax_out_ref.at[g, pl.ds(r0, rows)], amax, mask=row_ok(r0))
         return amax
 
@@ -308,7 +309,7 @@ def _amax_kernel(x_ref, out_ref, *, m, k, rows, chunk, k_major):
         return _load_rows(x_ref, g, r0, i * chunk, rows=rows, chunk=chunk, m=m, k=k, k_major=k_major)
 
     bits = _row_amax_bits(load_chunk, pl.cdiv(k, chunk), rows)
-    plgpu_triton.store(out_ref.at[g, pl.ds(r0, rows)], cm.from_bits(bits), mask=row_ok)
+    plgpu_triton.store(out_ref.at[g, pl.ds(r0, rows)], bm.from_bits(bits), mask=row_ok)
 
 
 def _dequant_kernel(codes_ref, scales_ref, amax_ref, out_ref, *, m, k, rows, chunk, e4m3_bound, interpret):
@@ -316,9 +317,9 @@ def _dequant_kernel(codes_ref, scales_ref, amax_ref, out_ref, *, m, k, rows, chu
     g = pl.program_id(0)
     r0 = pl.program_id(1) * rows
     row_ok = (r0 + jnp.arange(rows)) < m
-    nb = chunk // cm.BLOCK
+    nb = chunk // bm.BLOCK
     amax = plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok, other=0.0)
-    s_dec = cm.dequant_s_dec(ar, amax, e4m3_bound)[:, None, None]
+    s_dec = bm.dequant_s_dec(ar, amax, e4m3_bound)[:, None, None]
 
     def body(i, carry):
         k0 = i * chunk
@@ -327,16 +328,16 @@ def _dequant_kernel(codes_ref, scales_ref, amax_ref, out_ref, *, m, k, rows, chu
             codes_ref.at[g, pl.ds(r0, rows), pl.ds(k0 // 2, chunk // 2)],
             mask=row_ok[:, None] & half_ok[None, :], other=0,
         )
-        blk_ok = (k0 // cm.BLOCK + jnp.arange(nb)) < k // cm.BLOCK
+        blk_ok = (k0 // bm.BLOCK + jnp.arange(nb)) < k // bm.BLOCK
         sbytes = plgpu_triton.load(
-            scales_ref.at[g, pl.ds(r0, rows), pl.ds(k0 // cm.BLOCK, nb)],
+            scales_ref.at[g, pl.ds(r0, rows), pl.ds(k0 // bm.BLOCK, nb)],
             mask=row_ok[:, None] & blk_ok[None, :], other=0,
         )
-        sf = cm.e4m3_decode(sbytes.astype(jnp.int32))
-        dec = cm.e2m1_decode(cm.unpack_codes(packed)).reshape(rows, nb, cm.BLOCK)
+        sf = bm.e4m3_decode(sbytes.astype(jnp.int32))
+        dec = bm.e2m1_decode(bm.unpack_codes(packed)).reshape(rows, nb, bm.BLOCK)
         # fl(fl(dec * sf) * S_dec), then one rounding to the output dtype (reference order).
         value = ar.mul(ar.mul(dec, sf[..., None]), s_dec).reshape(rows, chunk)
-        value = cm.f32_to_bf16(value) if out_ref.dtype == jnp.bfloat16 else value.astype(out_ref.dtype)
+        value = bm.f32_to_bf16(value) if out_ref.dtype == jnp.bfloat16 else value.astype(out_ref.dtype)
         _store_cols(out_ref, g, r0, k0, value, rows=rows, m=m, ncols=k)
         return carry
 
@@ -377,12 +378,12 @@ def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
     if planar_layout:  # codes written as uint32 word pairs (one per block), read from the input's words
         rows = tunables.rows_1d
         row_groups = tunables.row_groups if tunables.chunk(k) >= k else 1
-        kernel = functools.partial(_planar_quant_kernel, m=m, k=k, rows=rows, nbc=tunables.chunk(k) // cm.BLOCK,
+        kernel = functools.partial(_planar_quant_kernel, m=m, k=k, rows=rows, nbc=tunables.chunk(k) // bm.BLOCK,
                                    groups=row_groups, prefetch=tunables.prefetch,
                                    dtype=x_g.dtype, config=config, amax_given=amax_rows is not None,
                                    interpret=interpret)
-        x_in = planar.as_words(x_g).reshape(groups, m, k // cm.BLOCK, planar.words_per_block(x_g.dtype))
-        codes_shape = jax.ShapeDtypeStruct((groups, m, k // cm.BLOCK, 2), jnp.uint32)
+        x_in = planar.as_words(x_g).reshape(groups, m, k // bm.BLOCK, planar.words_per_block(x_g.dtype))
+        codes_shape = jax.ShapeDtypeStruct((groups, m, k // bm.BLOCK, 2), jnp.uint32)
     else:
         rows = tunables.rows(config)
         kernel = functools.partial(_quant_kernel, m=m, k=k, rows=rows, chunk=tunables.chunk(k, config), config=config,
@@ -390,8 +391,8 @@ def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
         codes_shape, x_in = jax.ShapeDtypeStruct((groups, m, k // 2), jnp.uint8), x_g
     out_shape = [
         codes_shape,
-        jax.ShapeDtypeStruct((groups, m, k // cm.BLOCK), jnp.uint8),
-        jax.ShapeDtypeStruct((groups, m, k // cm.BLOCK), jnp.bool_),
+        jax.ShapeDtypeStruct((groups, m, k // bm.BLOCK), jnp.uint8),
+        jax.ShapeDtypeStruct((groups, m, k // bm.BLOCK), jnp.bool_),
     ]
     if amax_rows is None:
         out_shape.append(jax.ShapeDtypeStruct((groups, m), jnp.float32))
@@ -421,7 +422,7 @@ def _quantize_groups(x_g, amax, config, *, m, k, k_major, tunables, interpret):
         row_amax = _row_amax_call(x_g, m=m, k=k, k_major=k_major, tunables=tunables, interpret=interpret)
         # max over rows on the bits: NaN-propagating on every platform (XLA:CPU's vectorised
         # float max reductions have been seen to drop NaN)
-        group_amax = cm.from_bits(jnp.max(cm.abs_bits(row_amax), axis=1))
+        group_amax = bm.from_bits(jnp.max(bm.abs_bits(row_amax), axis=1))
         amax_r = jnp.broadcast_to(group_amax[:, None], (groups, m))
     else:
         amax_r = amax
@@ -436,7 +437,7 @@ def _validate(x, config, tunables):
         raise TypeError(f"config must be an NVFP4Config, got {type(config).__name__}")
     if not isinstance(tunables, TritonQuantTunables):
         raise TypeError(f"tunables must be a TritonQuantTunables, got {type(tunables).__name__}")
-    cm.check_input(x, config)
+    wrappers.check_input(x, config)
 
 
 # ----------------------------------------------------------------------------------------
@@ -456,7 +457,7 @@ def quantize_triton(x, config: ref.NVFP4Config = ref.NVFP4Config(), *, interpret
     _validate(x, config, DEFAULT_TUNABLES if tunables is None else tunables)
     if tunables is None:
         tunables = default_tunables(config, jnp.shape(x)[-1])
-    cm.require_gpu(interpret, QUANT_NAME)
+    wrappers.require_gpu(interpret, QUANT_NAME)
     return _quantize_jit(x, None if amax is None else jnp.asarray(amax, jnp.float32), config, interpret, tunables)
 
 
@@ -465,7 +466,7 @@ def _quantize_jit(x, amax, config, interpret, tunables):
     *lead, k = x.shape
     m = math.prod(lead)
     x_g = x.reshape(1, m, k)
-    amax_r = None if amax is None else cm.amax_rows(amax, config, tuple(lead), 1)
+    amax_r = None if amax is None else wrappers.amax_rows(amax, config, tuple(lead), 1)
     codes, sbytes, map4, amax_out = _quantize_groups(
         x_g, amax_r, config, m=m, k=k, k_major=False, tunables=tunables, interpret=interpret
     )
@@ -475,7 +476,7 @@ def _quantize_jit(x, amax, config, interpret, tunables):
         amax_out = amax_out.reshape(*lead, 1)
     else:
         amax_out = amax_out.reshape(())
-    return cm.assemble(codes, sbytes, map4, amax_out, config, tuple(lead), k)
+    return wrappers.assemble(codes, sbytes, map4, amax_out, config, tuple(lead), k)
 
 
 def quantize_experts_triton(w, config: ref.NVFP4Config = ref.NVFP4Config(), *, contraction_axis: int = 1,
@@ -490,9 +491,9 @@ def quantize_experts_triton(w, config: ref.NVFP4Config = ref.NVFP4Config(), *, c
     transposed inside the kernel; no transposed copy of w is made.
     amax: optional, `[E]` per tensor or `[E, N, 1]` per token.
     """
-    e, n, k = cm.expert_stack_dims(w, contraction_axis)
+    e, n, k = wrappers.expert_stack_dims(w, contraction_axis)
     _validate(jax.ShapeDtypeStruct((n, k), jnp.result_type(w)), config, tunables)
-    cm.require_gpu(interpret, QUANT_NAME)
+    wrappers.require_gpu(interpret, QUANT_NAME)
     amax = None if amax is None else jnp.asarray(amax, jnp.float32)
     return _quantize_experts_jit(w, amax, config, contraction_axis == 1, interpret, tunables)
 
@@ -501,7 +502,7 @@ def quantize_experts_triton(w, config: ref.NVFP4Config = ref.NVFP4Config(), *, c
 def _quantize_experts_jit(w, amax, config, k_major, interpret, tunables):
     e = w.shape[0]
     n, k = (w.shape[2], w.shape[1]) if k_major else (w.shape[1], w.shape[2])
-    amax_r = None if amax is None else cm.amax_rows(amax, config, (e, n), e)
+    amax_r = None if amax is None else wrappers.amax_rows(amax, config, (e, n), e)
     codes, sbytes, map4, amax_out = _quantize_groups(
         w, amax_r, config, m=n, k=k, k_major=k_major, tunables=tunables, interpret=interpret
     )
@@ -509,7 +510,7 @@ def _quantize_experts_jit(w, amax, config, k_major, interpret, tunables):
         amax_out = amax
     elif config.scale == "token":
         amax_out = amax_out.reshape(e, n, 1)
-    return cm.assemble(codes, sbytes, map4, amax_out, config, (e, n), k)
+    return wrappers.assemble(codes, sbytes, map4, amax_out, config, (e, n), k)
 
 
 def dequantize_triton(t: ref.NVFP4Tensor, dtype=jnp.bfloat16, *, interpret: bool = False,
@@ -525,8 +526,8 @@ def dequantize_triton(t: ref.NVFP4Tensor, dtype=jnp.bfloat16, *, interpret: bool
     dtype = jnp.dtype(dtype)
     if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         raise TypeError(f"dequantize writes float32, bfloat16 or float16, got {dtype}")
-    cm.check_k(t.codes.shape[-1] * 2)
-    cm.require_gpu(interpret, DEQUANT_NAME)
+    wrappers.check_k(t.codes.shape[-1] * 2)
+    wrappers.require_gpu(interpret, DEQUANT_NAME)
     return _dequantize_jit(t, dtype, interpret, tunables)
 
 
@@ -537,8 +538,8 @@ def _dequantize_jit(t, dtype, interpret, tunables):
     m = math.prod(lead)
     rows, chunk = tunables.rows_1d, tunables.chunk(k)
     codes = t.codes.reshape(1, m, half)
-    sbytes = lax.bitcast_convert_type(t.scales, jnp.uint8).reshape(1, m, k // cm.BLOCK)
-    amax_r = cm.dequant_amax_rows(t).reshape(1, m)
+    sbytes = lax.bitcast_convert_type(t.scales, jnp.uint8).reshape(1, m, k // bm.BLOCK)
+    amax_r = wrappers.dequant_amax_rows(t).reshape(1, m)
     kernel = functools.partial(
         _dequant_kernel, m=m, k=k, rows=rows, chunk=chunk, e4m3_bound=t.config.e4m3_bound, interpret=interpret
     )

@@ -4,7 +4,7 @@ Triton's defaults break the contract's one-IEEE-op-per-fl() rule: f32 division l
 approximate `div.full.f32`, LLVM contracts `a*b - c` into an FMA, and its fabs is
 `FADD.FTZ |a|, -0` (flushes subnormals). Each op here is one PTX instruction with explicit
 round-to-nearest-even and no `.ftz`, which ptxas neither contracts nor flushes. Interpret mode
-uses `pallas_kernels.common.PlainArith`, the same interface in jnp.
+uses `block_math.PlainArith`, the same interface in jnp.
 """
 
 from __future__ import annotations

@@ -3,18 +3,18 @@
 Why: the Triton compiler lays a `[rows, blocks, 16]` tile out across threads, so every
 per-block step of the contract (the block max, the sequential 16-element error sum of 4/6, the
 packing of code pairs) became a reshape/split that it lowers to shared-memory layout
-conversions and shuffles: 2592 sm_90 SASS instructions per 16 elements per thread for
-per-token 4/6 fast (`tools/triton_sass.py`), 1160 in this layout. Here the input is loaded as *planes*: plane j is
-the j-th 32-bit word of every block (`x_words[r, b, j]`; a thread loads its block's words four
+conversions and shuffles (`tools/triton_sass.py` counts the sm_90 SASS instructions per 16
+elements of each layout: this one needs about half). Here the input is loaded as *planes*:
+plane j is the j-th 32-bit word of every block (`x_words[r, b, j]`; a thread loads its block's words four
 at a time, 16 contiguous bytes, and splits them into planes in its registers), so a block's
 16 elements are 16 separate `[rows, blocks]` tensors that the same thread holds. The block
 max is 15 elementwise maxima, the error sum is the contract's sequential sum as written, and
 the 16 codes of a block pack into two 32-bit words with shifts. No op crosses threads.
 
-`quantize_planes` returns exactly the bytes of `pallas_kernels.common.quantize_blocks` (the
+`quantize_planes` returns exactly the bytes of `block_math.quantize_blocks` (the
 tiled form, itself pinned to `fp4rl.formats.nvfp4`): the scale math is the same helpers; the
 E2M1 encoding is a different formulation of the same rounding (`e2m1_magnitude`, checked on
-every rounding boundary in `tests/kernels/test_planar.py`), and the shared suite compares
+every rounding boundary in `tests/kernels/test_triton_planar.py`), and the shared suite compares
 the whole kernel byte for byte, interpreted on CPU and compiled on the H200.
 """
 
@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_kernels import common as cm
+from pallas_kernels.nvfp4_quant import block_math as bm
 
-BLOCK = cm.BLOCK
+BLOCK = bm.BLOCK
 
 
 def words_per_block(dtype) -> int:
@@ -117,7 +117,7 @@ _OFFSET_SLOPE, _OFFSET_BASE = np.int32(0x800002), np.int32(0x0AFFFF02)
 
 
 def e2m1_magnitude(ar, v, with_value=False):
-    """|E2M1 code| of v (as `common.e2m1_encode`, in the low 3 bits of the result) and, if
+    """|E2M1 code| of v (as `block_math.e2m1_encode`, in the low 3 bits of the result) and, if
     `with_value`, the code's magnitude |dec(q)| as f32 (exact), else None.
 
     One rounding add instead of seven compares; saturation is the clamp to 6 (NUMERICS s1:
@@ -125,10 +125,10 @@ def e2m1_magnitude(ar, v, with_value=False):
     arbitrary magnitude here: `combine_words` zeroes those blocks.
     """
     # min(|v|, 6): one FMNMX compiled (a NaN v may give 6 or NaN; its block is masked anyway)
-    a = ar.clamp_abs(v, cm.f32(6.0))
+    a = ar.clamp_abs(v, bm.f32(6.0))
     exponent = lax.shift_right_logical(jnp.maximum(lax.bitcast_convert_type(a, jnp.int32), _ONE_BITS), np.int32(23))
-    offset = cm.from_bits(exponent * _OFFSET_SLOPE + _OFFSET_BASE)
-    u = ar.fma(a, cm.f32(1.0), offset)  # fl(a + C), pinned (XLA would fold (a + C) - C)
+    offset = bm.from_bits(exponent * _OFFSET_SLOPE + _OFFSET_BASE)
+    u = ar.fma(a, bm.f32(1.0), offset)  # fl(a + C), pinned (XLA would fold (a + C) - C)
     mag = lax.bitcast_convert_type(u, jnp.int32)
     return mag, (ar.sub(u, offset) if with_value else None)
 
@@ -136,13 +136,13 @@ def e2m1_magnitude(ar, v, with_value=False):
 def combine_words(magnitude_words, sign_words, inv):
     """Magnitudes | signs. Where inv is NaN (a NaN in the block or its amax) every fl(x * inv)
     is NaN, which E2M1 encodes as magnitude 0 with the NaN's sign bit: only the signs stay."""
-    keep = jnp.where(cm.is_nan(inv), np.uint32(0), np.uint32(0x77777777))
+    keep = jnp.where(bm.is_nan(inv), np.uint32(0), np.uint32(0x77777777))
     return [(m & keep) | s for m, s in zip(magnitude_words, sign_words)]
 
 
 def candidate(ar, xs, sf, s_dec, with_values):
     """One candidate scale sf: (inv, the scaled values fl(x_i * inv), magnitude words, |dec(q_i)|)."""
-    inv = cm.inverse_scale(ar, sf, s_dec)
+    inv = bm.inverse_scale(ar, sf, s_dec)
     vs = [ar.mul(x, inv) for x in xs]
     mags, values = zip(*(e2m1_magnitude(ar, v, with_values) for v in vs))
     return inv, vs, pack_magnitudes(list(mags)), values
@@ -160,12 +160,12 @@ def candidate_error(ar, abs_xs, abs_xs_scaled, dec, sf, amax, config):
     with -sf negated once per block on the bits (a float negation lowers as 0 - x).
     """
     total = None
-    neg_sf = cm.from_bits(lax.bitcast_convert_type(sf, jnp.int32) ^ np.int32(-(2**31)))
+    neg_sf = bm.from_bits(lax.bitcast_convert_type(sf, jnp.int32) ^ np.int32(-(2**31)))
     for i, x in enumerate(abs_xs):
         if config.fast_error:
             d = ar.fma(dec[i], neg_sf, abs_xs_scaled[i])
         else:
-            d = ar.sub(ar.div(ar.mul(ar.mul(dec[i], sf), amax), cm.f32(6 * config.e4m3_bound)), x)
+            d = ar.sub(ar.div(ar.mul(ar.mul(dec[i], sf), amax), bm.f32(6 * config.e4m3_bound)), x)
         e = ar.abs(d) if config.four_over_six == "mae" else ar.mul(d, d)
         total = e if total is None else ar.add(total, e)
     return total
@@ -179,21 +179,21 @@ def quantize_planes(ar, xs, amax, config):
     """
     if config.block_2d:
         raise ValueError("the planar layout is for 1x16 blocks; 16x16 tiles use the tiled kernel")
-    s_enc, s_dec = cm.scales_from_amax(ar, amax, config.e4m3_bound)
-    abs_bits = [cm.abs_bits(x) for x in xs]
-    b = cm.from_bits(max_bits(abs_bits))
+    s_enc, s_dec = bm.scales_from_amax(ar, amax, config.e4m3_bound)
+    abs_bits = [bm.abs_bits(x) for x in xs]
+    b = bm.from_bits(max_bits(abs_bits))
     if config.four_over_six is None:
-        sf, byte = cm.block_scale(ar, b, s_enc)
+        sf, byte = bm.block_scale(ar, b, s_enc)
         inv, vs, mag_words, _ = candidate(ar, xs, sf, s_dec, with_values=False)
         return combine_words(mag_words, pack_signs(vs), inv), byte, jnp.zeros(byte.shape, jnp.bool_)
-    (sf6, byte6), (sf4, byte4) = cm.four_over_six_scales(ar, b, s_enc)
-    abs_xs = [cm.from_bits(a) for a in abs_bits]
+    (sf6, byte6), (sf4, byte4) = bm.four_over_six_scales(ar, b, s_enc)
+    abs_xs = [bm.from_bits(a) for a in abs_bits]
     abs_xs_scaled = [ar.mul(a, s_enc) for a in abs_xs] if config.fast_error else None
     inv6, vs6, mags6, dec6 = candidate(ar, xs, sf6, s_dec, with_values=True)
     _, _, mags4, dec4 = candidate(ar, xs, sf4, s_dec, with_values=True)
     err6 = candidate_error(ar, abs_xs, abs_xs_scaled, dec6, sf6, amax, config)
     err4 = candidate_error(ar, abs_xs, abs_xs_scaled, dec4, sf4, amax, config)
-    map4 = cm.less_nonneg(err4, err6)  # strict: ties go to map-6 (and NaN errors: map-6)
+    map4 = bm.less_nonneg(err4, err6)  # strict: ties go to map-6 (and NaN errors: map-6)
     mags = [jnp.where(map4, m4, m6) for m6, m4 in zip(mags6, mags4)]
     # Signs of candidate 6's fl(x * inv6): x's signs, and the NaN's sign in NaN blocks (map-6 there).
     return combine_words(mags, pack_signs(vs6), inv6), jnp.where(map4, byte4, byte6), map4

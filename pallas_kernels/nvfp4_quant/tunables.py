@@ -1,19 +1,31 @@
-"""Launch shapes of the Triton quantize kernels (`pallas_kernels.triton_quant`): the tunables,
-validated before tracing, and the default chosen per variant from the H200 sweep."""
+"""Launch shapes of the NVFP4 quantize kernels, validated before tracing: `TritonQuantTunables`
+(and the default chosen per variant from the H200 sweep, `experiments/tune_quant.py`) and
+`MosaicQuantTiling`. Kept apart from the kernels so that the tuner, the benchmark and the tests
+name a launch shape without importing a backend."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from fp4rl.formats import nvfp4 as ref
-from pallas_kernels import common as cm
 
+BLOCK = ref.BLOCK
 LAYOUTS = ("planar", "tiled")
+WARPGROUP = 128  # CUDA threads of one Mosaic GPU "thread" (a warpgroup) = rows per 128
+
+
+def is_power_of_two(n: int) -> bool:
+    return n >= 1 and (n & (n - 1)) == 0
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
 @dataclasses.dataclass(frozen=True)
 class TritonQuantTunables:
-    """Launch shape of the Triton kernels (validated before tracing).
+    """Launch shape of the Triton kernels (`triton.py`).
 
     rows_1d: rows per program for 1x16 blocks (2D blocks always use one 16-row tile row).
     block_k: K columns per inner step for 1x16 blocks (and the amax/dequantize kernels);
@@ -22,7 +34,7 @@ class TritonQuantTunables:
       keeps the per-thread register footprint of the two 4/6 candidates comparable).
     num_warps, num_stages: Triton launch parameters.
     layout: how a program holds the 1x16 blocks of a row-major input. "planar": each thread
-      owns whole blocks, loaded as word planes (`pallas_kernels.planar`); "tiled": a
+      owns whole blocks, loaded as word planes (`triton_planar`); "tiled": a
       `[rows, blocks, 16]` tile spread over threads. 16x16 tiles and K-major expert stacks
       always use the tiled kernel.
     prefetch: planar layout, K in several chunks (or several row groups): issue chunk i+1's
@@ -43,11 +55,11 @@ class TritonQuantTunables:
     row_groups: int = 1
 
     def __post_init__(self):
-        rows_1d, block = self.rows_1d, cm.BLOCK
-        if not cm.is_power_of_two(rows_1d):
+        rows_1d, block = self.rows_1d, BLOCK
+        if not is_power_of_two(rows_1d):
             raise ValueError(f"{rows_1d=} must be a power of two (Triton tensor sizes)")
         for name, block_k in (("block_k", self.block_k), ("block_k_2d", self.block_k_2d)):
-            if not cm.is_power_of_two(block_k) or block_k % block:
+            if not is_power_of_two(block_k) or block_k % block:
                 raise ValueError(f"{name}={block_k} must be a power of two and a multiple of {block=}")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps={self.num_warps} must be one of 1, 2, 4, 8, 16")
@@ -60,27 +72,46 @@ class TritonQuantTunables:
 
     def chunk(self, k: int, config: ref.NVFP4Config | None = None) -> int:
         block_k = self.block_k_2d if config is not None and config.block_2d else self.block_k
-        return min(block_k, cm.next_power_of_two(k))
+        return min(block_k, next_power_of_two(k))
 
     def rows(self, config: ref.NVFP4Config) -> int:
-        return cm.BLOCK if config.block_2d else self.rows_1d
+        return BLOCK if config.block_2d else self.rows_1d
 
 
 DEFAULT_TUNABLES = TritonQuantTunables()
-# One row per program, walked in one chunk (a power of two >= K): measured best for plain NVFP4.
+# Plain NVFP4 up to this K: one row per program, walked in one chunk (a power of two >= K).
 _WHOLE_ROW_MAX_K = 8192
 
 
 def default_tunables(config: ref.NVFP4Config, k: int) -> TritonQuantTunables:
-    """The launch shape `quantize_triton` uses when none is given, from the H200 sweep
-    (`benchmarks/tune_quant.md`). Plain NVFP4 (1x16 blocks, K <= 8192): one row per
-    program in one chunk, so each row is read once and its amax comes from registers, with up to
-    8 warps (one block per thread at K = 4096): 0.086 vs 0.104 ms at 16384x4096, 0.241 vs 0.303 ms
-    at 32768x7168. 4/6 (two candidates: ~97 registers per thread at one block per thread) is
-    fastest with rows of 4 in chunks of 512 (DEFAULT_TUNABLES): a whole row per program holds two
-    blocks per thread at K = 7168 and is 1.9x slower there."""
+    """The launch shape `quantize_triton` uses when none is given, the fastest of the H200 sweep
+    (`benchmarks/tune_quant.md`). Plain NVFP4 (1x16 blocks, K <= 8192): one row per program in
+    one chunk, so each row is read once and its amax comes from registers, with up to 8 warps
+    (one block per thread at K = 4096). 4/6 holds two candidates per block (about twice the
+    registers per thread), so a whole row per program would hold several blocks per thread at
+    large K; it is fastest with rows of 4 in chunks of 512 (DEFAULT_TUNABLES)."""
     if config.four_over_six is None and not config.block_2d and k <= _WHOLE_ROW_MAX_K:
-        chunk = cm.next_power_of_two(k)
-        warps = max(1, min(8, chunk // cm.BLOCK // 32))  # one block per thread up to 8 warps
-        return TritonQuantTunables(rows_1d=1, block_k=max(chunk, cm.BLOCK), num_warps=warps)
+        chunk = next_power_of_two(k)
+        warps = max(1, min(8, chunk // BLOCK // 32))  # one block per thread up to 8 warps
+        return TritonQuantTunables(rows_1d=1, block_k=max(chunk, BLOCK), num_warps=warps)
     return DEFAULT_TUNABLES
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicQuantTiling:
+    """Launch shape of the Mosaic GPU kernels (`mosaic.py`).
+
+    block_m: rows per program (one CUDA thread per row; a multiple of 128).
+    block_k: K columns per program when the amax is known before the kernel (per tensor, or
+      a given per-token amax); None = all of K. With the amax computed in-kernel (per token)
+      a program needs its whole rows, so block_k must be None there.
+    """
+
+    block_m: int = 128
+    block_k: int | None = None
+
+    def __post_init__(self):
+        if self.block_m <= 0 or self.block_m % WARPGROUP:
+            raise ValueError(f"block_m={self.block_m} must be a positive multiple of {WARPGROUP} (one thread per row)")
+        if self.block_k is not None and (self.block_k <= 0 or self.block_k % BLOCK):
+            raise ValueError(f"block_k={self.block_k} must be a positive multiple of block={BLOCK}")

@@ -49,13 +49,16 @@ def e2m1_codes(v) -> np.ndarray:
     """E2M1 codes 0..15 of float32 values: RNE, saturating at +-6, sign bit of v.
 
     Clipping to [-6, 6] first is exact and keeps the saturation independent of how ml_dtypes
-    treats Inf. NaN has no code (the contract is silent); it maps to whatever ml_dtypes gives
-    and is never compared byte-wise.
+    treats Inf. NaN has no E2M1 value: it gets code 0 with the NaN's sign bit (+-0), the codes
+    the reference and the kernels write in a NaN block (whose scale byte is NaN, so the block
+    dequantizes to NaN whatever its codes are, docs/numerics.md §8).
     """
     v = _f32(v)
     with np.errstate(invalid="ignore"):
         c = np.clip(v, -E2M1_MAX, E2M1_MAX)
-    return c.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & np.uint8(0xF)
+    codes = c.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & np.uint8(0xF)
+    nan_codes = np.signbit(v).astype(np.uint8) << np.uint8(3)
+    return np.where(np.isnan(v), nan_codes, codes).astype(np.uint8)
 
 
 def e2m1_decode(codes) -> np.ndarray:
@@ -178,11 +181,13 @@ def quantize_nvfp4(
     e4m3_max: int | None = None,
     fast_error: bool = False,
     batch_dims: int = 0,
+    amax=None,
 ) -> NVFP4Ref:
     """NVFP4 quantization of float32 ``x`` [..., K] (2D: [..., M, K]) per docs/numerics.md §2, §3.
 
     batch_dims: the first ``batch_dims`` axes hold independent tensors (as under jax.vmap):
     a per-tensor amax is then taken per batch entry (returned with the batch shape).
+    amax: a given global amax (``()`` per tensor, ``[..., 1]`` per token) instead of max|x|.
     """
     x = np.asarray(x)
     assert x.dtype == np.float32, "the oracle takes float32 input"
@@ -193,7 +198,10 @@ def quantize_nvfp4(
         assert scale == "tensor", "2D tiles share one scale across 16 rows: per-tensor A only"
     e = resolve_e(four_over_six, e4m3_max)
     ax = np.abs(x)
-    if scale == "tensor":
+    if amax is not None:
+        assert scale in ("tensor", "token"), scale
+        amax = _f32(np.asarray(amax, np.float32))
+    elif scale == "tensor":
         red = tuple(range(batch_dims, x.ndim))
         # keepdims: broadcasts against the per-block arrays [..., G] (and, via [..., None],
         # against the per-element ones [..., G, 16]); reshaped to the batch shape on return.

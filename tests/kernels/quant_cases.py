@@ -1,6 +1,7 @@
 """The cases of the shared quantizer suite (`tests/kernels/quant_suite.py`): the 45 valid
 configs, the five value cases of a shape, the shape / expert-stack / dequantize cases and the
-inputs built from them (all host NumPy arrays, deterministic seeds)."""
+inputs built from them (all host NumPy arrays, deterministic seeds). The shapes are the named
+test shapes of `pallas_kernels.nvfp4_quant.shapes`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import ml_dtypes
 import numpy as np
 
 from fp4rl.formats import nvfp4 as ref
+from pallas_kernels.nvfp4_quant import shapes
 
 
 def _all_configs():
@@ -94,16 +96,13 @@ SUBNORMAL = CASE_NAMES.index("subnormal")
 COMPARED_CASES = tuple(i for i in range(len(CASE_NAMES)) if i != SUBNORMAL)
 
 
-# Shapes of the config sweep: odd M for 1D (masked row tail), 2D needs rows % 16 == 0.
-# K = 48 = 3 blocks: with the small-K backend options (e.g. Triton block_k=32) it spans two
-# chunks, the second one masked, so the chunk loop and the column masks run at tiny sizes.
-SWEEP_SHAPE_1D = (19, 48)
-SWEEP_SHAPE_2D = (32, 48)
+SWEEP_SHAPE_1D = shapes.SWEEP_1D
+SWEEP_SHAPE_2D = shapes.SWEEP_2D
 
 # (config, rows, K, input dtype) of the shape sweep, run with the backend's default options.
 SHAPE_CASES = tuple(
     [(ref.NVFP4Config(scale="token", four_over_six="mse", fast_error=True), 5 if k < 8192 else 3, k,
-      np.float32 if k in (48, 1024) else ml_dtypes.bfloat16) for k in (16, 32, 48, 272, 1024, 8192)]
+      np.float32 if k in (48, 1024) else ml_dtypes.bfloat16) for k in shapes.SWEEP_K]
     + [(ref.NVFP4Config(four_over_six="mae", e4m3_max=448), 7 if k < 8192 else 2, k, ml_dtypes.bfloat16)
        for k in (272, 8192)]
     + [(ref.NVFP4Config(block_2d=True, four_over_six="mse"), 16, k, np.float32) for k in (16, 272)]
@@ -121,7 +120,7 @@ EXPERT_CASES = (  # (config, contraction_axis)
     (ref.NVFP4Config(scale="token", four_over_six="mse", fast_error=True), 2),
     (ref.NVFP4Config(four_over_six="mae", e4m3_max=448), 2),
 )
-EXPERT_SHAPE = (3, 48, 32)  # [E, K, N]
+EXPERT_SHAPE = shapes.EXPERT_STACK  # [E, K, N]
 
 
 def expert_case_id(case) -> str:

@@ -1,20 +1,20 @@
 """The shared NVFP4 quantize/dequantize test suite (docs/design.md practice 2).
 
 One suite, run on the pure-jnp reference (`tests/kernels/test_reference.py`) and on every
-kernel backend (`test_triton.py`, ...). Its own oracle is independent of both: NumPy float32
-plus ml_dtypes (`tests/kernels/oracle.py`) and the hand-computed vectors of docs/numerics.md §3,
-so the reference is tested too. Kernels are additionally compared with the reference byte
+kernel backend of `pallas_kernels.nvfp4_quant` (`test_triton.py`, `test_mosaic.py`): each is a
+one-line subclass. Its oracle is independent of both: NumPy float32 plus ml_dtypes
+(`tests/formats/oracle.py`, the one oracle of the repository) and the hand-computed vectors of
+docs/numerics.md §3, so the reference is tested too. Kernels are additionally compared with the reference byte
 for byte. Tolerance: none anywhere (quantizers are bit-exact, docs/design.md practice 4); the
 only normalisation is of NaN payloads in float outputs (amax, dequantized values), which
 the contract does not fix (§8 asks for NaN; a GPU returns the canonical NaN 0x7FFFFFFF
 where x86 propagates the operand's payload).
 
-Two limits of the CPU reference, both written down where they apply: XLA:CPU flushes f32
-subnormals (so the "subnormal" value case is checked only on compiled kernels, against the
-IEEE oracle: `quant_cases.COMPARED_CASES`), and a few cases hit XLA:CPU float rewrites in the reference
-(`REFERENCE_BUGS`: strict xfails that fail once the reference is fixed).
+One limit of the CPU reference, written down where it applies: XLA:CPU flushes f32
+subnormals, so the "subnormal" value case is checked only on compiled kernels, against the
+IEEE oracle (`quant_cases.COMPARED_CASES`).
 
-Adding a backend (registered in `pallas_kernels.BACKENDS`): write
+Adding a backend (registered in `pallas_kernels.nvfp4_quant.BACKENDS`): write
 `tests/kernels/test_<backend>.py` with
 
     import pytest
@@ -53,7 +53,7 @@ import pytest
 
 import pallas_kernels
 from fp4rl.formats import nvfp4 as ref
-from tests.kernels import oracle
+from tests.formats import oracle
 from tests.kernels.quant_cases import (
     ALL_CONFIGS,
     CASE_NAMES,
@@ -251,8 +251,15 @@ def _scale_bytes(scales) -> np.ndarray:
 
 
 def oracle_for(x, config, amax=None):
-    return oracle.quantize(x, block_2d=config.block_2d, scale=config.scale, four_over_six=config.four_over_six,
-                           e4m3_bound=config.e4m3_bound, fast_error=config.fast_error, amax=amax)
+    """The oracle's bytes (codes, scale bytes, amax, map4) of x (any float dtype; f32 is exact)."""
+    out = oracle.quantize_nvfp4(np.asarray(x).astype(np.float32), block_2d=config.block_2d, scale=config.scale,
+                                four_over_six=config.four_over_six, e4m3_max=config.e4m3_bound,
+                                fast_error=config.fast_error, amax=amax)
+    return dict(codes=out.codes, scales=out.scales, amax=out.amax, map4=out.map4)
+
+
+def oracle_dequantize(codes, scale_bytes, amax, config, dtype):
+    return oracle.dequantize_nvfp4(codes, scale_bytes, amax, config.e4m3_bound).astype(dtype)
 
 
 def _index(t, i):
@@ -265,26 +272,6 @@ def _as_dict(t):
 
 
 # ----------------------------------------------------------------------------------------
-# Known bugs of the reference on XLA:CPU (fp4rl/formats is not owned by this suite)
-# ----------------------------------------------------------------------------------------
-
-REFERENCE_BUGS: dict[tuple[str, str], str] = {}  # none known since fp4rl.formats.ieee
-
-
-def check_against_reference(group: str, case_id: str, check):
-    """Run `check` (a comparison involving the CPU reference's bytes); known bugs must fail."""
-    reason = REFERENCE_BUGS.get((group, case_id))
-    if reason is None:
-        check()
-        return
-    try:
-        check()
-    except AssertionError:
-        pytest.xfail(f"known bug of the CPU reference: {reason}")
-    pytest.fail(f"({group!r}, {case_id!r}) is listed in REFERENCE_BUGS but now matches: remove the entry")
-
-
-# ----------------------------------------------------------------------------------------
 # The suite
 # ----------------------------------------------------------------------------------------
 
@@ -294,23 +281,12 @@ class QuantSuite:
 
     impl: Impl = REFERENCE
 
-    def _check(self, group, case_id, check):
-        """Oracle checks: the reference's known bugs are strict xfails; kernels must pass."""
-        if self.impl.is_reference:
-            check_against_reference(group, case_id, check)
-        else:
-            check()
-
     @pytest.mark.parametrize("config", ALL_CONFIGS, ids=config_id)
     def test_configs_match_oracle(self, config):
         out = config_result(self.impl, config)
         xs = sweep_inputs(config)
-
-        def check():
-            for i in COMPARED_CASES:
-                assert_tensor_equal(_index(out, i), oracle_for(xs[i], config), f"{config_id(config)} {CASE_NAMES[i]}")
-
-        self._check("configs", config_id(config), check)
+        for i in COMPARED_CASES:
+            assert_tensor_equal(_index(out, i), oracle_for(xs[i], config), f"{config_id(config)} {CASE_NAMES[i]}")
 
     @pytest.mark.parametrize("case", SHAPE_CASES, ids=shape_case_id)
     def test_shapes_match_oracle(self, case):
@@ -322,12 +298,8 @@ class QuantSuite:
         cfg, _ = case
         out = expert_result(self.impl, case)
         w_enk = np.swapaxes(expert_stack(), 1, 2)
-
-        def check():
-            for e in range(w_enk.shape[0]):
-                assert_tensor_equal(_index(out, e), oracle_for(w_enk[e], cfg), f"{expert_case_id(case)} expert {e}")
-
-        self._check("experts", expert_case_id(case), check)
+        for e in range(w_enk.shape[0]):
+            assert_tensor_equal(_index(out, e), oracle_for(w_enk[e], cfg), f"{expert_case_id(case)} expert {e}")
 
     @pytest.mark.parametrize("dtype", DEQUANT_DTYPES, ids=lambda d: jnp.dtype(d).name)
     @pytest.mark.parametrize("config", DEQUANT_CONFIGS, ids=config_id)
@@ -336,8 +308,7 @@ class QuantSuite:
         t = dequant_input(config)
         for i in COMPARED_CASES:
             case = CASE_NAMES[i]
-            expected = oracle.dequantize(t.codes[i], _scale_bytes(t.scales[i]), t.amax[i], config.e4m3_bound,
-                                         jnp.dtype(dtype))
+            expected = oracle_dequantize(t.codes[i], _scale_bytes(t.scales[i]), t.amax[i], config, jnp.dtype(dtype))
             assert_float_bits_equal(out[i], expected, f"dequantize {config_id(config)} {case}")
 
     def test_nonfinite_input_never_turns_finite(self):
@@ -417,12 +388,8 @@ class KernelQuantSuite(QuantSuite):
     @pytest.mark.parametrize("config", ALL_CONFIGS, ids=config_id)
     def test_configs_match_reference(self, config):
         out, expected = config_result(self.impl, config), config_result(REFERENCE, config)
-
-        def check():
-            for i in COMPARED_CASES:
-                assert_tensor_equal(_index(out, i), _index(expected, i), f"{config_id(config)} {CASE_NAMES[i]}")
-
-        check_against_reference("configs", config_id(config), check)
+        for i in COMPARED_CASES:
+            assert_tensor_equal(_index(out, i), _index(expected, i), f"{config_id(config)} {CASE_NAMES[i]}")
 
     @pytest.mark.parametrize("case", SHAPE_CASES, ids=shape_case_id)
     def test_shapes_match_reference(self, case):
@@ -432,8 +399,7 @@ class KernelQuantSuite(QuantSuite):
     @pytest.mark.parametrize("case", EXPERT_CASES, ids=expert_case_id)
     def test_experts_match_vmapped_reference(self, case):
         out, expected = expert_result(self.impl, case), expert_result(REFERENCE, case)
-        check_against_reference("experts", expert_case_id(case),
-                                lambda: assert_tensor_equal(_as_dict(out), _as_dict(expected), expert_case_id(case)))
+        assert_tensor_equal(_as_dict(out), _as_dict(expected), expert_case_id(case))
 
     @pytest.mark.parametrize("dtype", DEQUANT_DTYPES, ids=lambda d: jnp.dtype(d).name)
     @pytest.mark.parametrize("config", DEQUANT_CONFIGS, ids=config_id)
@@ -458,7 +424,7 @@ class KernelQuantSuite(QuantSuite):
         out = np.asarray(self.impl.dequantize(t, jnp.float32))
         w_enk = np.swapaxes(expert_stack(), 1, 2)
         for e in range(w_enk.shape[0]):
-            expected = oracle.dequantize(t.codes[e], _scale_bytes(t.scales[e]), t.amax[e], cfg.e4m3_bound, np.float32)
+            expected = oracle_dequantize(t.codes[e], _scale_bytes(t.scales[e]), t.amax[e], cfg, np.float32)
             assert_float_bits_equal(out[e], expected, f"expert {e} dequantize vs oracle")
         assert np.all(np.isnan(out[2])) and np.all(np.isfinite(out[:2])), "a NaN expert poisons only itself"
 
@@ -506,7 +472,7 @@ class KernelQuantSuite(QuantSuite):
         disagrees on a large share of blocks) fails while the measured rate is printed.
         On the normal distribution the kernel's bytes (first 256 rows) are also checked
         against the NumPy oracle (exact); the blocks where the CPU reference differs are
-        counted and printed (see REFERENCE_BUGS), not asserted.
+        counted and printed, not asserted.
         """
         if self.impl.interpret:
             pytest.skip("a GPU-scale measurement: run on the compiled kernel (interpret mode is too slow)")

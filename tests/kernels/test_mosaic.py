@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from fp4rl.formats import nvfp4 as ref
-from pallas_kernels import mosaic_quant as mq
+from pallas_kernels.nvfp4_quant import mosaic as mq
+from pallas_kernels.nvfp4_quant import shapes
+from tests.formats import oracle
 from tests.kernels.quant_suite import Impl, KernelQuantSuite, reference_experts
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -183,7 +185,7 @@ def test_validation():
 @pytest.mark.skipif(not ON_GPU, reason="compiled Mosaic GPU kernels need a CUDA GPU (Hopper or newer)")
 @pytest.mark.parametrize("dtype", ["bf16"])
 @pytest.mark.parametrize("name", CONFIGS, ids=str)
-@pytest.mark.parametrize("m,k", [(300, 32), (129, 272), (257, 1024)])
+@pytest.mark.parametrize("m,k", shapes.MOSAIC_OVERLAP)
 def test_gpu_matches_reference(m, k, name, dtype):
     # M > block_m (the overlapping last program; the shared suite's M are < 128), odd M and K;
     # bf16, whose short significands put values on rounding boundaries (f32: the shared suite)
@@ -213,8 +215,6 @@ def test_gpu_bf16_input_equals_its_f32_upcast(name):
     into byte differences often; hence `ieee.integer_divide`). Upcast and bf16 must agree, and
     both must equal the oracle.
     """
-    from tests.formats import oracle
-
     config = CONFIGS[name]
     x = make_input(257, 1024, jnp.bfloat16, seed=13, subnormal=False, nan=False)
     x32 = x.astype(jnp.float32)
@@ -251,8 +251,6 @@ def test_gpu_nan_rows_4over6(dtype):
 def test_gpu_fma_sensitive_vs_numpy_oracle(name):
     """Kernel vs the independent NumPy oracle (never fuses) on a large input; also reports how
     many 4/6 decisions the reference evaluated by XLA:GPU gets differently (FMA contraction)."""
-    from tests.formats import oracle
-
     config = CONFIGS[name]
     x = make_input(2048, 1024, jnp.float32, seed=11, special=False)
     got = mq.quantize_mosaic(x, config)

@@ -7,7 +7,6 @@ evaluated on the CPU.
 
 from __future__ import annotations
 
-
 import jax
 import jax.extend
 import jax.numpy as jnp
@@ -17,12 +16,13 @@ import pytest
 import pallas_kernels
 from fp4rl.formats import ieee
 from fp4rl.formats import nvfp4 as ref
-from pallas_kernels import triton_quant as tq
+from pallas_kernels.nvfp4_quant import triton as tq
 from tests.kernels.quant_suite import Impl, KernelQuantSuite, assert_tensor_equal, gpu_present, lowered_text
 
 # block_k=32 makes the sweep's K = 48 span two chunks (the second one masked) and rows_1d=4
 # leaves a masked row tail for M = 19: the chunk loop and both masks run at interpret sizes.
 SMALL = (("tunables", tq.TritonQuantTunables(rows_1d=4, block_k=32, block_k_2d=32)),)
+
 
 class TestTritonInterpret(KernelQuantSuite):
     impl = Impl("triton", interpret=True, small_k_options=SMALL)
@@ -188,7 +188,7 @@ def test_registry_refuses_unknown_and_unavailable_backends(monkeypatch):
     monkeypatch.setitem(pallas_kernels.BACKENDS, "ghost", "pallas_kernels.no_such_module")
     with pytest.raises(pallas_kernels.BackendUnavailableError, match="cannot be imported"):
         pallas_kernels.quantize(x, ref.NVFP4Config(), backend="ghost", interpret=True)
-    monkeypatch.setitem(pallas_kernels.BACKENDS, "ghost", "pallas_kernels.common")
+    monkeypatch.setitem(pallas_kernels.BACKENDS, "ghost", "pallas_kernels.nvfp4_quant.block_math")
     with pytest.raises(pallas_kernels.BackendUnavailableError, match="no quantize_ghost"):
         pallas_kernels.quantize(x, ref.NVFP4Config(), backend="ghost", interpret=True)
 

@@ -1,6 +1,6 @@
 """The planar layout's E2M1 encoder and packing against the compare-based encoder.
 
-`planar.e2m1_magnitude` replaces `common.e2m1_encode`'s seven compares with one rounding add
+`triton_planar.e2m1_magnitude` replaces `block_math.e2m1_encode`'s seven compares with one rounding add
 (`fl(a + C)`); here both run on every rounding boundary of the E2M1 grid (each threshold, its
 two f32 neighbours, the ties), the clamp region, zeros, subnormals, infinities and random
 magnitudes, and must give the same code, nibble for nibble, and the exact |dec(q)| * sf.
@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import common as cm
-from pallas_kernels import planar
+from pallas_kernels.nvfp4_quant import block_math as bm
+from pallas_kernels.nvfp4_quant import triton_planar as planar
 
 THRESHOLDS = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
 GRID = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -30,8 +30,8 @@ def boundary_values() -> np.ndarray:
 
 def test_magnitude_matches_compare_encoder():
     v = jnp.asarray(boundary_values())
-    mag, dec = planar.e2m1_magnitude(cm.PlainArith, v, with_value=True)
-    expected = np.asarray(cm.e2m1_encode(v)) & 7
+    mag, dec = planar.e2m1_magnitude(bm.PlainArith, v, with_value=True)
+    expected = np.asarray(bm.e2m1_encode(v)) & 7
     np.testing.assert_array_equal(np.asarray(mag) & 7, expected)
     np.testing.assert_array_equal(np.asarray(dec), np.asarray(GRID, np.float32)[expected])
 
@@ -41,10 +41,10 @@ def test_fast_error_fma_is_the_two_roundings(sf):
     """fl(y - dec*sf) as one FMA equals -fl(fl(dec*sf) - y), the contract's fast error, since
     dec*sf is exact (what `candidate_error` relies on)."""
     v = jnp.asarray(boundary_values())
-    _, dec = planar.e2m1_magnitude(cm.PlainArith, v, with_value=True)
+    _, dec = planar.e2m1_magnitude(bm.PlainArith, v, with_value=True)
     y = jnp.asarray(np.random.default_rng(2).uniform(0, 7 * sf, v.shape).astype(np.float32))
-    fused = cm.PlainArith.fma(dec, cm.f32(-sf), y)
-    two_roundings = cm.PlainArith.sub(cm.PlainArith.mul(dec, cm.f32(sf)), y)
+    fused = bm.PlainArith.fma(dec, bm.f32(-sf), y)
+    two_roundings = bm.PlainArith.sub(bm.PlainArith.mul(dec, bm.f32(sf)), y)
     np.testing.assert_array_equal(np.asarray(fused), -np.asarray(two_roundings))
 
 
@@ -53,11 +53,11 @@ def test_packed_words_match_code_bytes():
     rng = np.random.default_rng(1)
     v = jnp.asarray((rng.standard_normal((3, 5, 16)) * 3).astype(np.float32))
     planes = [v[..., i] for i in range(16)]
-    mags = [planar.e2m1_magnitude(cm.PlainArith, p)[0] for p in planes]
+    mags = [planar.e2m1_magnitude(bm.PlainArith, p)[0] for p in planes]
     inv = jnp.ones((3, 5), jnp.float32)
     words = planar.combine_words(planar.pack_magnitudes(mags), planar.pack_signs(planes), inv)
     got = np.stack([np.asarray(w) for w in words], axis=-1).view(np.uint8).reshape(3, 5 * 8)
-    expected = np.asarray(cm.pack_codes(cm.e2m1_encode(v).reshape(3, 80)))
+    expected = np.asarray(bm.pack_codes(bm.e2m1_encode(v).reshape(3, 80)))
     np.testing.assert_array_equal(got, expected)
 
 

@@ -19,7 +19,7 @@ import pytest
 from fp4rl.model import flat_params, forward, init, sync
 from fp4rl.operands import resolve_impl
 from fp4rl.recipe import PrecisionRecipe
-from pallas_kernels.triton_quant import QUANT_NAME
+from pallas_kernels.nvfp4_quant.triton import QUANT_NAME
 from tests.kernels.quant_suite import gpu_present
 from tests.model.common import KEY, TINY, tokens
 
