@@ -19,8 +19,6 @@ from fp4rl import xla_flags
 
 if __name__ == "__main__" and any(a in ("--preset=smoke", "smoke") for a in sys.argv[1:]):
     xla_flags.add("--xla_backend_optimization_level=0")  # before JAX starts its backend
-# Measurements split over processes are merged only if the reference they share is bit-identical.
-xla_flags.add(xla_flags.DETERMINISTIC_GPU)
 
 import jax  # noqa: E402
 

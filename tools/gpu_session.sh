@@ -9,7 +9,7 @@
 #   bash tools/gpu_session.sh learn     # h200 warm-up + bf16 RL (RL_ARGS), then the learning analysis
 #   bash tools/gpu_session.sh gradients # h200 warm-up + the fixed-parameter gradient measurements (GRAD_ARGS),
 #                                       # into runs/h200/gradients/GRAD_PART on the batches of
-#                                       # runs/h200/gradients/rollouts.npz (drawn when missing; carry it back in)
+#                                       # results/gradients_h200/parts/rollouts.npz
 #   bash tools/gpu_session.sh arms      # h200 warm-up + the ablation arms ARMS (comma separated) x SEEDS seeds
 #   bash tools/gpu_session.sh serve_eval # h200 warm-up + the deployment correlation (SERVE_ARGS; resumable)
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
@@ -185,13 +185,15 @@ case "$mode" in
   gradients)
     warmup
     dir=runs/h200/gradients && mkdir -p runs/h200/gradients
+    # the committed batches, so that every part is measured on the same ones (gradient_store)
+    [ -f $dir/rollouts.npz ] || cp results/gradients_h200/parts/rollouts.npz $dir/
     step gradients "${GRAD_SECONDS:-330}" python -m experiments.gradients --preset h200 \
       --rollouts_file=$dir/rollouts.npz --out="$dir/${GRAD_PART:-all}" ${GRAD_ARGS:-}
-    cp "$log" "$dir/${GRAD_PART:-all}.log"
-    tar czf "$OUT/gradients.tgz" "$dir" runs/h200/sft/sft_meta.json
+    cp "$log" "$dir/${GRAD_PART:-all}.log" && cp runs/h200/sft/sft_meta.json "$dir/warmup_meta.json"
+    tar czf "$OUT/gradients.tgz" "$dir"
     ;;
   *)
-    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, probe, pilot, learn, gradients" | tee -a "$log"; exit 2
+    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, probe, pilot, learn, arms, serve_eval, gradients" | tee -a "$log"; exit 2
     ;;
 esac
 done

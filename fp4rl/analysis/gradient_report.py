@@ -350,6 +350,10 @@ def report_markdown(results: Mapping) -> str:
         lines += [f"Merged from {len(parts)} measurements on the same rollout batches (SHA-256 "
                   f"`{results['rollouts_sha256'][:16]}...`, warm-up parameters `{results['warmup_sha256'][:16]}...`):", ""]
         lines += [f"- `{d}` ({', '.join(recipes_of)}): {_timing_line(results['timings'][d])}" for d, recipes_of in parts.items()]
+        drift = results["reference_drift"]
+        lines += ["", f"The BF16 reference, measured again in each part, differs between parts by {drift['median']:.2g} "
+                  f"(median) and {drift['max']:.2g} (max) in relative per-batch norm: GPU atomics reorder BF16 sums; "
+                  "each recipe is compared with the reference measured in its own part."]
     else:
         lines += [_timing_line(results["timings"])]
     lines += [""]

@@ -9,7 +9,8 @@ recipes on exactly those batches, and `merge` combines the calls' raw arrays int
 Every statistic is per gradient source over the shared batches (a source is only ever compared
 with BF16 and with its own straight-through view, both measured in the same call), so merging is
 a union; what must agree is checked: the batches (their SHA-256), the warm-up, the settings, and
-the BF16 reference measured in every part (bit-identical under deterministic GPU ops).
+the BF16 reference measured in every part (its per-batch norms within `REFERENCE_DRIFT_MAX`; the
+largest relative drift is reported as `reference_drift`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ import numpy as np
 RAW_ARRAYS = ("per_batch", "gram_diff", "gram_ref", "kl")  # nested dicts of arrays -> raw.npz
 RAW_FILE, RAW_META_FILE = "gradients.npz", "raw.json"
 # Settings every part must share (the rest may differ, e.g. the recipes or the compile workers).
+# The reference is measured again in every part. XLA:GPU's atomics (scatter-adds in the backward)
+# reorder BF16 sums between processes, which moves a per-batch norm by up to a few BF16 ulps
+# (2^-8 = 3.9e-3 relative); deterministic ops would cost ~3.5x the time. A larger drift means other
+# parameters or batches. Far below the decision's thresholds (5% of the noise, 0.1 of the signal).
+REFERENCE_DRIFT_MAX = 1e-2
 SHARED_SETTINGS = ("rollout", "batches", "sr_keys", "optim", "impl", "sketch_dim", "kl_batches", "seed")
 
 
@@ -161,10 +167,14 @@ def merge(parts: Sequence[tuple[dict, dict]]) -> tuple[dict, dict]:
             if settings.get(name) != settings0.get(name):
                 raise ValueError(f"part {i}: setting {name}={settings.get(name)} != part 0's {settings0.get(name)}")
         ref = raw0["reference"]
-        for k, a in _flat(raw["per_batch"][ref]).items():
-            if not np.array_equal(a, _flat(raw0["per_batch"][ref])[k]):
-                raise ValueError(f"part {i}: the {ref} reference's {k} differs from part 0's: the measurement is not "
-                                 "deterministic (run on the GPU with --xla_gpu_deterministic_ops=true)")
+        ref_sq, ref_sq0 = (r["per_batch"][ref]["cmp"]["bf16"]["ref_sq"] for r in (raw, raw0))
+        rel = np.abs(np.sqrt(ref_sq) - np.sqrt(ref_sq0)) / np.maximum(np.sqrt(ref_sq0), 1e-30)
+        drift = float(np.max(rel))
+        if not drift <= REFERENCE_DRIFT_MAX:
+            raise ValueError(f"part {i}: the {ref} reference's gradient norms differ from part 0's by up to {drift:.3g} "
+                             f"(relative; allowed {REFERENCE_DRIFT_MAX:g}): not the same parameters or batches")
+        merged["reference_drift"] = {"max": max(merged.get("reference_drift", {}).get("max", 0.0), drift),
+                                     "median": max(merged.get("reference_drift", {}).get("median", 0.0), float(np.median(rel)))}
         for src in raw["sources"]:
             if src in merged["sources"]:
                 continue  # measured twice (e.g. the reference): identical by the check above, or a shared view

@@ -476,12 +476,14 @@ def _settings(config: GradientsConfig) -> dict:
 
 
 def _analyze_and_write(config: GradientsConfig, raw: dict, settings: dict, extra: dict) -> dict:
-    """Statistics and decision of `raw`; gradients.json, the raw arrays, report and plots under `config.out`."""
+    """Statistics and decision of `raw`; gradients.json, report and plots under `config.out`, and
+    the raw arrays unless they are those of merged parts (which keep them)."""
     results = gradient_report.analyze(raw, config.bootstrap, config.seed)
     results["config"] = settings
     results["rollouts_sha256"], results["warmup_sha256"] = raw["rollouts_sha256"], raw["warmup_sha256"]
     results.update(extra)
-    gradient_store.save_raw(raw, settings, config.out)
+    if not config.merge:
+        gradient_store.save_raw(raw, settings, config.out)
     gradient_report.write(results, config.out)
     return results
 
@@ -534,7 +536,8 @@ def merge(config: GradientsConfig) -> dict:
         print(f"merge: {d}: {', '.join(part['recipes'])}")
     settings = {**settings, "recipes": [r for r in raw["recipes"]], "merge": list(config.merge), "out": config.out}
     extra = {"model": parts[0][0]["model"], "merged_from": {d: p["recipes"] for (p, _), d in zip(parts, config.merge)},
-             "timings": {d: p["timings"] for (p, _), d in zip(parts, config.merge)}}
+             "timings": {d: p["timings"] for (p, _), d in zip(parts, config.merge)},
+             "reference_drift": raw.get("reference_drift", {"max": 0.0, "median": 0.0})}
     results = _analyze_and_write(config, raw, settings, extra)
     print(results["decision"]["conclusion"])
     return results

@@ -130,17 +130,24 @@ def test_parts_merged_equal_one_measurement(smoke, tmp_path):
     for key in ("recipes", "straight_through", "noise_floor", "rollouts", "decision"):
         assert as_json(merged[key]) == as_json(results[key]), key
     assert "Merged from 2 measurements" in (tmp_path / "merged" / "report.md").read_text()
+    assert not (tmp_path / "merged" / gradient_store.RAW_FILE).exists()  # the parts keep the raw arrays
     with pytest.raises(ValueError, match="measured in part 0 and part 1"):
         gradient_store.merge([(raw, settings), (raw, settings)])
     with pytest.raises(ValueError, match="rollouts_sha256"):
         gradient_store.merge([(raw, settings), ({**_part(raw, []), "rollouts_sha256": "0" * 64}, settings)])
     with pytest.raises(ValueError, match="setting batches"):
         gradient_store.merge([(raw, settings), (_part(raw, []), {**settings, "batches": 99})])
-    other = _part(raw, [])
-    other["per_batch"] = {**other["per_batch"], "bf16": {**raw["per_batch"]["bf16"],
-                                                         "ratio_dev": raw["per_batch"]["bf16"]["ratio_dev"] + 1}}
-    with pytest.raises(ValueError, match="not deterministic"):
-        gradient_store.merge([(_part(raw, ["nvfp4"]), settings), (other, settings)])
+    def reference_scaled(factor):  # BF16's per-batch squared norms as another process might give them
+        part = _part(raw, [])
+        bf16 = raw["per_batch"]["bf16"]
+        cmp = {**bf16["cmp"], "bf16": {**bf16["cmp"]["bf16"], "ref_sq": bf16["cmp"]["bf16"]["ref_sq"] * factor**2}}
+        part["per_batch"] = {**part["per_batch"], "bf16": {**bf16, "cmp": cmp}}
+        return part, settings
+
+    drifted, _ = gradient_store.merge([(_part(raw, ["nvfp4"]), settings), reference_scaled(1 + 1e-4)])
+    assert drifted["reference_drift"]["max"] == pytest.approx(1e-4, rel=1e-2)  # reported, within the allowance
+    with pytest.raises(ValueError, match="not the same parameters or batches"):
+        gradient_store.merge([(_part(raw, ["nvfp4"]), settings), reference_scaled(1.1)])
 
 
 def test_rollouts_file_is_reused_and_checked(smoke, tmp_path):
