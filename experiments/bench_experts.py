@@ -7,11 +7,18 @@ as the model pads them). Compared in one run, each checked against a per-expert 
 before it is timed:
 - `lax.ragged_dot` (what `fp4rl.grouped.ragged_matmul` lowers to),
 - JAX's Mosaic GPU grouped matmul (`pallas/ops/gpu/ragged_dot_mgpu.py`, fixed tile config),
+- our vendored copy of it (`pallas_kernels.grouped_gemm.grouped_matmul`: f32 output, rows past
+  the groups zeroed; what `gemm="mosaic"` runs),
 - a dense batched einsum over equal-size groups (capacity = max group; drops nothing here
   but computes the padding; the upper bound of what a grouped kernel can reach),
 - `qdot` forward with the `full` recipe's routed-expert site (NVFP4 4/6 emulation: the
-  activation and weight quantizers plus the grouped GEMM).
-TFLOP/s counts 2 * rows * d_in * d_out useful FLOPs; the bf16 dense peak of an H200 is ~989.
+  activation and weight quantizers plus the grouped GEMM),
+- forward + dgrad + wgrad of the layer (`jax.vjp` of a ragged `qdot`: y, dx, dw, each checked)
+  with the expert GEMMs on `gemm="xla"` and on `gemm="mosaic"`, for a BF16 site (the three
+  GEMMs alone) and the `full` recipe's site (NVFP4 forward, dequantized backward): issue #17's
+  targets.
+TFLOP/s counts 2 * rows * d_in * d_out useful FLOPs per GEMM (three for fwd+bwd rows); the bf16
+dense peak of an H200 is ~989.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import numpy as np
 
 from fp4rl import grouped, qlinear
 from experiments.gpu_bench import bench_main, median_seconds
-from fp4rl.recipe import PrecisionRecipe
+from fp4rl.recipe import PrecisionRecipe, SiteConfig
 
 H200_BF16_PEAK_TFLOPS = 989.0
 
@@ -55,9 +62,13 @@ def run(config: ExpertBenchConfig) -> dict:
     sizes = _group_sizes(config, kg)
     flops = 2 * config.tokens * config.d_in * config.d_out
     starts = np.concatenate([[0], np.cumsum(np.asarray(sizes))[:-1]])
-    reference = np.concatenate([
-        np.asarray(x[s : s + n], np.float32) @ np.asarray(w[e], np.float32) for e, (s, n) in enumerate(zip(starts, np.asarray(sizes)))
-    ])
+    groups = [(e, s, n) for e, (s, n) in enumerate(zip(starts, np.asarray(sizes)))]
+    x32, w32 = np.asarray(x, np.float32), np.asarray(w, np.float32)
+    reference = np.concatenate([x32[s : s + n] @ w32[e] for e, s, n in groups])
+    g = jax.random.normal(jax.random.fold_in(kx, 1), (config.tokens, config.d_out), jnp.bfloat16)  # the cotangent
+    g32 = np.asarray(g, np.float32)
+    grad_reference = (reference, np.concatenate([g32[s : s + n] @ w32[e].T for e, s, n in groups]),
+                      np.stack([x32[s : s + n].T @ g32[s : s + n] for e, s, n in groups]))
     capacity = int(np.max(np.asarray(sizes)))
 
     def dense_equal_groups(x, w):
@@ -82,13 +93,31 @@ def run(config: ExpertBenchConfig) -> dict:
     site = PrecisionRecipe.from_name("full").site("routed_experts", 0, 8)
     candidates["qdot full recipe (NVFP4 4/6 emulation, fwd)"] = jax.jit(
         lambda x, w: qlinear.qdot(x, w, site, group_sizes=sizes).astype(jnp.float32))
+    try:
+        from pallas_kernels.grouped_gemm import grouped_matmul
+
+        candidates["grouped_matmul (vendored Mosaic GPU, f32 out, fwd)"] = jax.jit(lambda x, w: grouped_matmul(x, w, sizes))
+    except Exception as e:  # noqa: BLE001
+        print(f"pallas_kernels.grouped_gemm unavailable: {e}")
+
+    def fwd_bwd(site, gemm):
+        def fn(x, w):
+            y, pull = jax.vjp(lambda x, w: qlinear.qdot(x, w, site, group_sizes=sizes, gemm=gemm), x, w)
+            return (y, *pull(g))
+        return jax.jit(fn)
+
+    grad_candidates = {f"fwd+dgrad+wgrad, {label} site, gemm={gemm}": fwd_bwd(s, gemm)
+                       for label, s in (("BF16", SiteConfig()), ("full recipe (NVFP4, dequantized bwd)", site))
+                       for gemm in ("xla", "mosaic")}
 
     rows = []
-    for name, fn in candidates.items():
+    for name, fn in {**candidates, **grad_candidates}.items():
         row = {"name": name}
+        is_grad = name in grad_candidates
         try:
-            out = np.asarray(fn(x, w), np.float32)
-            err = float(np.max(np.abs(out - reference)) / np.max(np.abs(reference)))
+            outs = fn(x, w)
+            pairs = zip(outs, grad_reference) if is_grad else [(outs, reference)]
+            err = max(float(np.max(np.abs(np.asarray(o, np.float32) - r)) / np.max(np.abs(r))) for o, r in pairs)
             row["max_rel_err"] = err
             # bf16 output rounding (2^-8) bounds the exact paths; NVFP4 emulation is a different
             # (quantized) product, checked for sanity only (its relative error is ~10%).
@@ -96,7 +125,7 @@ def run(config: ExpertBenchConfig) -> dict:
             row["checked"] = err < tolerance
             if row["checked"]:
                 seconds = median_seconds(fn, x, w, iters=config.iters)
-                row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12)
+                row.update(ms=seconds * 1e3, tflops=(3 if is_grad else 1) * flops / seconds / 1e12)
         except Exception as e:  # noqa: BLE001  (recorded: what failed and why)
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         rows.append(row)

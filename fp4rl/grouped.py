@@ -1,4 +1,4 @@
-"""Grouped (ragged) matmuls that survive any number of `vmap`s.
+"""Grouped (ragged) matmuls that survive any number of `vmap`s, on an explicit GEMM backend.
 
 `lax.ragged_dot` only batches when every operand carries its batch axis at 0, so vmapping a
 MoE over seeds (or over anything that leaves the weights unbatched) fails. Here a batch of B
@@ -9,21 +9,41 @@ calls the same custom-vmapped function again, so nested vmaps fold level by leve
 
 Both functions take and return arrays whose per-problem shapes are:
 - `ragged_matmul(a_RxK, b_ExKxN, group_sizes_E) -> [R, N]` (rows of group e use b[e]; rows
-  past sum(group_sizes) give zeros, as `lax.ragged_dot` does);
+  past sum(group_sizes) give zeros, as `lax.ragged_dot` does); with `transpose_rhs=True` b is
+  [E, N, K] and rows use b[e]^T (a dgrad reads the forward's weight without a transposed copy);
 - `ragged_wgrad(a_RxK, g_RxN, group_sizes_E) -> [E, K, N]` (per group: a_e^T @ g_e).
 Accumulation is float32 (`preferred_element_type`).
+
+`gemm` selects the backend, statically (docs/design.md, "Grouped-GEMM backends"):
+- "xla": `lax.ragged_dot` / `ragged_dot_general`, the portable reference;
+- "mosaic": the Pallas Mosaic GPU kernels of `pallas_kernels.grouped_gemm`; compiled, so a CUDA
+  GPU is required (it raises elsewhere: no silent fallback);
+- "mosaic_interpret": the same kernels in the Mosaic GPU interpreter on the CPU (tests only: slow).
+The kernels take bf16/f16 operands. One mixed case is exact on them too: an f32 wgrad operand
+(the dequantized backward's DQ(Q(x)) with per-token scales) against a bf16 one; the f32 operand
+is split into three bf16 parts whose sum is exactly it (8 significand bits each), each part's
+product with the bf16 operand is exact in f32, and the three f32 GEMMs are summed: the f32
+GEMM up to accumulation order (exact split down to |x| ~ 2^-126; bf16 has f32's exponents).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 F32 = jnp.float32
+GEMMS = ("xla", "mosaic", "mosaic_interpret")
 _WGRAD_DIMS = lax.RaggedDotDimensionNumbers(
     dot_dimension_numbers=(([0], [0]), ([], [])), lhs_ragged_dimensions=[0], rhs_group_dimensions=[]
 )
+
+
+def check_gemm(gemm: str) -> None:
+    if gemm not in GEMMS:
+        raise ValueError(f"unknown grouped GEMM backend gemm={gemm!r}; valid options: {GEMMS}")
 
 
 def _batched(x, is_batched: bool, n: int):
@@ -36,30 +56,84 @@ def _folded_group_sizes(group_sizes_BxE, num_rows: int):
     return jnp.concatenate([group_sizes_BxE, rest], axis=1).reshape(-1).astype(jnp.int32)
 
 
-@jax.custom_batching.custom_vmap
-def ragged_matmul(a_RxK, b_ExKxN, group_sizes_E):
-    return lax.ragged_dot(a_RxK, b_ExKxN, group_sizes_E, preferred_element_type=F32)
+def promoted(a, b):
+    """Both operands in their common dtype (an exact widening, e.g. bf16 -> f32)."""
+    dtype = jnp.promote_types(a.dtype, b.dtype)
+    return a.astype(dtype), b.astype(dtype)
 
 
-@ragged_matmul.def_vmap
-def _ragged_matmul_vmap(n, in_batched, a, b, group_sizes):
-    a, b, group_sizes = (_batched(x, flag, n) for x, flag in zip((a, b, group_sizes), in_batched))
-    _, rows, k = a.shape
-    _, e, _, cols = b.shape
-    b_padded = jnp.concatenate([b, jnp.zeros((n, 1, k, cols), b.dtype)], axis=1)  # the dummy groups
-    out = ragged_matmul(a.reshape(n * rows, k), b_padded.reshape(n * (e + 1), k, cols), _folded_group_sizes(group_sizes, rows))
-    return out.reshape(n, rows, cols), True
+def _bf16_parts(x_f32):
+    """Three bf16 arrays whose f32 sum is exactly x (see the module docstring)."""
+    hi = x_f32.astype(jnp.bfloat16)
+    rest = x_f32 - hi.astype(F32)
+    mid = rest.astype(jnp.bfloat16)
+    return hi, mid, (rest - mid.astype(F32)).astype(jnp.bfloat16)
 
 
-@jax.custom_batching.custom_vmap
-def ragged_wgrad(a_RxK, g_RxN, group_sizes_E):
-    return lax.ragged_dot_general(a_RxK, g_RxN, group_sizes_E, _WGRAD_DIMS, preferred_element_type=F32)
+def _mosaic_matmul(gemm, transpose_rhs, a, b, group_sizes):
+    from pallas_kernels.grouped_gemm import grouped_matmul  # lazy: only the mosaic backends need Pallas
+
+    return grouped_matmul(a, b, group_sizes, transpose_rhs=transpose_rhs, interpret=gemm == "mosaic_interpret")
 
 
-@ragged_wgrad.def_vmap
-def _ragged_wgrad_vmap(n, in_batched, a, g, group_sizes):
-    a, g, group_sizes = (_batched(x, flag, n) for x, flag in zip((a, g, group_sizes), in_batched))
-    _, rows, k = a.shape
-    e = group_sizes.shape[1]
-    out = ragged_wgrad(a.reshape(n * rows, k), g.reshape(n * rows, -1), _folded_group_sizes(group_sizes, rows))
-    return out.reshape(n, e + 1, k, -1)[:, :e], True
+def _mosaic_wgrad(gemm, a, g, group_sizes):
+    from pallas_kernels.grouped_gemm import grouped_wgrad
+
+    wgrad = functools.partial(grouped_wgrad, group_sizes_E=group_sizes, interpret=gemm == "mosaic_interpret")
+    if a.dtype == F32 and g.dtype == jnp.bfloat16:
+        return sum(wgrad(part, g) for part in _bf16_parts(a))
+    if g.dtype == F32 and a.dtype == jnp.bfloat16:
+        return sum(wgrad(a, part) for part in _bf16_parts(g))
+    return wgrad(a, g)
+
+
+@functools.cache
+def _matmul_fn(gemm: str, transpose_rhs: bool):
+    @jax.custom_batching.custom_vmap
+    def matmul(a_RxK, b_ExKxN, group_sizes_E):
+        if gemm == "xla":
+            b = jnp.swapaxes(b_ExKxN, 1, 2) if transpose_rhs else b_ExKxN
+            return lax.ragged_dot(a_RxK, b, group_sizes_E, preferred_element_type=F32)
+        return _mosaic_matmul(gemm, transpose_rhs, a_RxK, b_ExKxN, group_sizes_E)
+
+    @matmul.def_vmap
+    def _vmap(n, in_batched, a, b, group_sizes):
+        a, b, group_sizes = (_batched(x, flag, n) for x, flag in zip((a, b, group_sizes), in_batched))
+        _, rows, k = a.shape
+        _, e, *b_dims = b.shape
+        b_padded = jnp.concatenate([b, jnp.zeros((n, 1, *b_dims), b.dtype)], axis=1)  # the dummy groups
+        out = matmul(a.reshape(n * rows, k), b_padded.reshape(n * (e + 1), *b_dims), _folded_group_sizes(group_sizes, rows))
+        return out.reshape(n, rows, -1), True
+
+    return matmul
+
+
+@functools.cache
+def _wgrad_fn(gemm: str):
+    @jax.custom_batching.custom_vmap
+    def wgrad(a_RxK, g_RxN, group_sizes_E):
+        if gemm == "xla":
+            return lax.ragged_dot_general(*promoted(a_RxK, g_RxN), group_sizes_E, _WGRAD_DIMS, preferred_element_type=F32)
+        return _mosaic_wgrad(gemm, a_RxK, g_RxN, group_sizes_E)
+
+    @wgrad.def_vmap
+    def _vmap(n, in_batched, a, g, group_sizes):
+        a, g, group_sizes = (_batched(x, flag, n) for x, flag in zip((a, g, group_sizes), in_batched))
+        _, rows, k = a.shape
+        e = group_sizes.shape[1]
+        out = wgrad(a.reshape(n * rows, k), g.reshape(n * rows, -1), _folded_group_sizes(group_sizes, rows))
+        return out.reshape(n, e + 1, k, -1)[:, :e], True
+
+    return wgrad
+
+
+def ragged_matmul(a_RxK, b_ExKxN, group_sizes_E, *, gemm: str = "xla", transpose_rhs: bool = False):
+    """f32 [R, N]: rows of group e times b[e] (b[e]^T with transpose_rhs); rows past the groups: 0."""
+    check_gemm(gemm)
+    return _matmul_fn(gemm, transpose_rhs)(a_RxK, b_ExKxN, group_sizes_E)
+
+
+def ragged_wgrad(a_RxK, g_RxN, group_sizes_E, *, gemm: str = "xla"):
+    """f32 [E, K, N]: per group e, a[rows of e]^T @ g[rows of e]."""
+    check_gemm(gemm)
+    return _wgrad_fn(gemm)(a_RxK, g_RxN, group_sizes_E)

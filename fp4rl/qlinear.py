@@ -50,18 +50,21 @@ TOKEN_ALIGN = 32  # tokens are padded to this for the quantized wgrad (NVFP4: 16
 
 
 # ---------------------------------------------------------------- GEMMs of the three layouts
-def _gemm(a_TxC, b_CxN, group_sizes):
-    """a @ b with f32 accumulation; ragged: rows of `a` grouped, b [E, C, N] per group."""
+def _gemm(a_TxC, b_CxN, group_sizes, gemm: str, transpose_rhs: bool = False):
+    """a @ b with f32 accumulation (a @ b^T with transpose_rhs: b is [N, C] / [E, N, C]);
+    ragged: rows of `a` grouped, b [E, C, N] per group, on the `gemm` backend (fp4rl.grouped)."""
     if group_sizes is None:
-        return jnp.matmul(a_TxC, b_CxN, preferred_element_type=F32)
-    return grouped.ragged_matmul(a_TxC, b_CxN, group_sizes)
+        return jnp.matmul(a_TxC, _swap(b_CxN) if transpose_rhs else b_CxN, preferred_element_type=F32)
+    return grouped.ragged_matmul(a_TxC, b_CxN, group_sizes, gemm=gemm, transpose_rhs=transpose_rhs)
 
 
-def _wgrad_gemm(a_TxK, g_TxN, group_sizes):
-    """a^T @ g over tokens: [K, N], or per group [E, K, N] in the ragged layout."""
+def _wgrad_gemm(a_TxK, g_TxN, group_sizes, gemm: str):
+    """a^T @ g over tokens: [K, N], or per group [E, K, N] in the ragged layout. Operands of two
+    dtypes (f32 and bf16) are widened exactly (XLA) or split exactly (Mosaic, fp4rl.grouped)."""
     if group_sizes is None:
+        a_TxK, g_TxN = grouped.promoted(a_TxK, g_TxN)
         return lax.dot_general(a_TxK, g_TxN, (([0], [0]), ([], [])), preferred_element_type=F32)
-    return grouped.ragged_wgrad(a_TxK, g_TxN, group_sizes)
+    return grouped.ragged_wgrad(a_TxK, g_TxN, group_sizes, gemm=gemm)
 
 
 def _per_row(weight_scale, group_sizes, num_rows):
@@ -111,29 +114,29 @@ def _weight_along_n(w, site: SiteConfig, impl: str):
     return _per_weight(lambda m: operands.quantize(m, site, "weight", impl), w)
 
 
-def _forward_from_quantized(x_TxK, wq, site: SiteConfig, group_sizes, impl: str):
+def _forward_from_quantized(x_TxK, wq, site: SiteConfig, group_sizes, impl: str, gemm: str):
     """y = (Xv @ Wv^T) * (S_dec,x * S_dec,w): the emulated low-precision GEMM.
 
     A BF16 site has no quantization: `wq` is the raw weight and y = x @ w in x's dtype.
     """
     if not site.quantized:
-        return _gemm(x_TxK, wq.astype(x_TxK.dtype), group_sizes).astype(x_TxK.dtype), None
+        return _gemm(x_TxK, wq.astype(x_TxK.dtype), group_sizes, gemm).astype(x_TxK.dtype), None
     xq = operands.quantize(x_TxK, site, "act", impl)
     xv, sx = operands.gemm_operand(xq)
     wv, sw = _per_weight(operands.gemm_operand, wq)
-    acc = _gemm(xv, _swap(wv), group_sizes)
+    acc = _gemm(xv, wv, group_sizes, gemm, transpose_rhs=True)
     return (acc * (sx * _per_row(sw, group_sizes, acc.shape[0]))).astype(x_TxK.dtype), xq
 
 
 # ---------------------------------------------------------------- the custom_vjp
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _qdot(x_TxK, w, key, group_sizes, site: SiteConfig, impl: str):
-    return _forward_from_quantized(x_TxK, quantize_weight(w, site, impl), site, group_sizes, impl)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _qdot(x_TxK, w, key, group_sizes, site: SiteConfig, impl: str, gemm: str):
+    return _forward_from_quantized(x_TxK, quantize_weight(w, site, impl), site, group_sizes, impl, gemm)[0]
 
 
-def _qdot_fwd(x_TxK, w, key, group_sizes, site: SiteConfig, impl: str):
+def _qdot_fwd(x_TxK, w, key, group_sizes, site: SiteConfig, impl: str, gemm: str):
     wq = quantize_weight(w, site, impl)
-    y, xq = _forward_from_quantized(x_TxK, wq, site, group_sizes, impl)
+    y, xq = _forward_from_quantized(x_TxK, wq, site, group_sizes, impl, gemm)
     w_dtype = jnp.zeros((), w.dtype)  # carries w's dtype for its cotangent (a scalar)
     if site.quantized and site.backward == "dequantized":
         residuals = (xq, wq, w_dtype)  # packed codes/scales/amax only: no raw x, no bf16 copies
@@ -142,23 +145,23 @@ def _qdot_fwd(x_TxK, w, key, group_sizes, site: SiteConfig, impl: str):
     return y, (residuals, group_sizes)
 
 
-def _qdot_bwd(site: SiteConfig, impl: str, saved, g_TxN):
+def _qdot_bwd(site: SiteConfig, impl: str, gemm: str, saved, g_TxN):
     residuals, group_sizes = saved
     dtype = g_TxN.dtype
     backward = site.backward if site.quantized else "bf16"  # an unquantized site: the exact gradient
     if backward == "dequantized":
         xq, wq, w_dtype = residuals
-        dx = _dequantized_dgrad(g_TxN, wq, group_sizes)
-        dw = _dequantized_wgrad(xq, g_TxN, group_sizes)
+        dx = _dequantized_dgrad(g_TxN, wq, group_sizes, gemm)
+        dw = _dequantized_wgrad(xq, g_TxN, group_sizes, gemm)
         x_dtype, w_dtype = dtype, w_dtype.dtype
     elif backward == "bf16":
         x, w, _ = residuals
-        dx = _gemm(g_TxN, _swap(w.astype(dtype)), group_sizes)
-        dw = _wgrad_gemm(x.astype(dtype), g_TxN, group_sizes)
+        dx = _gemm(g_TxN, w.astype(dtype), group_sizes, gemm, transpose_rhs=True)
+        dw = _wgrad_gemm(x.astype(dtype), g_TxN, group_sizes, gemm)
         x_dtype, w_dtype = x.dtype, w.dtype
     else:
         x, w, key = residuals
-        dx, dw = _quantized_backward(x, w, key, g_TxN, group_sizes, site, impl)
+        dx, dw = _quantized_backward(x, w, key, g_TxN, group_sizes, site, impl, gemm)
         x_dtype, w_dtype = x.dtype, w.dtype
     return dx.astype(x_dtype), dw.astype(w_dtype), None, None
 
@@ -166,22 +169,23 @@ def _qdot_bwd(site: SiteConfig, impl: str, saved, g_TxN):
 _qdot.defvjp(_qdot_fwd, _qdot_bwd)
 
 
-def _dequantized_dgrad(g_TxN, wq, group_sizes):
+def _dequantized_dgrad(g_TxN, wq, group_sizes, gemm: str):
     """g @ DQ(Q(w))^T as the forward computes its GEMM: (g @ Wv) * S_dec,w, Wv = dec(q) * sf
     exact in g's dtype, the weight's global decode scale (one per expert) on the f32 result."""
     wv, sw = _per_weight(operands.gemm_operand, wq)  # Q(w^T) values [N, K] / [E, N, K]
-    acc = _gemm(g_TxN, wv.astype(g_TxN.dtype), group_sizes)
+    acc = _gemm(g_TxN, wv.astype(g_TxN.dtype), group_sizes, gemm)
     return acc * _per_row(sw, group_sizes, acc.shape[0])
 
 
-def _dequantized_wgrad(xq, g_TxN, group_sizes):
+def _dequantized_wgrad(xq, g_TxN, group_sizes, gemm: str):
     """DQ(Q(x))^T @ g. A per-tensor scale (MX: 1) is an epilogue, as in dgrad. A per-token scale
     multiplies the rows of x, the axis wgrad sums over, so it must enter before the sum: then
-    DQ(Q(x)) is formed in f32 (the contract's one rounding) and the GEMM runs in f32."""
+    DQ(Q(x)) is formed in f32 (the contract's one rounding) and the GEMM runs in f32 (g widened
+    exactly; on the Mosaic backend the f32 operand is split exactly into bf16 parts)."""
     xv, sx = operands.gemm_operand(xq)
     if jnp.ndim(sx) == 0:
-        return _wgrad_gemm(xv.astype(g_TxN.dtype), g_TxN, group_sizes) * sx
-    return _wgrad_gemm(operands.dequantized(xq), g_TxN.astype(F32), group_sizes)
+        return _wgrad_gemm(xv.astype(g_TxN.dtype), g_TxN, group_sizes, gemm) * sx
+    return _wgrad_gemm(operands.dequantized(xq), g_TxN, group_sizes, gemm)
 
 
 def _backward_config(site: SiteConfig, role: str) -> nvfp4.NVFP4Config | None:
@@ -195,7 +199,7 @@ def _backward_config(site: SiteConfig, role: str) -> nvfp4.NVFP4Config | None:
                              e4m3_max=config.e4m3_max, fast_error=config.fast_error)
 
 
-def _quantized_backward(x_TxK, w, key, g_TxN, group_sizes, site: SiteConfig, impl: str):
+def _quantized_backward(x_TxK, w, key, g_TxN, group_sizes, site: SiteConfig, impl: str, gemm: str):
     """The NVFP4 pretraining recipe's backward (docs/numerics.md §6/§7); MXFP8: plain re-quantization."""
     if key is None:
         raise ValueError("backward='quantized' needs an explicit jax.random key: qdot(..., key=key)")
@@ -207,7 +211,7 @@ def _quantized_backward(x_TxK, w, key, g_TxN, group_sizes, site: SiteConfig, imp
     # dgrad = Q_sr(g) @ Q(w)^T, both quantized along N
     gv, sg = operands.gemm_operand(operands.quantize(g_TxN, site, "grad", impl, sr_key=sr(k_dgrad), config=grad_cfg))
     wv, sw = _per_weight(operands.gemm_operand, _weight_along_n(w, site, impl))
-    dx = _gemm(gv, _swap(wv), group_sizes)
+    dx = _gemm(gv, wv, group_sizes, gemm, transpose_rhs=True)
     dx = dx * (sg * _per_row(sw, group_sizes, dx.shape[0]))
 
     # wgrad = Q_rht(x)^T @ Q_rht,sr(g), both quantized along tokens after the same RHT
@@ -221,7 +225,7 @@ def _quantized_backward(x_TxK, w, key, g_TxN, group_sizes, site: SiteConfig, imp
         xt, gt = hadamard.random_hadamard(xt, k_rht, axis=-1), hadamard.random_hadamard(gt, k_rht, axis=-1)
     xv_t, sx = operands.gemm_operand(operands.quantize(xt, site, "act", impl, config=act_cfg))
     gv_t, sg_t = operands.gemm_operand(operands.quantize(gt, site, "grad", impl, sr_key=sr(k_wgrad), config=grad_cfg))
-    dw = _wgrad_gemm(xv_t.T, gv_t.T, group_sizes) * (sx * sg_t)
+    dw = _wgrad_gemm(xv_t.T, gv_t.T, group_sizes, gemm) * (sx * sg_t)
     return dx, dw
 
 
@@ -266,7 +270,8 @@ def _check_group_sizes(group_sizes, num_rows: int, num_groups: int, padding_rows
     return jnp.broadcast_to(ok, (num_rows,))
 
 
-def qdot(x, w, site: SiteConfig, *, key=None, group_sizes=None, impl: str = "auto", padding_rows: bool = False):
+def qdot(x, w, site: SiteConfig, *, key=None, group_sizes=None, impl: str = "auto", padding_rows: bool = False,
+         gemm: str = "xla"):
     """`x @ w` through the site's precision (see the module docstring for layouts and modes).
 
     `w` may be a pre-quantized weight from `quantize_weight` (weight sync: forward only).
@@ -274,8 +279,11 @@ def qdot(x, w, site: SiteConfig, *, key=None, group_sizes=None, impl: str = "aut
     `group_sizes` (ragged layout): every row of x belongs to one group, checked when the sizes are
     concrete; under jit wrong sizes make the output NaN. `padding_rows=True` declares
     rows past sum(group_sizes) padding, with zero output rows (the MoE's static row bound).
+    `gemm` selects the ragged layout's grouped-GEMM backend, forward and backward (`fp4rl.grouped`:
+    "xla", "mosaic", "mosaic_interpret"); the dense layouts always use XLA.
     """
     operands.check_impl(impl)
+    grouped.check_gemm(gemm)
     prequantized = _is_quantized_weight(w)
     w_ndim = _weight_ndim(w)
     if w_ndim not in (2, 3):
@@ -298,9 +306,9 @@ def qdot(x, w, site: SiteConfig, *, key=None, group_sizes=None, impl: str = "aut
 
     x_TxK = x.reshape(-1, x.shape[-1])
     if prequantized:
-        y = _forward_from_quantized(x_TxK, w, site, group_sizes, impl)[0]
+        y = _forward_from_quantized(x_TxK, w, site, group_sizes, impl, gemm)[0]
     else:
-        y = _qdot(x_TxK, w, key, group_sizes, site, impl)
+        y = _qdot(x_TxK, w, key, group_sizes, site, impl, gemm)
     if row_ok is not None:
         y = jnp.where(row_ok[:, None], y, jnp.asarray(jnp.nan, y.dtype))
     return y.reshape(*x.shape[:-1], y.shape[-1])

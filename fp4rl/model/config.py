@@ -17,6 +17,8 @@ import dataclasses
 import json
 from typing import NamedTuple
 
+from fp4rl.grouped import check_gemm
+
 DTYPES = ("float32", "bfloat16")
 # Expert groups are padded to a multiple of this many rows; qlinear's quantized backward needs
 # every ragged group to be a multiple of its TOKEN_ALIGN (32) rows so that the Hadamard and scale
@@ -50,6 +52,10 @@ class ModelConfig:
       unscaled and the trainer adds aux_loss_coef * aux["aux_loss"].
     param_dtype / dtype: storage dtype of the parameters / compute dtype ("float32" | "bfloat16").
     group_align: the row block each expert's token group is padded to (a multiple of 32).
+    expert_gemm: the routed experts' grouped-GEMM backend, forward and backward (`fp4rl.grouped`:
+      "xla" portable, "mosaic" Pallas Mosaic GPU kernels on a Hopper GPU, "mosaic_interpret" the
+      same kernels interpreted on the CPU, tests only). Not part of the numerics contract: the
+      backends differ only in f32 accumulation order. Configs saved before the field load "xla".
     """
 
     vocab_size: int
@@ -76,6 +82,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     group_align: int = 32
+    expert_gemm: str = "xla"
 
     def __post_init__(self):
         # A list from JSON becomes a tuple, so the config stays hashable (a static jit argument).
@@ -108,6 +115,7 @@ class ModelConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r}; valid options: {DTYPES}")
         if self.group_align < 1 or self.group_align % _GROUP_ALIGN_UNIT:
             raise ValueError(f"group_align={self.group_align} must be a positive multiple of {_GROUP_ALIGN_UNIT}")
+        check_gemm(self.expert_gemm)  # raises, naming the valid options
         if self.rope_theta <= 0 or self.rms_eps <= 0:
             raise ValueError(f"rope_theta={self.rope_theta} and rms_eps={self.rms_eps} must be > 0")
         if self.aux_loss_coef < 0:

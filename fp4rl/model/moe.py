@@ -67,6 +67,7 @@ class MoE(nnx.Module):
             self.shared_gate = nnx.Param(normal_init(rngs, (D, 1), D, pd))
         self.layer, self.num_experts, self.top_k = layer, E, config.top_k
         self.norm_topk_prob, self.group_align = config.norm_topk_prob, config.group_align
+        self.expert_gemm = config.expert_gemm
         self.has_shared, self.has_shared_gate = bool(config.shared_expert_d_ff), config.shared_expert_gate
 
     def site_kinds(self) -> dict[str, str]:
@@ -102,7 +103,8 @@ class MoE(nnx.Module):
         x_R1xD = jnp.concatenate([x_TxD, jnp.zeros((1, D), x_TxD.dtype)], axis=0)
         x_RxD = x_R1xD[token_of_row_R]
         dot = lambda h, name: site_dot(h, getattr(self, name).get_value(), ctx, self.site_kinds()[name],  # noqa: E731
-                                       self.layer, f"experts.{name}", group_sizes=sizes_E, padding_rows=True)
+                                       self.layer, f"experts.{name}", group_sizes=sizes_E, padding_rows=True,
+                                       gemm=self.expert_gemm)
         h_RxF = swiglu_act(dot(x_RxD, "gate_up"))
         y_RxD = dot(h_RxF, "down")
         y_TxKxD = y_RxD[row_of_pair_P].reshape(T, self.top_k, D)

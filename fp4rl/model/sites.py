@@ -86,11 +86,13 @@ def is_quantized_weight(w) -> bool:
     return isinstance(w, (nvfp4.NVFP4Tensor, mx.MXTensor))
 
 
-def site_dot(x, w, ctx: Ctx, kind: str, layer: int | None, name: str, *, group_sizes=None, padding_rows: bool = False):
+def site_dot(x, w, ctx: Ctx, kind: str, layer: int | None, name: str, *, group_sizes=None, padding_rows: bool = False,
+             gemm: str = "xla"):
     """`x @ w` through the recipe's site `kind` of `layer` (None: the LM head).
 
     `w` is a raw parameter, or a weight pre-quantized by `sync_weights` (forward only).
     A key is needed only when the site quantizes its backward (stochastic rounding + RHT).
+    `gemm`: the ragged layout's grouped-GEMM backend (`ModelConfig.expert_gemm`).
     """
     site = ctx.site(kind, layer)
     prequantized = is_quantized_weight(w)
@@ -106,6 +108,7 @@ def site_dot(x, w, ctx: Ctx, kind: str, layer: int | None, name: str, *, group_s
             )
         key = ctx.site_key(layer, name)
     try:
-        return qlinear.qdot(x, w, site, key=key, group_sizes=group_sizes, impl=ctx.impl, padding_rows=padding_rows)
+        return qlinear.qdot(x, w, site, key=key, group_sizes=group_sizes, impl=ctx.impl, padding_rows=padding_rows,
+                           gemm=gemm)
     except ValueError as err:  # name the site: qdot's shape errors do not know where they are
         raise ValueError(f"site {kind!r} (layer {layer}, {name}): {err}") from err

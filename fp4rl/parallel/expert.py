@@ -53,7 +53,8 @@ def _ffn(moe, x_RxD, gate_up, down, sizes_E, ctx):
     kinds = moe.site_kinds()
 
     def dot(h, w, name):
-        return site_dot(h, w, ctx, kinds[name], moe.layer, f"experts.{name}", group_sizes=sizes_E, padding_rows=True)
+        return site_dot(h, w, ctx, kinds[name], moe.layer, f"experts.{name}", group_sizes=sizes_E, padding_rows=True,
+                        gemm=moe.expert_gemm)
 
     return dot(swiglu_act(dot(x_RxD, gate_up, "gate_up")), down, "down")
 

@@ -1,0 +1,28 @@
+"""Grouped (dropless ragged) GEMMs of the MoE layers as Pallas Mosaic GPU kernels (Hopper).
+
+    from pallas_kernels.grouped_gemm import grouped_matmul, grouped_wgrad
+    y = grouped_matmul(x_RxK, w_ExKxN, sizes_E)                         # f32 [R, N], GPU, compiled
+    dx = grouped_matmul(g_RxN, w_ExKxN, sizes_E, transpose_rhs=True)    # f32 [R, K]: g @ w[e]^T
+    dw = grouped_wgrad(x_RxK, g_RxN, sizes_E, interpret=True)           # f32 [E, K, N], CPU interpreter
+
+Why: `lax.ragged_dot` lowers on the GPU to a loop that reached 5.4 TFLOP/s on a 128-expert
+layer of the H200 (`benchmarks/bench_experts.md`), so the expert GEMMs dominated the RL step.
+JAX ships Mosaic GPU grouped-GEMM kernels (WGMMA, a TMA pipeline, one persistent program per
+SM); they are vendored here (Apache-2.0, attribution in each file) and adapted to our callers:
+f32 output, rows past the groups set to zero, interpret mode for the CPU tests, validation.
+The semantics are those of `fp4rl.grouped` (the XLA reference, compared in
+`tests/kernels/test_grouped_gemm.py`); the model selects a backend with
+`ModelConfig.expert_gemm` (docs/design.md, "Grouped-GEMM backends").
+
+    ops.py                     entry points: validation, row padding, zero group, program count
+    ragged_dot.py              forward / dgrad kernel (vendored `ragged_dot_mgpu.py`)
+    transposed_ragged_dot.py   wgrad kernel (vendored `transposed_ragged_dot_mgpu.py`)
+    tunables.py                `GroupedGemmTiles` and the H200 defaults
+"""
+
+from __future__ import annotations
+
+from pallas_kernels.grouped_gemm.ops import grouped_matmul, grouped_wgrad
+from pallas_kernels.grouped_gemm.tunables import FORWARD_TILES, WGRAD_TILES, GroupedGemmTiles
+
+__all__ = ["FORWARD_TILES", "WGRAD_TILES", "GroupedGemmTiles", "grouped_matmul", "grouped_wgrad"]

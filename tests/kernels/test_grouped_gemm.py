@@ -1,0 +1,286 @@
+"""The Mosaic GPU grouped GEMMs (`pallas_kernels.grouped_gemm`) against the XLA reference.
+
+On the CPU every kernel runs in the Mosaic GPU interpreter (`interpret=True`, or the backend
+"mosaic_interpret" through `fp4rl.grouped` / `qdot`); the `gpu`-marked variants run the same
+checks compiled (`pytest -m gpu tests/kernels/test_grouped_gemm.py` on a Hopper GPU). Shapes are
+tiny (each interpreted kernel call takes ~1 s) but cover what the kernels special-case: an
+empty group (first and in the middle), group boundaries inside a row tile / token block, a group
+over several blocks, rows past sum(group_sizes), rows that are not a multiple of the block.
+
+Tolerance (derived, not tuned): the operands are bf16, so every product is exact in f32 and the
+only error is the f32 accumulation. A sum of n terms accumulated in any order with at most one
+f32 ulp (2u, u = 2^-24) of error per addition is within 2 (n - 1) u * sum|terms| of the exact
+sum; one ulp per addition covers round-to-nearest (u) and the truncating accumulators of tensor
+cores. Both backends are compared with the exact (float64) result under that bound, elementwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp4rl import grouped, operands, qlinear
+from fp4rl.model import forward, init
+from fp4rl.model.config import ModelConfig
+from fp4rl.recipe import PrecisionRecipe, SiteConfig
+from pallas_kernels.grouped_gemm import FORWARD_TILES, WGRAD_TILES, GroupedGemmTiles, grouped_matmul, grouped_wgrad
+from pallas_kernels.grouped_gemm import ragged_dot as forward_kernel
+from pallas_kernels.grouped_gemm import transposed_ragged_dot as wgrad_kernel
+
+U = 2.0**-24
+ON_GPU = jax.default_backend() == "gpu"
+# (rows R, K, N, group sizes): forward tiles are 128 rows, wgrad token blocks 64 (tunables.py)
+FORWARD_CASES = {
+    "pad-rows-empty-middle": (96, 64, 128, (40, 0, 24)),  # R padded to 128; rows 64..95 past the groups
+    "empty-first-full-cover": (128, 128, 64, (0, 64, 32, 32)),
+}
+WGRAD_CASES = {
+    "boundaries-inside-blocks": (128, 64, 64, (40, 0, 80)),  # 80 rows: 3 token blocks, 2 partial
+    "past-the-groups": (96, 64, 128, (0, 32, 16)),  # R padded to 128; rows 48..95 ignored
+}
+BACKENDS = [pytest.param(True, id="interpret"), pytest.param(False, id="compiled", marks=pytest.mark.gpu)]
+GEMMS = [pytest.param("mosaic_interpret", id="interpret"), pytest.param("mosaic", id="compiled", marks=pytest.mark.gpu)]
+
+
+def _accumulation_bound(abs_products_sum, n: int):
+    return 2 * max(n - 1, 0) * U * abs_products_sum
+
+
+def _group_of_rows(sizes, rows: int):
+    """Each row's group, or -1 past the groups."""
+    group = np.full(rows, -1)
+    ends = np.cumsum(sizes)
+    for e, (start, end) in enumerate(zip(ends - np.asarray(sizes), ends)):
+        group[start:end] = e
+    return group
+
+
+def _exact_matmul(a, b, sizes):
+    """float64 a @ b[group] and sum |a| |b[group]|, rows past the groups 0."""
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    group = _group_of_rows(sizes, a64.shape[0])
+    out, mag = np.zeros((a64.shape[0], b64.shape[2])), np.zeros((a64.shape[0], b64.shape[2]))
+    for e in range(b64.shape[0]):
+        rows = group == e
+        out[rows], mag[rows] = a64[rows] @ b64[e], np.abs(a64[rows]) @ np.abs(b64[e])
+    return out, mag
+
+
+def _exact_wgrad(a, g, sizes):
+    a64, g64 = np.asarray(a, np.float64), np.asarray(g, np.float64)
+    group = _group_of_rows(sizes, a64.shape[0])
+    out = np.stack([a64[group == e].T @ g64[group == e] for e in range(len(sizes))])
+    mag = np.stack([np.abs(a64[group == e]).T @ np.abs(g64[group == e]) for e in range(len(sizes))])
+    return out, mag
+
+
+def _operands(shapes, seed=0, dtype=jnp.bfloat16):
+    keys = jax.random.split(jax.random.key(seed), len(shapes))
+    return [jax.random.normal(k, s, dtype) for k, s in zip(keys, shapes)]
+
+
+def _assert_within(out, exact, bound, what):
+    err = np.abs(np.asarray(out, np.float64) - exact)
+    worst = np.unravel_index(np.argmax(err - bound), err.shape)
+    assert (err <= bound).all(), f"{what}: |error| {err[worst]:.3g} > bound {bound[worst]:.3g} at {worst}"
+
+
+@pytest.mark.parametrize("interpret", BACKENDS)
+@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["fwd", "dgrad"])
+@pytest.mark.parametrize("case", FORWARD_CASES)
+def test_grouped_matmul_matches_ragged_dot(case, transpose_rhs, interpret):
+    rows, k, n, sizes = FORWARD_CASES[case]
+    a, b = _operands([(rows, k), (len(sizes), k, n)])
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    out = grouped_matmul(a, jnp.swapaxes(b, 1, 2) if transpose_rhs else b, group_sizes, transpose_rhs=transpose_rhs,
+                         interpret=interpret)
+    assert out.dtype == jnp.float32 and out.shape == (rows, n)
+    exact, mag = _exact_matmul(a, b, sizes)
+    bound = _accumulation_bound(mag, k)
+    _assert_within(out, exact, bound, "grouped_matmul")
+    _assert_within(jax.lax.ragged_dot(a, b, group_sizes, preferred_element_type=jnp.float32), exact, bound, "lax.ragged_dot")
+    np.testing.assert_array_equal(np.asarray(out)[sum(sizes):], 0.0)  # rows past the groups
+
+
+@pytest.mark.parametrize("interpret", BACKENDS)
+@pytest.mark.parametrize("case", WGRAD_CASES)
+def test_grouped_wgrad_matches_ragged_dot_general(case, interpret):
+    rows, k, n, sizes = WGRAD_CASES[case]
+    a, g = _operands([(rows, k), (rows, n)], seed=1)
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    out = grouped_wgrad(a, g, group_sizes, interpret=interpret)
+    assert out.dtype == jnp.float32 and out.shape == (len(sizes), k, n)
+    exact, mag = _exact_wgrad(a, g, sizes)
+    bound = _accumulation_bound(mag, max(sizes))
+    _assert_within(out, exact, bound, "grouped_wgrad")
+    _assert_within(grouped.ragged_wgrad(a, g, group_sizes), exact, bound, "ragged_dot_general")
+    np.testing.assert_array_equal(np.asarray(out)[np.asarray(sizes) == 0], 0.0)  # empty groups
+
+
+@pytest.mark.parametrize("gemm", GEMMS)
+def test_mixed_precision_wgrad_splits_f32_exactly(gemm):
+    """An f32 operand against a bf16 one (the per-token dequantized wgrad): three exact bf16 parts."""
+    rows, k, n, sizes = WGRAD_CASES["boundaries-inside-blocks"]
+    a = _operands([(rows, k)], seed=2, dtype=jnp.float32)[0] * 1e-3  # f32 values with 24-bit significands
+    (g,) = _operands([(rows, n)], seed=3)
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    out = grouped.ragged_wgrad(a, g, group_sizes, gemm=gemm)
+    exact, mag = _exact_wgrad(a, g, sizes)
+    # Three partial GEMMs of max(sizes) terms each, then two additions of the partial results.
+    _assert_within(out, exact, _accumulation_bound(mag, max(sizes) + 2), "split wgrad")
+
+
+# ---------------------------------------------------------------- through qdot: grad and vmap
+R, D, F, SIZES = 64, 64, 64, (32, 0, 16)  # rows past the groups: 48..63 (padding_rows)
+SITES = {
+    "bf16": SiteConfig(),
+    "nvfp4-dequantized": SiteConfig(format="nvfp4", backward="dequantized"),  # per-token: the f32 split wgrad
+}
+
+
+def _qdot_vjp(site, x, w, g, gemm):
+    y, pull = jax.vjp(lambda x, w: qlinear.qdot(x, w, site, group_sizes=jnp.asarray(SIZES, jnp.int32),
+                                                 padding_rows=True, gemm=gemm), x, w)
+    return (y, *pull(g))
+
+
+def _gemm_operands(site, x, w):
+    """|x|-side and |w|-side operands the site's GEMMs see (for the bounds): DQ(Q(.)) or raw."""
+    if not site.quantized:
+        return x.astype(jnp.float32), w.astype(x.dtype).astype(jnp.float32)
+    xq = operands.dequantized(operands.quantize(x, site, "act"))
+    wq = jnp.swapaxes(jax.vmap(operands.dequantized)(qlinear.quantize_weight(w, site)), 1, 2)
+    return xq, wq
+
+
+@pytest.mark.parametrize("gemm", GEMMS)
+@pytest.mark.parametrize("site_name", SITES)
+def test_qdot_grad_mosaic_matches_xla(site_name, gemm):
+    """y, dx, dw of a ragged qdot: the Mosaic kernels vs "xla". Each f32 GEMM result is within the
+    accumulation bound of the exact one, so the two differ by at most twice that; an NVFP4 site
+    then multiplies y and dx by its decode scales (two f32 roundings each: 4u |y| between the
+    two); y and dx are rounded to bf16, which can put two such f32 values on either side of a
+    rounding boundary: one bf16 ulp more. dw stays f32 (the parameters are f32)."""
+    site = SITES[site_name]
+    x, g = _operands([(R, D), (R, F)], seed=4)
+    w = _operands([(len(SIZES), D, F)], seed=5, dtype=jnp.float32)[0] * 0.1  # f32 parameters, bf16 compute
+    ours = _qdot_vjp(site, x, w, g, gemm)
+    ref = _qdot_vjp(site, x, w, g, "xla")
+    xv, wv = _gemm_operands(site, x, w)
+    _, mag_y = _exact_matmul(xv, wv, SIZES)
+    _, mag_dx = _exact_matmul(g, jnp.swapaxes(wv, 1, 2), SIZES)
+    _, mag_dw = _exact_wgrad(xv, g, SIZES)
+    bf16_ulp = lambda v: 2.0 ** (np.floor(np.log2(np.maximum(np.abs(np.asarray(v, np.float64)), 1e-30))) - 7)  # noqa: E731
+    for name, a, b, mag, n, rounded in (("y", ours[0], ref[0], mag_y, D, True), ("dx", ours[1], ref[1], mag_dx, F, True),
+                                        ("dw", ours[2], ref[2], mag_dw, max(SIZES) + 2, False)):
+        bound = 2 * _accumulation_bound(mag, n)
+        if rounded:
+            bound = bound + 4 * U * np.abs(np.asarray(b, np.float64)) + bf16_ulp(b)
+        _assert_within(a, np.asarray(b, np.float64), bound, f"{site_name} {name}")
+    assert np.isfinite(np.asarray(ours[2])).all()
+
+
+@pytest.mark.parametrize("gemm", GEMMS)
+def test_qdot_vmap_over_seeds_mosaic_matches_xla(gemm):
+    """vmap over 2 seeds (batched x and g, shared w and sizes): the folded ragged problem of
+    `fp4rl.grouped` runs on the kernels as on XLA."""
+    site = SITES["bf16"]
+    x, g = _operands([(2, R, D), (2, R, F)], seed=6)
+    w = _operands([(len(SIZES), D, F)], seed=7)[0]
+    ours = jax.vmap(lambda x, g: _qdot_vjp(site, x, w, g, gemm))(x, g)
+    ref = jax.vmap(lambda x, g: _qdot_vjp(site, x, w, g, "xla"))(x, g)
+    for s in range(2):
+        _, mag_dw = _exact_wgrad(x[s], g[s], SIZES)
+        _assert_within(ours[2][s], np.asarray(ref[2][s], np.float64), 2 * _accumulation_bound(mag_dw, max(SIZES)), "dw")
+        _, mag_y = _exact_matmul(x[s], w, SIZES)
+        y_ref = np.asarray(ref[0][s], np.float64)
+        _assert_within(ours[0][s], y_ref, 2 * _accumulation_bound(mag_y, D) + 2.0 ** (np.floor(np.log2(np.abs(y_ref) + 1e-30)) - 7), "y")
+        np.testing.assert_array_equal(np.asarray(ours[0][s])[sum(SIZES):], 0.0)
+
+
+# ---------------------------------------------------------------- the compiled kernels' lowering
+H200_SMS = 132
+# (rows, K, N, experts): the benchmark's layer, and the h200 model preset's expert down
+# projection (F=128 -> D=512, 32 experts; rows padded to the 128-row tile) whose K=128 and
+# dgrad N=128 are the narrowest dimensions the default tiles meet; the tests' own tiny shape.
+LOWERING_SHAPES = {"bench": (16384, 2048, 768, 128), "h200-down": (17408, 128, 512, 32), "tests": (128, 64, 64, 3)}
+
+
+@pytest.mark.parametrize("kind", ["fwd", "dgrad", "wgrad"])
+@pytest.mark.parametrize("shape", LOWERING_SHAPES)
+def test_default_tiles_lower_for_the_gpu(shape, kind):
+    """On any machine: jit-lowering for CUDA runs the whole Mosaic GPU lowering (layouts, WGMMA
+    shapes, the SMEM budget: it raises "exceeds available shared memory") of the default tiles
+    at the H200 shapes, and the kernel's name is in the program."""
+    rows, k, n, experts = LOWERING_SHAPES[shape]
+    a = jax.ShapeDtypeStruct((rows, k), jnp.bfloat16)
+    if kind == "wgrad":
+        tiles = WGRAD_TILES.fit(block_m=k, block_n=n)
+        fn = functools.partial(wgrad_kernel.transposed_ragged_dot, **dataclasses.asdict(tiles), num_programs=H200_SMS)
+        args, name = (a, jax.ShapeDtypeStruct((rows, n), jnp.bfloat16), jax.ShapeDtypeStruct((experts,), jnp.int32)), wgrad_kernel.KERNEL_NAME
+    else:
+        out, inner = (k, n) if kind == "dgrad" else (n, k)  # dgrad: [rows, N] @ w[e]^T, w [E, K, N]
+        a = jax.ShapeDtypeStruct((rows, inner), jnp.bfloat16)
+        tiles = FORWARD_TILES.fit(block_n=out, block_k=inner)
+        fn = functools.partial(forward_kernel.ragged_dot, **dataclasses.asdict(tiles), num_programs=H200_SMS,
+                               transpose_rhs=kind == "dgrad")
+        b = jax.ShapeDtypeStruct((experts, k, n), jnp.bfloat16)
+        args, name = (a, b, jax.ShapeDtypeStruct((experts + 1,), jnp.int32)), forward_kernel.KERNEL_NAME
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text and name in text
+
+
+# ---------------------------------------------------------------- errors
+def test_bad_inputs_raise_clear_errors():
+    a, b = _operands([(64, 64), (2, 64, 64)])
+    sizes = jnp.asarray([32, 32], jnp.int32)
+    with pytest.raises(TypeError, match="two bfloat16 or two float16"):
+        grouped_matmul(a, b.astype(jnp.float16), sizes, interpret=True)
+    with pytest.raises(TypeError, match="TF32"):
+        grouped_matmul(a.astype(jnp.float32), b.astype(jnp.float32), sizes, interpret=True)
+    with pytest.raises(ValueError, match="group_sizes must have shape"):
+        grouped_matmul(a, b, jnp.asarray([64], jnp.int32), interpret=True)
+    with pytest.raises(ValueError, match=r"K=96 must be a positive multiple of its block size 64"):
+        grouped_matmul(*_operands([(64, 96), (2, 96, 64)]), sizes, interpret=True)
+    with pytest.raises(ValueError, match=r"N=192 must be a positive multiple of its block size 128"):
+        grouped_matmul(*_operands([(64, 64), (2, 64, 192)]), sizes, interpret=True)
+    with pytest.raises(ValueError, match="row counts differ"):
+        grouped_wgrad(a, a[:32], sizes, interpret=True)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        dataclasses.replace(FORWARD_TILES, block_m=96)
+    with pytest.raises(ValueError, match="K=32 must be a multiple of 64"):
+        grouped_wgrad(a[:, :32], a, sizes, interpret=True)
+    assert GroupedGemmTiles().fit(block_n=64).block_n == 64
+
+
+def test_backend_selector_is_explicit():
+    a, b = _operands([(64, 64), (2, 64, 64)])
+    sizes = jnp.asarray([32, 32], jnp.int32)
+    with pytest.raises(ValueError, match=r"valid options: \('xla', 'mosaic', 'mosaic_interpret'\)"):
+        grouped.ragged_matmul(a, b, sizes, gemm="triton")
+    with pytest.raises(ValueError, match="valid options"):
+        ModelConfig.from_name("tiny", expert_gemm="cutlass")
+    assert ModelConfig.from_json('{"vocab_size": 8, "d_model": 16, "num_layers": 1, "num_heads": 1, "num_kv_heads": 1, '
+                                 '"head_dim": 16, "dense_d_ff": 0, "moe_d_ff": 16, "num_experts": 2, "top_k": 1}'
+                                 ).expert_gemm == "xla"  # a config saved before the field
+    if not ON_GPU:
+        with pytest.raises(RuntimeError, match="no silent XLA fallback"):
+            grouped.ragged_matmul(a, b, sizes, gemm="mosaic")
+        with pytest.raises(RuntimeError, match="no silent XLA fallback"):
+            grouped.ragged_wgrad(a, a, sizes, gemm="mosaic")
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the refusal to run compiled kernels without a GPU")
+def test_model_expert_gemm_reaches_the_kernels():
+    """ModelConfig.expert_gemm is what the MoE's ragged qdots run on: "mosaic" on a CPU raises
+    from the kernel's GPU guard while tracing the forward (no XLA fallback on the way)."""
+    config = dataclasses.replace(ModelConfig.from_name("tiny"), expert_gemm="mosaic", dtype="bfloat16")
+    graphdef, params = init(config, 0)
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    with pytest.raises(RuntimeError, match="grouped_matmul is a compiled GPU kernel"):
+        jax.eval_shape(lambda p: forward(graphdef, p, tokens, PrecisionRecipe.from_name("bf16")), params)
