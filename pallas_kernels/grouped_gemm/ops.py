@@ -56,9 +56,10 @@ def _pad_rows(x, block: int):
 
 
 def grouped_matmul(a_RxK, b_ExKxN, group_sizes_E, *, transpose_rhs: bool = False, tiles: GroupedGemmTiles | None = None,
-                   interpret: bool = False):
+                   interpret=False):
     """f32 [R, N]: rows of group e times b[e] ([E, K, N]; with transpose_rhs b is [E, N, K] and
-    row r times b[e]^T, the dgrad of a forward through b). Rows past sum(group_sizes) are 0."""
+    row r times b[e]^T, the dgrad of a forward through b). Rows past sum(group_sizes) are 0.
+    `interpret`: True (or a `plgpu.InterpretGPUParams`) runs the Mosaic GPU interpreter."""
     _check_operands("grouped_matmul", a_RxK, b_ExKxN, 3, group_sizes_E, jnp.shape(b_ExKxN)[0] if jnp.ndim(b_ExKxN) == 3 else None)
     require_gpu(interpret, "grouped_matmul")
     rows, k = a_RxK.shape
@@ -73,7 +74,7 @@ def grouped_matmul(a_RxK, b_ExKxN, group_sizes_E, *, transpose_rhs: bool = False
     return out[:rows]
 
 
-def grouped_wgrad(a_RxK, g_RxN, group_sizes_E, *, tiles: GroupedGemmTiles | None = None, interpret: bool = False):
+def grouped_wgrad(a_RxK, g_RxN, group_sizes_E, *, tiles: GroupedGemmTiles | None = None, interpret=False):
     """f32 [E, K, N]: per group e, a[rows of e]^T @ g[rows of e]; rows past sum(group_sizes) ignored."""
     _check_operands("grouped_wgrad", a_RxK, g_RxN, 2, group_sizes_E, None)
     require_gpu(interpret, "grouped_wgrad")

@@ -17,7 +17,8 @@
 Vendored from jax 0.11.2, `jax/experimental/pallas/ops/gpu/ragged_dot_mgpu.py` (Apache-2.0,
 header above). Changes made here, and why:
 * `interpret`: the kernel runs in the Mosaic GPU interpreter (`plgpu.InterpretGPUParams`) so the
-  CPU test suite checks the same kernel body that the GPU compiles;
+  CPU test suite checks the same kernel body that the GPU compiles (True: default parameters;
+  an `InterpretGPUParams` is used as given, e.g. with `detect_races=True`);
 * float32 output: the WGMMA accumulator is f32 and our callers want `preferred_element_type=f32`
   (the epilogue scales of the emulated NVFP4 GEMM multiply the f32 result, docs/numerics.md §2);
 * rows past the last group: the caller appends one *zero group* covering them; its tiles skip
@@ -91,7 +92,14 @@ def check_blocks(name: str, size: int, block: int) -> None:
                          "(pick GroupedGemmTunables whose blocks divide the GEMM's dimensions)")
 
 
-def persistent_kernel(body, out_shape, num_programs: int, name: str, interpret: bool):
+def interpret_params(interpret):
+    """None (compiled), or the interpreter's parameters: given, or the defaults for True."""
+    if isinstance(interpret, plgpu.InterpretGPUParams):
+        return interpret
+    return plgpu.InterpretGPUParams() if interpret else None
+
+
+def persistent_kernel(body, out_shape, num_programs: int, name: str, interpret):
     """`body` as a kernel of `num_programs` persistent programs (axis "sm") with an f32 output."""
     return plgpu.kernel(
         body,
@@ -100,12 +108,12 @@ def persistent_kernel(body, out_shape, num_programs: int, name: str, interpret: 
         grid_names=("sm",),
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         kernel_name=name,
-        interpret=plgpu.InterpretGPUParams() if interpret else None,
+        interpret=interpret_params(interpret),
     )
 
 
 def ragged_dot(lhs, rhs, group_sizes, *, block_m: int, block_n: int, block_k: int, max_concurrent_steps: int,
-               grid_block_n: int, num_programs: int, transpose_rhs: bool = False, interpret: bool = False):
+               grid_block_n: int, num_programs: int, transpose_rhs: bool = False, interpret=False):
     """lhs [M, K] @ rhs [G, K, N] (or [G, N, K] with transpose_rhs) per row group -> f32 [M, N].
 
     `group_sizes` [G + 1] int32: the last entry is the zero group (rows that belong to no rhs
@@ -124,6 +132,9 @@ def ragged_dot(lhs, rhs, group_sizes, *, block_m: int, block_n: int, block_k: in
     check_blocks("M (rows)", m, block_m)
     check_blocks("N", n, block_n)
     check_blocks("K", k, block_k)
+    if max_concurrent_steps < 2:
+        raise ValueError(f"max_concurrent_steps={max_concurrent_steps} must be >= 2 (the pipeline releases "
+                         "each SMEM buffer one step late, after the WGMMA that reads it)")
 
     def body(rows_per_group_gmem, lhs_gmem, rhs_gmem, o_gmem):
         grid_m = pl.cdiv(m, block_m) + g  # each of the G + 1 groups may add one shared row tile

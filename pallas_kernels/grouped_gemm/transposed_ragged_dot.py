@@ -16,8 +16,7 @@
 
 Vendored from jax 0.11.2, `jax/experimental/pallas/ops/gpu/transposed_ragged_dot_mgpu.py`
 (Apache-2.0, header above). Changes made here, and why:
-* `interpret`: the kernel runs in the Mosaic GPU interpreter (`plgpu.InterpretGPUParams`) so the
-  CPU test suite checks the same kernel body that the GPU compiles;
+* `interpret`: the kernel runs in the Mosaic GPU interpreter (as in `ragged_dot`);
 * float32 output (the WGMMA accumulator; our callers want `preferred_element_type=f32`), stored
   from an SMEM tile without explicit transforms, as the forward kernel stores its output;
 * the number of persistent programs (`num_programs`) is a parameter, the device's SM count when
@@ -46,7 +45,7 @@ KERNEL_NAME = "fp4rl_grouped_wgrad"
 
 
 def transposed_ragged_dot(lhs, rhs, group_sizes, *, block_m: int, block_n: int, block_k: int,
-                          max_concurrent_steps: int, grid_block_n: int, num_programs: int, interpret: bool = False):
+                          max_concurrent_steps: int, grid_block_n: int, num_programs: int, interpret=False):
     """lhs [T, M]^T @ rhs [T, N] per group of rows (tokens) -> f32 [G, M, N].
 
     `group_sizes` [G] int32 sums to at most T, a multiple of block_k; rows past the sum are ignored.
