@@ -99,6 +99,17 @@ def interpret_params(interpret):
     return plgpu.InterpretGPUParams() if interpret else None
 
 
+def store_tile(acc, dtype, store) -> None:
+    """The accumulator tile -> SMEM (`dtype`) -> GMEM through `store(o_smem)`'s TMA copies, awaited."""
+
+    @functools.partial(pl.run_scoped, o_smem=plgpu.SMEM(acc.shape, dtype=dtype))
+    def _(o_smem):
+        o_smem[...] = acc.astype(dtype)
+        plgpu.commit_smem()
+        store(o_smem)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
 def persistent_kernel(body, out_shape, num_programs: int, name: str, interpret):
     """`body` as a kernel of `num_programs` persistent programs (axis "sm") with an f32 output."""
     return plgpu.kernel(
@@ -163,12 +174,7 @@ def ragged_dot(lhs, rhs, group_sizes, *, block_m: int, block_n: int, block_k: in
 
                 return acc_ref[...]
 
-            acc = pl.run_scoped(acc_scope, plgpu.ACC((block_m, block_n)))
-
-            @functools.partial(pl.run_scoped, o_smem=plgpu.SMEM((block_m, block_n), dtype=o_gmem.dtype))
-            def store_scope(o_smem):
-                o_smem[...] = acc.astype(o_smem.dtype)
-                plgpu.commit_smem()
+            def store_rows(o_smem):
                 # TMA boxes are static: store this tile's actual_size rows (only known at run
                 # time) as a ladder of power-of-two stores, e.g. 5 rows = 4 + 1.
                 smem_start = group_info.start_within_block
@@ -185,6 +191,7 @@ def ragged_dot(lhs, rhs, group_sizes, *, block_m: int, block_n: int, block_k: in
                                       pl.ds(ni * block_n, block_n)])
 
                     smem_start += group_info.actual_size & const_rows_len
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+            store_tile(pl.run_scoped(acc_scope, plgpu.ACC((block_m, block_n))), o_gmem.dtype, store_rows)
 
     return persistent_kernel(body, (m, n), num_programs, KERNEL_NAME, interpret)(group_sizes, lhs, rhs)

@@ -22,24 +22,24 @@ Vendored from jax 0.11.2, `jax/experimental/pallas/ops/gpu/transposed_ragged_dot
 * the number of persistent programs (`num_programs`) is a parameter, the device's SM count when
   compiled;
 * validation raises before tracing (the token count must be a multiple of block_k: the last
-  group's last block would otherwise read past the arrays); the benchmark `main` is removed.
+  group's last block would otherwise read past the arrays); the benchmark `main` is removed;
+  the launch and the tile store are shared with the forward kernel (`persistent_kernel`,
+  `store_tile`).
 The contraction runs over the tokens (rows) of one group: each group's rows are walked in
 block_k blocks aligned to the global row grid, and the first and last blocks, which may hold rows
-of the neighbouring groups, have those lhs rows zeroed in SMEM before the WGMMA. Rows past the
-last group belong to no block of any group. Zeroing is a multiply by a 0/1 mask, as upstream: a
+of the neighbouring groups (or rows past the last group), have those lhs rows zeroed in SMEM
+before the WGMMA. Zeroing is a multiply by a 0/1 mask, as upstream: a
 non-finite value in a neighbouring group's row of a boundary block still gives NaN there.
 """
 
 from __future__ import annotations
-
-import functools
 
 from jax import lax
 from jax import numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.grouped_gemm.ragged_dot import check_blocks, persistent_kernel
+from pallas_kernels.grouped_gemm.ragged_dot import check_blocks, persistent_kernel, store_tile
 
 KERNEL_NAME = "fp4rl_grouped_wgrad"
 
@@ -126,14 +126,9 @@ def transposed_ragged_dot(lhs, rhs, group_sizes, *, block_m: int, block_n: int, 
 
                 return acc_ref[...]
 
-            acc = pl.run_scoped(acc_scope, plgpu.ACC((block_m, block_n)))
-
-            @functools.partial(pl.run_scoped, o_smem=plgpu.SMEM((block_m, block_n), dtype=o_gmem.dtype))
-            def store_scope(o_smem):
-                o_smem[...] = acc.astype(o_smem.dtype)
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[g_i, pl.ds(m_i * block_m, block_m), pl.ds(n_i * block_n, block_n)])
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            out_tile = o_gmem.at[g_i, pl.ds(m_i * block_m, block_m), pl.ds(n_i * block_n, block_n)]
+            store_tile(pl.run_scoped(acc_scope, plgpu.ACC((block_m, block_n))), o_gmem.dtype,
+                       lambda o_smem: plgpu.copy_smem_to_gmem(o_smem, out_tile))
 
     kernel = persistent_kernel(body, (g, m, n), num_programs, KERNEL_NAME, interpret)
     return kernel(group_sizes, group_starts, group_ends, group_num_blocks, group_block_starts, lhs, rhs)
