@@ -16,9 +16,13 @@ before it is timed:
 - forward + dgrad + wgrad of the layer (`jax.vjp` of a ragged `qdot`: y, dx, dw, each checked)
   with the expert GEMMs on `gemm="xla"` and on `gemm="mosaic"`, for a BF16 site (the three
   GEMMs alone) and the `full` recipe's site (NVFP4 forward, dequantized backward): issue #17's
-  targets.
-TFLOP/s counts 2 * rows * d_in * d_out useful FLOPs per GEMM (three for fwd+bwd rows); the bf16
-dense peak of an H200 is ~989.
+  targets,
+- the h200 preset's whole MoE block (router, dispatch, gate|up and down experts, shared expert;
+  tokens = rows / top_k) under `jax.value_and_grad`, `expert_gemm="xla"` vs `"mosaic"`, bf16 and
+  `full` recipes; the mosaic row is checked against the xla row (relative norm of the
+  difference of all gradients), the xla row for finiteness.
+TFLOP/s counts 2 * rows * d_in * d_out useful FLOPs per GEMM (three for fwd+bwd rows; the MoE
+block rows count its routed-expert GEMMs only); the bf16 dense peak of an H200 is ~989.
 """
 
 from __future__ import annotations
@@ -30,8 +34,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax import nnx
+
 from fp4rl import grouped, qlinear
 from experiments.gpu_bench import bench_main, median_seconds
+from fp4rl.model.config import ModelConfig
+from fp4rl.model.moe import MoE
+from fp4rl.model.sites import Ctx
 from fp4rl.recipe import PrecisionRecipe, SiteConfig
 
 H200_BF16_PEAK_TFLOPS = 989.0
@@ -53,6 +62,60 @@ def _group_sizes(config, key):
     cuts = np.sort(np.asarray(jax.random.randint(key, (config.experts - 1,), 0, units + 1)))
     sizes = np.diff(np.concatenate([[0], cuts, [units]])) * 32
     return jnp.asarray(sizes, jnp.int32)
+
+
+def _max_rel(out, ref) -> float:
+    return float(np.max(np.abs(np.asarray(out, np.float32) - ref)) / np.max(np.abs(ref)))
+
+
+def _measure(name, fn, args, check, iters: int, flops: float) -> dict:
+    """One table row: run, `check(outputs) -> (error, ok)`, and time only what passed."""
+    row = {"name": name}
+    try:
+        row["max_rel_err"], row["checked"] = check(fn(*args))
+        if row["checked"]:
+            seconds = median_seconds(fn, *args, iters=iters)
+            row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12)
+    except Exception as e:  # noqa: BLE001  (recorded: what failed and why)
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    print(row, flush=True)
+    return row
+
+
+def _moe_block_rows(config: ExpertBenchConfig, key) -> list[dict]:
+    """The h200 MoE block, forward + backward, on both expert GEMM backends (see the docstring)."""
+    model = ModelConfig.from_name("h200")
+    tokens = config.tokens // model.top_k
+    kx, kg = jax.random.split(key)
+    x = jax.random.normal(kx, (1, tokens, model.d_model), jnp.bfloat16)
+    g = jax.random.normal(kg, (1, tokens, model.d_model), jnp.float32)
+    valid = jnp.ones((1, tokens), bool)
+    routed_flops = 3 * 2 * tokens * model.top_k * 3 * model.d_model * model.moe_d_ff
+    rows = []
+    for recipe_name in ("bf16", "full"):
+        ctx = Ctx(recipe=PrecisionRecipe.from_name(recipe_name), num_layers=model.num_layers, impl="auto")
+        reference = None
+        for gemm in ("xla", "mosaic"):
+            graphdef, state = nnx.split(MoE(dataclasses.replace(model, expert_gemm=gemm), 0, nnx.Rngs(0)))
+
+            def loss(state, x, graphdef=graphdef, ctx=ctx):
+                y, _, aux, _ = nnx.merge(graphdef, state)(x, valid, ctx)
+                return jnp.sum(y.astype(jnp.float32) * g) + aux
+
+            fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+            def check(out, gemm=gemm):
+                nonlocal reference
+                leaves = [np.asarray(v, np.float32) for v in jax.tree.leaves(out)]
+                if gemm == "xla":
+                    reference = leaves
+                    return 0.0, all(np.isfinite(v).all() for v in leaves)
+                err = max(float(np.linalg.norm(v - r) / max(np.linalg.norm(r), 1e-30)) for v, r in zip(leaves, reference))
+                return err, err < 1e-2  # bf16 outputs: ~2^-8 per element, far less in norm
+
+            rows.append(_measure(f"MoE block (h200, {tokens} tokens) fwd+bwd, {recipe_name} recipe, expert_gemm={gemm}",
+                                 fn, (state, x), check, config.iters, routed_flops))
+    return rows
 
 
 def run(config: ExpertBenchConfig) -> dict:
@@ -112,24 +175,17 @@ def run(config: ExpertBenchConfig) -> dict:
 
     rows = []
     for name, fn in {**candidates, **grad_candidates}.items():
-        row = {"name": name}
         is_grad = name in grad_candidates
-        try:
-            outs = fn(x, w)
-            pairs = zip(outs, grad_reference) if is_grad else [(outs, reference)]
-            err = max(float(np.max(np.abs(np.asarray(o, np.float32) - r)) / np.max(np.abs(r))) for o, r in pairs)
-            row["max_rel_err"] = err
-            # bf16 output rounding (2^-8) bounds the exact paths; NVFP4 emulation is a different
-            # (quantized) product, checked for sanity only (its relative error is ~10%).
-            tolerance = 0.5 if "NVFP4" in name else 1e-2
-            row["checked"] = err < tolerance
-            if row["checked"]:
-                seconds = median_seconds(fn, x, w, iters=config.iters)
-                row.update(ms=seconds * 1e3, tflops=(3 if is_grad else 1) * flops / seconds / 1e12)
-        except Exception as e:  # noqa: BLE001  (recorded: what failed and why)
-            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        rows.append(row)
-        print(row, flush=True)
+        # bf16 output rounding (2^-8) bounds the exact paths; NVFP4 emulation is a different
+        # (quantized) product, checked for sanity only (its relative error is ~10%).
+        tolerance = 0.5 if "NVFP4" in name else 1e-2
+
+        def check(outs, is_grad=is_grad, tolerance=tolerance):
+            err = max(_max_rel(o, r) for o, r in (zip(outs, grad_reference) if is_grad else [(outs, reference)]))
+            return err, err < tolerance
+
+        rows.append(_measure(name, fn, (x, w), check, config.iters, (3 if is_grad else 1) * flops))
+    rows += _moe_block_rows(config, jax.random.fold_in(kx, 2))
     return {"device": str(jax.devices()[0].device_kind), "config": dataclasses.asdict(config), "rows": rows}
 
 
@@ -137,7 +193,8 @@ def to_markdown(result) -> str:
     c = result["config"]
     lines = [f"# Dropless expert GEMM, {c['tokens']} rows x [{c['d_in']} -> {c['d_out']}], {c['experts']} experts, bf16", "",
              f"Device: {result['device']}. Command: `python -m experiments.bench_experts`. Peak bf16 dense: ~{H200_BF16_PEAK_TFLOPS:.0f} TFLOP/s.", "",
-             "| implementation | max rel err vs f32 loop | ms | TFLOP/s | % of peak |", "|---|---|---|---|---|"]
+             "| implementation | rel err (GEMMs: max vs f32 loop; MoE block: norm vs xla) | ms | TFLOP/s | % of peak |",
+             "|---|---|---|---|---|"]
     for r in result["rows"]:
         if "error" in r:
             lines.append(f"| {r['name']} | error: {r['error']} | | | |")
