@@ -263,6 +263,17 @@ def test_default_tiles_lower_for_the_gpu(shape, kind):
     assert "mosaic_gpu" in text and name in text
 
 
+@pytest.mark.gpu
+def test_qdot_on_mosaic_runs_both_kernels():
+    """The compiled program of a ragged qdot's vjp on gemm="mosaic" holds both kernels (by name),
+    and on gemm="xla" neither."""
+    x, g = _operands([(R, D), (R, F)], seed=9)
+    w = _f32_params(10)
+    for gemm, present in (("mosaic", True), ("xla", False)):
+        text = jax.jit(lambda x, w, g, gemm=gemm: _qdot_vjp(SITES["bf16"], x, w, g, gemm)).lower(x, w, g).as_text()
+        assert (forward_kernel.KERNEL_NAME in text, wgrad_kernel.KERNEL_NAME in text) == (present, present), gemm
+
+
 # ---------------------------------------------------------------- errors
 def test_bad_inputs_raise_clear_errors():
     a, b = _operands([(64, 64), (2, 64, 64)])
