@@ -20,6 +20,36 @@ jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+# Tests that share an expensive per-process result run on one xdist worker (`--dist loadgroup`):
+# - the Mosaic GPU interpreter's tests of one parameter set (a config against the oracle and against
+#   the reference share one cached kernel result; the interpreter is the suite's slowest part);
+# - the modules whose module-scoped fixture is a whole smoke measurement.
+# xdist turns the marks into groups by suffixing each node id with "@group"; pytest 9 builds node ids
+# differently and the suffix is silently lost (hence pytest<9 in pyproject.toml, and the check below).
+INTERPRET_CLASSES = ("TestMosaicInterpret",)
+ONE_WORKER_MODULES = ("test_gradients.py",)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.cls is not None and item.cls.__name__ in INTERPRET_CLASSES and hasattr(item, "callspec"):
+            item.add_marker(pytest.mark.xdist_group(f"{item.cls.__name__}-{item.callspec.id}"))
+        elif item.path.name in ONE_WORKER_MODULES:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
+
+
+def pytest_collection_finish(session):
+    """On an xdist worker with --dist loadgroup: refuse to run if the groups did not take effect
+    (every grouped test would then silently pay for its shared result again)."""
+    if not hasattr(session.config, "workerinput") or not session.config.getvalue("loadgroup"):
+        return
+    lost = [item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist's loadgroup did not group {len(lost)} tests (e.g. {lost[0]}) with "
+                                f"pytest {pytest.__version__}: install the versions pinned in pyproject.toml")
+
+
 @pytest.fixture(scope="session")
 def warmup_dir(tmp_path_factory):
     """The smoke preset's BF16 warm-up, trained once per test process (~15 s on CPU) and only read

@@ -12,6 +12,7 @@
 #                                       # results/gradients_h200/parts/rollouts.npz
 #   bash tools/gpu_session.sh arms      # h200 warm-up + the ablation arms ARMS (comma separated) x SEEDS seeds
 #   bash tools/gpu_session.sh serve_eval # h200 warm-up + the deployment correlation (SERVE_ARGS; resumable)
+#   bash tools/gpu_session.sh grouped   # compiled grouped-GEMM (Mosaic) tests + bench_experts (BENCH_ARGS)
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
 #   bash tools/gpu_session.sh mosaic    # the compiled Mosaic GPU kernel suite alone
 #   bash tools/gpu_session.sh model     # the model GPU test alone (Triton impl == reference, bitwise)
@@ -112,6 +113,13 @@ case "$mode" in
     step bench_decode 90 python -m experiments.bench_decode
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
+  grouped)
+    step gpu_tests_grouped "${GROUPED_SECONDS:-240}" python -m pytest -v -rf --tb=short -m gpu \
+      tests/kernels/test_grouped_gemm.py -p no:cacheprovider
+    step bench_experts "${BENCH_SECONDS:-240}" python -m experiments.bench_experts ${BENCH_ARGS:-}
+    mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_grouped.log
+    tar czf "$OUT/benchmarks.tgz" benchmarks
+    ;;
   triton)
     triton_tests "${TRITON_SECONDS:-150}"
     ;;
@@ -193,7 +201,7 @@ case "$mode" in
     tar czf "$OUT/gradients.tgz" "$dir"
     ;;
   *)
-    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, probe, pilot, learn, arms, serve_eval, gradients" | tee -a "$log"; exit 2
+    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, probe, pilot, learn, arms, serve_eval, gradients, grouped" | tee -a "$log"; exit 2
     ;;
 esac
 done
