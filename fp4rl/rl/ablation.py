@@ -62,13 +62,17 @@ class AblationConfig:
     gradients: the fixed-parameter measurements at the warm-up (`measure_gradients`: run them first).
     learning_steps: > 0 runs the `bf16` arm for that many steps first, into <out>/learning/ (with the
       matrix's settings and seeds otherwise), and the report states whether it learned
-      (`fp4rl.analysis.learning`): a matrix of short arms alone cannot show that RL works."""
+      (`fp4rl.analysis.learning`): a matrix of short arms alone cannot show that RL works.
+    arm_eval_every: the held-out evaluation interval of the matrix arms (None: `rl.eval_every`, as
+      the learning run uses). 0 where the arms are a machinery check: at a few steps per arm, two
+      evaluations of `rl.eval_prompts` problems would cost more than the arm's steps."""
 
     sft: sft.SFTConfig = sft.SFTConfig()
     rl: trainer.RLConfig = trainer.RLConfig()
     gradients: gradients.GradientsConfig = gradients.GradientsConfig()
     measure_gradients: bool = False
     learning_steps: int = 0
+    arm_eval_every: int | None = None
     arms: tuple[str, ...] = ABLATION_ARMS
     seeds: int = 1
     compile_workers: int = 0
@@ -79,8 +83,8 @@ class AblationConfig:
             PrecisionRecipe.from_name(arm)  # a typo names the valid arms
         if self.seeds < 1:
             raise ValueError(f"{self.seeds=} must be >= 1")
-        if self.compile_workers < 0 or self.learning_steps < 0:
-            raise ValueError(f"need {self.compile_workers=} >= 0 and {self.learning_steps=} >= 0")
+        if self.compile_workers < 0 or self.learning_steps < 0 or (self.arm_eval_every or 0) < 0:
+            raise ValueError(f"need {self.compile_workers=}, {self.learning_steps=} and {self.arm_eval_every=} >= 0")
         given = {"rl.arm": self.rl.arm, "rl.seeds": self.rl.seeds, "rl.init": self.rl.init, "rl.out": self.rl.out,
                  "sft.out": self.sft.out, "gradients.init": self.gradients.init, "gradients.out": self.gradients.out}
         classes = {"rl": trainer.RLConfig, "sft": sft.SFTConfig, "gradients": gradients.GradientsConfig}
@@ -90,12 +94,17 @@ class AblationConfig:
                 raise ValueError(f"--{dotted}={given[dotted]} is set by the ablation runner itself; use {option} instead")
 
 
+def _run_config(config: AblationConfig, arm: str, **overrides) -> trainer.RLConfig:
+    return dataclasses.replace(config.rl, arm=arm, seeds=config.seeds, init=str(Path(config.out) / "sft"), **overrides)
+
+
 def arm_config(config: AblationConfig, arm: str) -> trainer.RLConfig:
-    return dataclasses.replace(config.rl, arm=arm, seeds=config.seeds, init=str(Path(config.out) / "sft"), out=config.out)
+    evals = {} if config.arm_eval_every is None else {"eval_every": config.arm_eval_every}
+    return _run_config(config, arm, out=config.out, **evals)
 
 
 def learning_config(config: AblationConfig) -> trainer.RLConfig:
-    return dataclasses.replace(arm_config(config, "bf16"), steps=config.learning_steps, out=str(Path(config.out) / "learning"))
+    return _run_config(config, "bf16", steps=config.learning_steps, out=str(Path(config.out) / "learning"))
 
 
 def settings_text(out: Path) -> str:
