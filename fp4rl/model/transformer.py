@@ -240,6 +240,13 @@ def init(config: ModelConfig, seed: int):
     return graphdef, params
 
 
+def graphdef_of(config: ModelConfig):
+    """The static structure of `config` without materialising parameters: for a config that
+    differs from a checkpoint's only in how it computes (dtype, expert GEMM backend), whose
+    parameters then fit as they are."""
+    return nnx.split(nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(params=0))), nnx.Param)[0]
+
+
 def resolve_recipe(recipe) -> PrecisionRecipe:
     return PrecisionRecipe.from_name(recipe) if isinstance(recipe, str) else recipe
 

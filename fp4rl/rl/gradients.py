@@ -36,14 +36,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 from tqdm.auto import tqdm
 
 from fp4rl import operands
 from fp4rl.analysis import gradient_report
 from fp4rl.model import sync as model_sync
 from fp4rl.model.config import DTYPES, ModelConfig
-from fp4rl.model.transformer import Transformer
+from fp4rl.model.transformer import graphdef_of
 from fp4rl.recipe import ABLATION_ARMS, SITE_KINDS, PrecisionRecipe
 from fp4rl.rl import dapo, data, evaluation, gradient_store, policy, rollout, sft
 from fp4rl.rl.gradient_programs import GROUPS, Programs, Projection, group_dots, group_sums, leaf_groups
@@ -238,8 +237,7 @@ class Session:
         """The model's graphdef computing in `dtype` (same params: only the config differs)."""
         if dtype == self.model_config.dtype:
             return self.graphdef
-        config = dataclasses.replace(self.model_config, dtype=dtype)
-        return nnx.split(nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(params=0))), nnx.Param)[0]
+        return graphdef_of(dataclasses.replace(self.model_config, dtype=dtype))
 
     def _impl(self, cls, impl: str) -> str:
         return impl if _has_quantized_site(cls) else "reference"  # no quantizer runs: one program

@@ -37,8 +37,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fp4rl import operands
+from fp4rl.grouped import check_gemm
 from fp4rl.model import sync as model_sync
 from fp4rl.model.config import ModelConfig
+from fp4rl.model.transformer import graphdef_of
 from fp4rl.parallel import placement
 from fp4rl.parallel.mesh import MeshConfig, make_mesh
 from fp4rl.recipe import PrecisionRecipe
@@ -91,6 +93,8 @@ class RLConfig:
     (see `fp4rl.rl.resume`, which lists the few that may differ); "force" resumes under the new
     settings and records the change in config_changes.jsonl.
     mesh: data x expert devices (`fp4rl.parallel`, docs/parallel.md); 1 x 1 is the one-device program.
+    expert_gemm: the routed experts' grouped-GEMM backend (`fp4rl.grouped.GEMMS`) for this run's
+      programs; "" keeps the warm-up's (`ModelConfig.expert_gemm`). Changes how, not what, it computes.
     """
 
     arm: str = "bf16"
@@ -116,6 +120,7 @@ class RLConfig:
     checkpoint_every: int = 1
     on_nonfinite: Literal["skip", "stop"] = "skip"
     impl: str = "auto"  # quantizer implementation: operands.IMPLS ("auto": Triton on GPU)
+    expert_gemm: str = ""
     init: str = "runs/sft"
     out: str = "runs/rl"
     resume: Literal["check", "force"] = "check"
@@ -123,6 +128,8 @@ class RLConfig:
 
     def __post_init__(self):
         PrecisionRecipe.from_name(self.arm)  # names the valid arms on a typo
+        if self.expert_gemm:
+            check_gemm(self.expert_gemm)  # names the valid backends on a typo
         if self.mini_batches < 1 or self.prompts_per_step % self.mini_batches:
             raise ValueError(f"prompts_per_step={self.prompts_per_step} must be a multiple of {self.mini_batches=} "
                              "(each mini-batch takes whole groups, balanced over the mini-batches)")
@@ -237,6 +244,9 @@ class Trainer:
         self.recipe = PrecisionRecipe.from_name(config.arm)
         self.graphdef, self.ref_params, self.sft_meta = sft.load(config.init) if warmup is None else warmup
         self.model_config = ModelConfig(**self.sft_meta["model_config"])
+        if config.expert_gemm and config.expert_gemm != self.model_config.expert_gemm:
+            self.model_config = dataclasses.replace(self.model_config, expert_gemm=config.expert_gemm)
+            self.graphdef = graphdef_of(self.model_config)
         self.seeds = [config.seed_offset + k for k in range(config.seeds)]
         prepare_out(config.out)
         self.dir = arm_dir(config)

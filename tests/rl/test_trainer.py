@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import jax
+from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -263,3 +264,16 @@ def test_kill_and_resume_reproduces_an_uninterrupted_run(warmup_dir, tmp_path):
     got = [_without_timing(r) for r in _records(metrics)]
     assert [r["step"] for r in got] == list(range(steps))
     assert got == want
+
+
+def test_expert_gemm_override_rebuilds_the_model_structure_only(warmup_dir, tmp_path):
+    """`expert_gemm` swaps the grouped-GEMM backend of the warm-up's model (its parameters fit as
+    they are); a typo names the valid backends."""
+    with pytest.raises(ValueError, match="valid options"):
+        _smoke(warmup_dir, tmp_path, expert_gemm="cutlass")
+    default = trainer.Trainer(_smoke(warmup_dir, tmp_path / "a"), progress=False)
+    run = trainer.Trainer(_smoke(warmup_dir, tmp_path / "b", expert_gemm="mosaic_interpret"), progress=False)
+    assert default.model_config.expert_gemm == "xla" and run.model_config.expert_gemm == "mosaic_interpret"
+    gemms = lambda graphdef: {n.expert_gemm for _, n in nnx.graph.iter_graph(nnx.merge(graphdef, run.ref_params))  # noqa: E731
+                              if hasattr(n, "expert_gemm")}
+    assert gemms(default.graphdef) == {"xla"} and gemms(run.graphdef) == {"mosaic_interpret"}
