@@ -159,6 +159,7 @@ def merge(parts: Sequence[tuple[dict, dict]]) -> tuple[dict, dict]:
     raw0, settings0 = parts[0]
     merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw0.items()}
     merged["recipes"], merged["sources"] = list(raw0["recipes"]), list(raw0["sources"])
+    drifts = []  # per later part: the reference's relative per-batch norm differences from part 0's
     for i, (raw, settings) in enumerate(parts[1:], 1):
         for name in ("rollouts_sha256", "warmup_sha256"):
             if raw.get(name) != raw0.get(name):
@@ -173,11 +174,10 @@ def merge(parts: Sequence[tuple[dict, dict]]) -> tuple[dict, dict]:
         if not drift <= REFERENCE_DRIFT_MAX:
             raise ValueError(f"part {i}: the {ref} reference's gradient norms differ from part 0's by up to {drift:.3g} "
                              f"(relative; allowed {REFERENCE_DRIFT_MAX:g}): not the same parameters or batches")
-        merged["reference_drift"] = {"max": max(merged.get("reference_drift", {}).get("max", 0.0), drift),
-                                     "median": max(merged.get("reference_drift", {}).get("median", 0.0), float(np.median(rel)))}
+        drifts.append(rel)
         for src in raw["sources"]:
             if src in merged["sources"]:
-                continue  # measured twice (e.g. the reference): identical by the check above, or a shared view
+                continue  # measured again: the reference (within the drift above) or a shared straight-through view
             merged["sources"].append(src)
             for k in ("per_batch", "gram_diff", "refs_of", "sr_keys"):
                 merged[k][src] = raw[k][src]
@@ -185,13 +185,16 @@ def merge(parts: Sequence[tuple[dict, dict]]) -> tuple[dict, dict]:
             merged["gram_ref"].setdefault(src, gram)
         for name in raw["recipes"]:
             if name == ref:
-                continue  # every part measures it; equal to part 0's (checked above)
+                continue  # every part measures it; part 0's is kept (the drift above is reported)
             if name in merged["recipes"]:
-                raise ValueError(f"recipe {name!r} is measured in part 0 and part {i}: merge each recipe once")
+                raise ValueError(f"recipe {name!r} is measured in part {i} and an earlier part: merge each recipe once")
             merged["recipes"].append(name)
             merged["kl"][name] = raw["kl"][name]
             merged["forward_class"][name] = raw["forward_class"][name]
         for cls, variants in raw["mismatch"].items():
             merged["mismatch"].setdefault(cls, variants)
         merged["sketched_groups"] = sorted(set(merged["sketched_groups"]) | set(raw["sketched_groups"]))
+    if drifts:
+        merged["reference_drift"] = {"max": max(float(np.max(r)) for r in drifts),
+                                     "median": max(float(np.median(r)) for r in drifts)}
     return merged, settings0

@@ -532,7 +532,7 @@ def merge(config: GradientsConfig) -> dict:
     raw, settings = gradient_store.merge(parts)
     for (part, _), d in zip(parts, config.merge):
         print(f"merge: {d}: {', '.join(part['recipes'])}")
-    settings = {**settings, "recipes": [r for r in raw["recipes"]], "merge": list(config.merge), "out": config.out}
+    settings = {**settings, "recipes": list(raw["recipes"]), "merge": list(config.merge), "out": config.out}
     extra = {"model": parts[0][0]["model"], "merged_from": {d: p["recipes"] for (p, _), d in zip(parts, config.merge)},
              "timings": {d: p["timings"] for (p, _), d in zip(parts, config.merge)},
              "reference_drift": raw.get("reference_drift", {"max": 0.0, "median": 0.0})}

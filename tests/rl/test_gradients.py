@@ -131,7 +131,7 @@ def test_parts_merged_equal_one_measurement(smoke, tmp_path):
         assert as_json(merged[key]) == as_json(results[key]), key
     assert "Merged from 2 measurements" in (tmp_path / "merged" / "report.md").read_text()
     assert not (tmp_path / "merged" / gradient_store.RAW_FILE).exists()  # the parts keep the raw arrays
-    with pytest.raises(ValueError, match="measured in part 0 and part 1"):
+    with pytest.raises(ValueError, match="measured in part 1 and an earlier part"):
         gradient_store.merge([(raw, settings), (raw, settings)])
     with pytest.raises(ValueError, match="rollouts_sha256"):
         gradient_store.merge([(raw, settings), ({**_part(raw, []), "rollouts_sha256": "0" * 64}, settings)])
