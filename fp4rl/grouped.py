@@ -62,6 +62,14 @@ def promoted(a, b):
     return a.astype(dtype), b.astype(dtype)
 
 
+def exact_precision(dtype):
+    """The `precision` that makes an XLA dot of `dtype` operands multiply exactly: HIGHEST for f32.
+    XLA:GPU's DEFAULT runs f32 dots as TF32 on Ampere and later (10 significand bits, ~5e-4
+    relative), which would round the f32 operand of the dequantized wgrad; bf16 products are
+    exact in f32 under any precision, so bf16 dots keep DEFAULT (and their programs unchanged)."""
+    return lax.Precision.HIGHEST if jnp.dtype(dtype) == F32 else None
+
+
 def _bf16_parts(x_f32):
     """Three bf16 arrays whose f32 sum is exactly x (see the module docstring)."""
     hi = x_f32.astype(jnp.bfloat16)
@@ -93,7 +101,8 @@ def _matmul_fn(gemm: str, transpose_rhs: bool):
     def matmul(a_RxK, b_ExKxN, group_sizes_E):
         if gemm == "xla":
             b = jnp.swapaxes(b_ExKxN, 1, 2) if transpose_rhs else b_ExKxN
-            return lax.ragged_dot(a_RxK, b, group_sizes_E, preferred_element_type=F32)
+            return lax.ragged_dot(a_RxK, b, group_sizes_E, preferred_element_type=F32,
+                                  precision=exact_precision(jnp.promote_types(a_RxK.dtype, b.dtype)))
         return _mosaic_matmul(gemm, transpose_rhs, a_RxK, b_ExKxN, group_sizes_E)
 
     @matmul.def_vmap
@@ -113,7 +122,9 @@ def _wgrad_fn(gemm: str):
     @jax.custom_batching.custom_vmap
     def wgrad(a_RxK, g_RxN, group_sizes_E):
         if gemm == "xla":
-            return lax.ragged_dot_general(*promoted(a_RxK, g_RxN), group_sizes_E, _WGRAD_DIMS, preferred_element_type=F32)
+            a, g = promoted(a_RxK, g_RxN)
+            return lax.ragged_dot_general(a, g, group_sizes_E, _WGRAD_DIMS, preferred_element_type=F32,
+                                          precision=exact_precision(a.dtype))
         return _mosaic_wgrad(gemm, a_RxK, g_RxN, group_sizes_E)
 
     @wgrad.def_vmap

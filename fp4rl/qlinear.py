@@ -54,7 +54,8 @@ def _gemm(a_TxC, b_CxN, group_sizes, gemm: str, transpose_rhs: bool = False):
     """a @ b with f32 accumulation (a @ b^T with transpose_rhs: b is [N, C] / [E, N, C]);
     ragged: rows of `a` grouped, b [E, C, N] per group, on the `gemm` backend (fp4rl.grouped)."""
     if group_sizes is None:
-        return jnp.matmul(a_TxC, _swap(b_CxN) if transpose_rhs else b_CxN, preferred_element_type=F32)
+        return jnp.matmul(a_TxC, _swap(b_CxN) if transpose_rhs else b_CxN, preferred_element_type=F32,
+                          precision=grouped.exact_precision(jnp.promote_types(a_TxC.dtype, b_CxN.dtype)))
     return grouped.ragged_matmul(a_TxC, b_CxN, group_sizes, gemm=gemm, transpose_rhs=transpose_rhs)
 
 
@@ -63,7 +64,8 @@ def _wgrad_gemm(a_TxK, g_TxN, group_sizes, gemm: str):
     dtypes (f32 and bf16) are widened exactly (XLA) or split exactly (Mosaic, fp4rl.grouped)."""
     if group_sizes is None:
         a_TxK, g_TxN = grouped.promoted(a_TxK, g_TxN)
-        return lax.dot_general(a_TxK, g_TxN, (([0], [0]), ([], [])), preferred_element_type=F32)
+        return lax.dot_general(a_TxK, g_TxN, (([0], [0]), ([], [])), preferred_element_type=F32,
+                               precision=grouped.exact_precision(a_TxK.dtype))
     return grouped.ragged_wgrad(a_TxK, g_TxN, group_sizes, gemm=gemm)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -323,3 +324,19 @@ def test_model_expert_gemm_reaches_the_kernels():
     tokens = jnp.zeros((1, 8), jnp.int32)
     with pytest.raises(RuntimeError, match="grouped_matmul is a compiled GPU kernel"):
         jax.eval_shape(lambda p: forward(graphdef, p, tokens, PrecisionRecipe.from_name("bf16")), params)
+
+
+def test_f32_dots_of_the_xla_backend_ask_for_exact_products():
+    """The dequantized wgrad's per-token DQ(Q(x)) is f32: its XLA dot must carry precision HIGHEST,
+    or XLA:GPU runs it as TF32 (~5e-4 relative; the compiled comparisons above then fail by 20x
+    their accumulation bound). Checked on the lowered program, which is the same on every backend;
+    bf16 dots keep DEFAULT (exact products either way)."""
+    site = SITES["nvfp4-dequantized"]
+    x, g = _operands([(R, D), (R, F)], seed=4)
+    w = _f32_params(5)
+    text = jax.jit(lambda x, w, g: _qdot_vjp(site, x, w, g, "xla")).lower(x, w, g).as_text()
+    dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+    f32_dots = [d for d in dots if re.search(r"\(tensor<[0-9x]*xf32>, tensor<[0-9x]*xf32>\)", d)]
+    assert f32_dots, "the dequantized wgrad no longer has an f32 dot: update this test"
+    assert all("precision = [HIGHEST, HIGHEST]" in d for d in f32_dots), f32_dots
+    assert all("precision = [DEFAULT, DEFAULT]" in d for d in dots if d not in f32_dots)
