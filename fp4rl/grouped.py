@@ -1,11 +1,14 @@
 """Grouped (ragged) matmuls that survive any number of `vmap`s, on an explicit GEMM backend.
 
 `lax.ragged_dot` only batches when every operand carries its batch axis at 0, so vmapping a
-MoE over seeds (or over anything that leaves the weights unbatched) fails. Here a batch of B
-ragged problems is folded into ONE ragged problem: the rows of problem b are followed by a
-dummy group that absorbs its padding rows, so group g of problem b becomes group
-b * (E + 1) + g of the folded problem, with a zero weight for every dummy group. The rule
-calls the same custom-vmapped function again, so nested vmaps fold level by level.
+MoE over seeds (or over anything that leaves the weights unbatched) fails. Here the vmap rules
+broadcast the unbatched operands and then:
+- on XLA, run the B problems as one ragged dot with a batch dimension (`ragged_dot_general`);
+- on the kernels, fold them into ONE ragged problem: the rows of problem b are followed by a
+  dummy group that absorbs its padding rows, so group g of problem b becomes group
+  b * (E + 1) + g of the folded problem, with a zero weight for every dummy group (the kernels'
+  cost is linear in rows; XLA's is not, see `_xla_batched_matmul_fn`).
+Each rule calls a custom-vmapped function again, so nested vmaps batch level by level.
 
 Both functions take and return arrays whose per-problem shapes are:
 - `ragged_matmul(a_RxK, b_ExKxN, group_sizes_E) -> [R, N]` (rows of group e use b[e]; rows
@@ -95,6 +98,54 @@ def _mosaic_wgrad(gemm, a, g, group_sizes):
     return wgrad(a, g)
 
 
+def _flattened_batch(n, in_batched, *args):
+    """Arguments [n, B, ...] (broadcast where unbatched) as [n * B, ...]."""
+    return [_batched(x, flag, n).reshape(-1, *x.shape[(2 if flag else 1):]) for x, flag in zip(args, in_batched)]
+
+
+@functools.cache
+def _xla_batched_matmul_fn(transpose_rhs: bool):
+    """[B, R, K] x [B, E, K, N] ([B, E, N, K] with transpose_rhs), sizes [B, E] -> [B, R, N]: the B
+    problems as one XLA ragged dot with a batch dimension. Folding them into one ragged problem of
+    B * (E + 1) groups, as the kernels do, would cost XLA B^2 times one problem: XLA expands a
+    ragged dot over its groups (a [rows, groups, N] intermediate), so its memory and work grow with
+    rows x groups (at the h200 preset, 4 vmapped seeds folded asked for 119 GiB on the H200)."""
+    dims = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([2], [3 if transpose_rhs else 2]), ([0], [0])),
+                                         lhs_ragged_dimensions=[1], rhs_group_dimensions=[1])
+
+    @jax.custom_batching.custom_vmap
+    def matmul(a, b, group_sizes):
+        return lax.ragged_dot_general(a, b, group_sizes, dims, preferred_element_type=F32,
+                                      precision=exact_precision(jnp.promote_types(a.dtype, b.dtype)))
+
+    @matmul.def_vmap
+    def _vmap(n, in_batched, a, b, group_sizes):  # a nested vmap: its axis joins the batch axis
+        out = matmul(*_flattened_batch(n, in_batched, a, b, group_sizes))
+        return out.reshape(n, -1, *out.shape[1:]), True
+
+    return matmul
+
+
+_BATCHED_WGRAD_DIMS = lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(([1], [1]), ([0], [0])), lhs_ragged_dimensions=[1], rhs_group_dimensions=[]
+)
+
+
+@jax.custom_batching.custom_vmap
+def _xla_batched_wgrad(a_BxRxK, g_BxRxN, group_sizes_BxE):
+    """[B, R, K], [B, R, N], sizes [B, E] -> [B, E, K, N]: one batched XLA ragged dot (see above)."""
+    a, g = promoted(a_BxRxK, g_BxRxN)
+    out = lax.ragged_dot_general(a, g, group_sizes_BxE, _BATCHED_WGRAD_DIMS, preferred_element_type=F32,
+                                 precision=exact_precision(a.dtype))
+    return jnp.swapaxes(out, 0, 1)  # XLA puts the group axis first: [E, B, K, N]
+
+
+@_xla_batched_wgrad.def_vmap
+def _xla_batched_wgrad_vmap(n, in_batched, a, g, group_sizes):
+    out = _xla_batched_wgrad(*_flattened_batch(n, in_batched, a, g, group_sizes))
+    return out.reshape(n, -1, *out.shape[1:]), True
+
+
 @functools.cache
 def _matmul_fn(gemm: str, transpose_rhs: bool):
     @jax.custom_batching.custom_vmap
@@ -108,6 +159,8 @@ def _matmul_fn(gemm: str, transpose_rhs: bool):
     @matmul.def_vmap
     def _vmap(n, in_batched, a, b, group_sizes):
         a, b, group_sizes = (_batched(x, flag, n) for x, flag in zip((a, b, group_sizes), in_batched))
+        if gemm == "xla":
+            return _xla_batched_matmul_fn(transpose_rhs)(a, b, group_sizes), True
         _, rows, k = a.shape
         _, e, *b_dims = b.shape
         b_padded = jnp.concatenate([b, jnp.zeros((n, 1, *b_dims), b.dtype)], axis=1)  # the dummy groups
@@ -130,6 +183,8 @@ def _wgrad_fn(gemm: str):
     @wgrad.def_vmap
     def _vmap(n, in_batched, a, g, group_sizes):
         a, g, group_sizes = (_batched(x, flag, n) for x, flag in zip((a, g, group_sizes), in_batched))
+        if gemm == "xla":
+            return _xla_batched_wgrad(a, g, group_sizes), True
         _, rows, k = a.shape
         e = group_sizes.shape[1]
         out = wgrad(a.reshape(n * rows, k), g.reshape(n * rows, -1), _folded_group_sizes(group_sizes, rows))

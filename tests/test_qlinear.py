@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4rl import qlinear
+from fp4rl import grouped, qlinear
 from fp4rl.formats import hadamard, mx, nvfp4
 from fp4rl.recipe import SiteConfig
 
@@ -82,6 +82,31 @@ def test_ragged_grouped_matmul_survives_vmap_with_unbatched_weights():
         single = jax.jit(jax.grad(f, argnums=(0, 1)))(xs[i], w)
         for a, b in zip(batched, single):
             np.testing.assert_allclose(np.asarray(a[i]), np.asarray(b), rtol=4 * 96 * 2**-24, atol=1e-5)
+
+
+def test_xla_ragged_gemms_batch_over_seeds_linearly():
+    """Vmapped (nested too) XLA ragged GEMMs run as one batched ragged dot: each problem's result
+    bit for bit, and B problems need B times one problem's temporary memory (XLA expands a ragged
+    dot over its groups; B problems folded into B * (E + 1) groups would need B^2 times)."""
+    b, rows, k, n = 4, 256, 64, 32
+    sizes = jnp.asarray([[64, 0, 128], [8, 200, 0], [0, 0, 256], [100, 100, 50]], jnp.int32)
+    a, w, g = (jax.random.normal(jax.random.key(i), s, jnp.bfloat16)
+               for i, s in enumerate([(2, b, rows, k), (2, b, 3, k, n), (2, b, rows, n)]))
+    matmul = lambda a, w, s: grouped.ragged_matmul(a, w, s)  # noqa: E731
+    wgrad = lambda a, g, s: grouped.ragged_wgrad(a, g, s)  # noqa: E731
+    nested = lambda f: jax.jit(jax.vmap(jax.vmap(f), in_axes=(0, 0, None)))  # noqa: E731
+    y, dw = nested(matmul)(a, w, sizes), nested(wgrad)(a, g, sizes)
+    for o in range(2):
+        for i in range(b):
+            np.testing.assert_array_equal(np.asarray(y[o, i]), np.asarray(matmul(a[o, i], w[o, i], sizes[i])))
+            np.testing.assert_array_equal(np.asarray(dw[o, i]), np.asarray(wgrad(a[o, i], g[o, i], sizes[i])))
+
+    def temp_bytes(f, *args):
+        return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+    for f, second in ((matmul, w[0]), (wgrad, g[0])):
+        one = temp_bytes(f, a[0, 0], second[0], sizes[0])
+        assert temp_bytes(jax.vmap(f), a[0], second, sizes) <= b * one * 1.1
 
 
 def test_bf16_backward_is_the_gradient_of_x_at_w():

@@ -180,8 +180,8 @@ GOLDEN_BY_CLASS = {  # one RL step per forward class, bf16 compute, rewards alte
               "loss/aux": 1.062129259109497},
     "+46": {"reward/mean": -0.25, "response_length/mean": 31.5, "grad_norm/global": 0.8636112809181213,
             "loss/aux": 1.0682848691940308},
-    "+hp": {"reward/mean": -0.375, "response_length/mean": 33.75, "grad_norm/global": 0.8343076705932617,
-            "loss/aux": 1.0639843940734863},
+    "+hp": {"reward/mean": -0.375, "response_length/mean": 33.75, "grad_norm/global": 0.8340387344360352,
+            "loss/aux": 1.0639641284942627},
     "full": {"reward/mean": -0.25, "response_length/mean": 31.5, "grad_norm/global": 0.8591185212135315,
              "loss/aux": 1.0636156797409058},
 }
