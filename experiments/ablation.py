@@ -53,7 +53,7 @@ def main(argv=None) -> None:
     if not sft.is_finished(Path(config.out) / "sft"):  # it trains the warm-up: reproducibly
         xla_flags.add(xla_flags.DETERMINISTIC_GPU)
     print(f"devices: {jax.devices()}")
-    print(f"arms: {', '.join(config.arms)}; seeds per arm: {config.seeds}; out: {config.out}")
+    print(f"arms: {', '.join(config.arms)}; seeds per arm: {config.arm_seeds or config.seeds}; out: {config.out}")
     command = "python -m experiments.ablation " + " ".join(shlex.quote(a) for a in argv)
     result = run(config, commands=(command,))
     print(f"status: {result['status']}")

@@ -44,9 +44,11 @@ def test_gradients_trains_the_warm_up_of_its_preset(trained, tmp_path):
 
 @pytest.mark.parametrize("preset", ["smoke", "cpu", "h200"])
 def test_the_ablation_warm_up_is_its_presets(preset):
-    """The runner trains `config.sft` into <out>/sft: the preset's warm-up up to its directory."""
+    """The runner trains `config.sft` into <out>/sft: the preset's warm-up up to its directory (and,
+    on cpu, its length: the main job's time budget takes a 200-step warm-up)."""
     config = configs.ABLATION_PRESETS[preset]
-    assert config.sft == dataclasses.replace(configs.SFT_PRESETS[preset], out=sft.SFTConfig().out)
+    steps = {"cpu": 200}.get(preset, configs.SFT_PRESETS[preset].steps)
+    assert config.sft == dataclasses.replace(configs.SFT_PRESETS[preset], out=sft.SFTConfig().out, steps=steps)
 
 
 def test_rl_refuses_an_unknown_impl_in_one_line(trained, capsys):

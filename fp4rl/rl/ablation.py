@@ -13,9 +13,10 @@ A rerun under other settings is refused for finished arms as for unfinished ones
 (`fp4rl.rl.resume`), and the report states the settings each arm ran with, read from its
 config.json, not those of the command that wrote the report.
 
-Compiling ahead: after the warm-up, the arms still to run are set up and `compile_workers`
-threads compile their programs (`Trainer.compile_tasks`, in arm order, one task per distinct
-program) while the arms train one after the other. XLA compiles without holding the GIL, so on a
+Compiling ahead: after the gradient measurements, the learning run and the arms still to run are
+set up and `compile_workers` threads compile their programs (`Trainer.compile_tasks`: the learning
+run's first, then in arm order, one task per distinct program) while the learning run and the
+arms train one after the other. XLA compiles without holding the GIL, so on a
 small model, where compiling dominates, the cores compile in parallel instead of one program
 after another.
 """
@@ -65,7 +66,9 @@ class AblationConfig:
       (`fp4rl.analysis.learning`): a matrix of short arms alone cannot show that RL works.
     arm_eval_every: the held-out evaluation interval of the matrix arms (None: `rl.eval_every`, as
       the learning run uses). 0 where the arms are a machinery check: at a few steps per arm, two
-      evaluations of `rl.eval_prompts` problems would cost more than the arm's steps."""
+      evaluations of `rl.eval_prompts` problems would cost more than the arm's steps.
+    arm_seeds: seeds per matrix arm (None: `seeds`, as the learning run uses). Fewer where the arms
+      are a machinery check: an arm's quantized rollouts cost about twice a bf16 step per seed."""
 
     sft: sft.SFTConfig = sft.SFTConfig()
     rl: trainer.RLConfig = trainer.RLConfig()
@@ -73,6 +76,7 @@ class AblationConfig:
     measure_gradients: bool = False
     learning_steps: int = 0
     arm_eval_every: int | None = None
+    arm_seeds: int | None = None
     arms: tuple[str, ...] = ABLATION_ARMS
     seeds: int = 1
     compile_workers: int = 0
@@ -81,8 +85,8 @@ class AblationConfig:
     def __post_init__(self):
         for arm in self.arms:
             PrecisionRecipe.from_name(arm)  # a typo names the valid arms
-        if self.seeds < 1:
-            raise ValueError(f"{self.seeds=} must be >= 1")
+        if self.seeds < 1 or (self.arm_seeds is not None and self.arm_seeds < 1):
+            raise ValueError(f"{self.seeds=} and {self.arm_seeds=} must be >= 1")
         if self.compile_workers < 0 or self.learning_steps < 0 or (self.arm_eval_every or 0) < 0:
             raise ValueError(f"need {self.compile_workers=}, {self.learning_steps=} and {self.arm_eval_every=} >= 0")
         given = {"rl.arm": self.rl.arm, "rl.seeds": self.rl.seeds, "rl.init": self.rl.init, "rl.out": self.rl.out,
@@ -94,17 +98,18 @@ class AblationConfig:
                 raise ValueError(f"--{dotted}={given[dotted]} is set by the ablation runner itself; use {option} instead")
 
 
-def _run_config(config: AblationConfig, arm: str, **overrides) -> trainer.RLConfig:
-    return dataclasses.replace(config.rl, arm=arm, seeds=config.seeds, init=str(Path(config.out) / "sft"), **overrides)
+def _run_config(config: AblationConfig, arm: str, seeds: int, **overrides) -> trainer.RLConfig:
+    return dataclasses.replace(config.rl, arm=arm, seeds=seeds, init=str(Path(config.out) / "sft"), **overrides)
 
 
 def arm_config(config: AblationConfig, arm: str) -> trainer.RLConfig:
     evals = {} if config.arm_eval_every is None else {"eval_every": config.arm_eval_every}
-    return _run_config(config, arm, out=config.out, **evals)
+    seeds = config.seeds if config.arm_seeds is None else config.arm_seeds
+    return _run_config(config, arm, seeds, out=config.out, **evals)
 
 
 def learning_config(config: AblationConfig) -> trainer.RLConfig:
-    return _run_config(config, "bf16", steps=config.learning_steps, out=str(Path(config.out) / "learning"))
+    return _run_config(config, "bf16", config.seeds, steps=config.learning_steps, out=str(Path(config.out) / "learning"))
 
 
 def settings_text(out: Path) -> str:
@@ -158,6 +163,11 @@ def _sections(config: AblationConfig, out: Path) -> list[str]:
     return sections
 
 
+def _wait(futures) -> None:
+    for future in futures:
+        future.result()  # a compile error surfaces here, as it would on the first call
+
+
 def run(config: AblationConfig, commands: tuple[str, ...] = (), progress: bool = True) -> dict:
     """Run what is missing and write the report; returns {arm: 'ran' | 'skipped'} and paths."""
     out = prepare_out(config.out)
@@ -181,30 +191,41 @@ def run(config: AblationConfig, commands: tuple[str, ...] = (), progress: bool =
     sft.train(dataclasses.replace(config.sft, out=str(sft_dir)), progress=progress)
     grad_dir = out / "gradients"
     measure = config.measure_gradients and not (grad_dir / gradient_report.RESULTS_FILE).exists()
-    warmup = sft.load(sft_dir) if pending or measure else None  # loaded once for every arm
-    if measure:
-        print(f"[gradients] fixed-parameter measurements of {', '.join(config.gradients.recipe_names)} -> {grad_dir}")
-        gradients.run(dataclasses.replace(config.gradients, init=str(sft_dir), out=str(grad_dir)), warmup, progress)
-        status["gradients"] = "ran"
-    elif config.measure_gradients:
-        print(f"[gradients] reusing {grad_dir}")
-        status["gradients"] = "skipped"
     learning_run = learning_config(config) if config.learning_steps else None
-    if learning_run is not None and trainer.is_finished(learning_run):
-        _check_finished(learning_run, "learning")
-    elif learning_run is not None:
-        print(f"[learning] bf16, {config.seeds} seed(s) x {config.learning_steps} steps -> {learning_run.out}")
-        trainer.Trainer(learning_run, progress=progress, warmup=warmup or sft.load(sft_dir)).run()
-        status["learning"] = "ran"
-    pool = concurrent.futures.ThreadPoolExecutor(config.compile_workers) if config.compile_workers and pending else None
+    learn = learning_run is not None and not trainer.is_finished(learning_run)
+    warmup = sft.load(sft_dir) if pending or measure or learn else None  # loaded once for every run
+    pool = concurrent.futures.ThreadPoolExecutor(config.compile_workers) if config.compile_workers and (
+        pending or learn) else None
     trainers, compiling, tasks = {}, {}, {}
     try:
-        for arm in pending if pool is not None else ():  # in arm order: the pool starts on the first at once
-            trainers[arm] = trainer.Trainer(arm_config(config, arm), progress=progress, warmup=warmup)
-            for key, task in trainers[arm].compile_tasks():
-                if key not in tasks:  # a program shared with an earlier arm compiles once
+        if measure:
+            print(f"[gradients] fixed-parameter measurements of {', '.join(config.gradients.recipe_names)} -> {grad_dir}")
+            gradients.run(dataclasses.replace(config.gradients, init=str(sft_dir), out=str(grad_dir)), warmup, progress)
+            status["gradients"] = "ran"
+        elif config.measure_gradients:
+            print(f"[gradients] reusing {grad_dir}")
+            status["gradients"] = "skipped"
+        # After the gradient measurements (their own compile threads keep both cores busy; more
+        # threads beside them slowed that phase several-fold): the learning run's programs, then
+        # the arms' in arm order, so that the learning run's three compile side by side and the
+        # arms' compile while the learning run and the earlier arms train.
+        runs = ([("learning", learning_run)] if learn else []) + [(arm, arm_config(config, arm)) for arm in pending]
+        for label, run_config in runs if pool is not None else ():
+            trainers[label] = trainer.Trainer(run_config, progress=progress, warmup=warmup)
+            for key, task in trainers[label].compile_tasks():
+                if key not in tasks:  # a program shared with an earlier run compiles once
                     tasks[key] = pool.submit(task)
-                compiling.setdefault(arm, []).append(tasks[key])
+                compiling.setdefault(label, []).append(tasks[key])
+        if learning_run is not None and not learn:
+            _check_finished(learning_run, "learning")
+        elif learn:
+            print(f"[learning] bf16, {config.seeds} seed(s) x {config.learning_steps} steps -> {learning_run.out}"
+                  f" (elapsed {time.time() - t0:.0f}s)")
+            _wait(compiling.pop("learning", []))
+            run_learning = trainers.pop("learning", None) or trainer.Trainer(learning_run, progress=progress,
+                                                                             warmup=warmup)
+            run_learning.run()
+            status["learning"] = "ran"
         for i, arm in enumerate(config.arms):
             if arm not in pending:
                 print(f"[arm {i + 1}/{len(config.arms)}] {arm}: finished earlier, skipped")
@@ -212,10 +233,9 @@ def run(config: AblationConfig, commands: tuple[str, ...] = (), progress: bool =
                 continue
             run_arm = trainers.pop(arm) if arm in trainers else trainer.Trainer(
                 arm_config(config, arm), progress=progress, warmup=warmup)
-            print(f"[arm {i + 1}/{len(config.arms)}] {arm}: {config.seeds} seed(s) x {run_arm.config.steps} steps "
+            print(f"[arm {i + 1}/{len(config.arms)}] {arm}: {run_arm.config.seeds} seed(s) x {run_arm.config.steps} steps "
                   f"(elapsed {time.time() - t0:.0f}s)")
-            for future in compiling.pop(arm, []):
-                future.result()  # a compile error surfaces here, as it would on the first call
+            _wait(compiling.pop(arm, []))
             run_arm.run()
             status[arm] = "ran"
     finally:
