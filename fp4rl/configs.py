@@ -124,7 +124,7 @@ def _ablation_preset(name: str, seeds: int, compile_workers: int, measure_gradie
 
 
 # The CPU presets compile later arms on 2 threads while an arm trains (AblationConfig.compile_workers).
-# The default main job (cpu), sized for about 10 minutes on 2 cores: a 200-step warm-up (the SFT
+# The default main job (cpu), sized for a short run on 2 cores (README.md): a 200-step warm-up (the SFT
 # preset's 300 steps would take a third of that), the gradient measurements at it, a bf16 run long
 # enough to show learning (evaluated on held-out problems, 2 seeds), then the nine arms for one step
 # of one seed each without evaluations: a machinery check (every arm's programs compile and run
