@@ -11,6 +11,8 @@
 #                                       # into runs/h200/gradients/GRAD_PART on the batches of
 #                                       # results/gradients_h200/parts/rollouts.npz
 #   bash tools/gpu_session.sh arms      # h200 warm-up + the ablation arms ARMS (comma separated) x SEEDS seeds
+#   bash tools/gpu_session.sh matrix    # the same, PARALLEL arms at a time as separate processes, resumable
+#                                       # across calls on a warm machine (runs in MATRIX_DIR)
 #   bash tools/gpu_session.sh serve_eval # h200 warm-up + the deployment correlation (SERVE_ARGS; resumable)
 #   bash tools/gpu_session.sh grouped   # compiled grouped-GEMM (Mosaic) tests + bench_experts (BENCH_ARGS)
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
@@ -183,6 +185,41 @@ case "$mode" in
       --seeds="${SEEDS:-4}" ${ABLATION_ARGS:-}
     cp "$log" runs/h200/log.txt
     tar czf "$OUT/arms.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200
+    ;;
+  matrix)
+    # The RL matrix, PARALLEL arms at a time, one process each (an arm's step is mostly small kernels and
+    # host-side sampling logic, so one process leaves the GPU idle much of the time). The runs live
+    # outside the carried tree (MATRIX_DIR), so a call on a machine still warm resumes the arms the
+    # previous one cut (the trainer checkpoints every --rl.checkpoint_every steps); finished arms
+    # (done.json) are skipped. Every arm's metrics, finished or not, come back in matrix.tgz.
+    warmup || exit 1
+    dir=${MATRIX_DIR:-/tmp/fp4rl-matrix}
+    [ -e "$dir/sft/sft_meta.json" ] || { mkdir -p "$dir" && rm -rf "$dir/sft" && cp -r runs/h200/sft "$dir/sft"; }
+    parallel=${PARALLEL:-3}
+    # each process may grow to its share of the GPU's memory (allocation on demand, see above)
+    export XLA_PYTHON_CLIENT_MEM_FRACTION=$(python -c "print(round(0.95 / $parallel, 3))")
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 15 >"$OUT/nvidia_smi.csv" 2>&1 &
+    smi=$!
+    disown $smi
+    deadline=$(( START + ${SESSION_SECONDS:-575} - 25 ))
+    run_arm() {  # run_arm ARM: until it finishes or the call's deadline
+      local left=$(( deadline - $(date +%s) ))
+      [ "$left" -gt 60 ] || { echo "=== arm $1 skipped: no time left" | tee -a "$log"; return; }
+      echo "=== arm $1 (limit ${left}s) $(date +%T)" | tee -a "$log"
+      timeout "$left" python -m experiments.ablation --preset h200 --arms="$1" --seeds="${SEEDS:-4}" --out="$dir" \
+        --rl.checkpoint_every="${CHECKPOINT_EVERY:-20}" ${ABLATION_ARGS:-} >>"$OUT/arm_$1.log" 2>&1
+      echo "=== arm $1 rc=$? $(date +%T)" | tee -a "$log"
+    }
+    for arm in ${ARMS//,/ }; do
+      [ -f "$dir/$arm/done.json" ] && { echo "=== arm $arm: finished earlier" | tee -a "$log"; continue; }
+      while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do sleep 5; done
+      run_arm "$arm" &
+      sleep 20  # staggered: the processes' compilations overlap less
+    done
+    wait
+    kill "$smi" 2>/dev/null
+    cp "$log" "$dir/log_$(date +%H%M%S).txt"
+    tar czf "$OUT/matrix.tgz" -C "$dir" --exclude=checkpoint --exclude=tb --exclude=.jax_cache .
     ;;
   serve_eval)
     warmup
