@@ -18,7 +18,11 @@ Both functions take and return arrays whose per-problem shapes are:
 Accumulation is float32 (`preferred_element_type`).
 
 `gemm` selects the backend, statically (docs/design.md, "Grouped-GEMM backends"):
-- "xla": `lax.ragged_dot` / `ragged_dot_general`, the portable reference;
+- "xla": `lax.ragged_dot` / `ragged_dot_general`, the portable reference. XLA (CPU and GPU)
+  expands a ragged dot over its groups: memory and work grow with rows x groups (at the h200
+  preset's RL update, 14 GiB of temporaries per seed);
+- "blocked": plain XLA ops with memory and work linear in rows (`fp4rl.blocked_gemm`): each
+  group's rows padded to whole blocks, one batched dense GEMM over the blocks; vmaps natively;
 - "mosaic": the Pallas Mosaic GPU kernels of `pallas_kernels.grouped_gemm`; compiled, so a CUDA
   GPU is required (it raises elsewhere: no silent fallback);
 - "mosaic_interpret": the same kernels in the Mosaic GPU interpreter on the CPU (tests only: slow).
@@ -37,8 +41,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fp4rl import blocked_gemm
+
 F32 = jnp.float32
-GEMMS = ("xla", "mosaic", "mosaic_interpret")
+GEMMS = ("xla", "blocked", "mosaic", "mosaic_interpret")
 _WGRAD_DIMS = lax.RaggedDotDimensionNumbers(
     dot_dimension_numbers=(([0], [0]), ([], [])), lhs_ragged_dimensions=[0], rhs_group_dimensions=[]
 )
@@ -196,10 +202,14 @@ def _wgrad_fn(gemm: str):
 def ragged_matmul(a_RxK, b_ExKxN, group_sizes_E, *, gemm: str = "xla", transpose_rhs: bool = False):
     """f32 [R, N]: rows of group e times b[e] (b[e]^T with transpose_rhs); rows past the groups: 0."""
     check_gemm(gemm)
+    if gemm == "blocked":
+        return blocked_gemm.matmul(a_RxK, b_ExKxN, group_sizes_E, transpose_rhs=transpose_rhs)
     return _matmul_fn(gemm, transpose_rhs)(a_RxK, b_ExKxN, group_sizes_E)
 
 
 def ragged_wgrad(a_RxK, g_RxN, group_sizes_E, *, gemm: str = "xla"):
     """f32 [E, K, N]: per group e, a[rows of e]^T @ g[rows of e]."""
     check_gemm(gemm)
+    if gemm == "blocked":
+        return blocked_gemm.wgrad(a_RxK, g_RxN, group_sizes_E)
     return _wgrad_fn(gemm)(a_RxK, g_RxN, group_sizes_E)

@@ -207,7 +207,7 @@ case "$mode" in
       [ "$left" -gt 60 ] || { echo "=== arm $1 skipped: no time left" | tee -a "$log"; return; }
       echo "=== arm $1 (limit ${left}s) $(date +%T)" | tee -a "$log"
       timeout "$left" python -m experiments.ablation --preset h200 --arms="$1" --seeds="${SEEDS:-4}" --out="$dir" \
-        --rl.checkpoint_every="${CHECKPOINT_EVERY:-20}" ${ABLATION_ARGS:-} >>"$OUT/arm_$1.log" 2>&1
+        --rl.checkpoint_every="${CHECKPOINT_EVERY:-20}" ${ABLATION_ARGS:-} >>"$OUT/arm_${1//+/plus}.log" 2>&1
       echo "=== arm $1 rc=$? $(date +%T)" | tee -a "$log"
     }
     for arm in ${ARMS//,/ }; do
