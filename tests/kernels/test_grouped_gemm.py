@@ -7,11 +7,9 @@ tiny (each interpreted kernel call takes ~1 s) but cover what the kernels specia
 empty group (first and in the middle), group boundaries inside a row tile / token block, a group
 over several blocks, rows past sum(group_sizes), rows that are not a multiple of the block.
 
-Tolerance (derived, not tuned): the operands are bf16, so every product is exact in f32 and the
-only error is the f32 accumulation. A sum of n terms accumulated in any order with at most one
-f32 ulp (2u, u = 2^-24) of error per addition is within 2 (n - 1) u * sum|terms| of the exact
-sum; one ulp per addition covers round-to-nearest (u) and the truncating accumulators of tensor
-cores. Both backends are compared with the exact (float64) result under that bound, elementwise.
+Tolerance (derived, not tuned; `tests.grouped_oracle`): both backends are compared with the
+exact (float64) result under the f32 accumulation bound, elementwise. The qdot-level checks
+(gradient, vmap over seeds) also hold the XLA "blocked" backend (`fp4rl.blocked_gemm`) to it.
 """
 
 from __future__ import annotations
@@ -30,11 +28,11 @@ from fp4rl import grouped, operands, qlinear
 from fp4rl.model import forward, init
 from fp4rl.model.config import ModelConfig
 from fp4rl.recipe import PrecisionRecipe, SiteConfig
+from tests.grouped_oracle import U, accumulation_bound, assert_within, exact_matmul, exact_wgrad, random_operands
 from pallas_kernels.grouped_gemm import FORWARD_TILES, WGRAD_TILES, GroupedGemmTiles, grouped_matmul, grouped_wgrad
 from pallas_kernels.grouped_gemm import ragged_dot as forward_kernel
 from pallas_kernels.grouped_gemm import transposed_ragged_dot as wgrad_kernel
 
-U = 2.0**-24
 ON_GPU = jax.default_backend() == "gpu"
 # (rows R, K, N, group sizes): forward tiles are 128 rows, wgrad token blocks 64 (tunables.py)
 FORWARD_CASES = {
@@ -47,49 +45,7 @@ WGRAD_CASES = {
 }
 BACKENDS = [pytest.param(True, id="interpret"), pytest.param(False, id="compiled", marks=pytest.mark.gpu)]
 GEMMS = [pytest.param("mosaic_interpret", id="interpret"), pytest.param("mosaic", id="compiled", marks=pytest.mark.gpu)]
-
-
-def _accumulation_bound(abs_products_sum, n: int):
-    return 2 * max(n - 1, 0) * U * abs_products_sum
-
-
-def _group_of_rows(sizes, rows: int):
-    """Each row's group, or -1 past the groups."""
-    group = np.full(rows, -1)
-    ends = np.cumsum(sizes)
-    for e, (start, end) in enumerate(zip(ends - np.asarray(sizes), ends)):
-        group[start:end] = e
-    return group
-
-
-def _exact_matmul(a, b, sizes):
-    """float64 a @ b[group] and sum |a| |b[group]|, rows past the groups 0."""
-    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    group = _group_of_rows(sizes, a64.shape[0])
-    out, mag = np.zeros((a64.shape[0], b64.shape[2])), np.zeros((a64.shape[0], b64.shape[2]))
-    for e in range(b64.shape[0]):
-        rows = group == e
-        out[rows], mag[rows] = a64[rows] @ b64[e], np.abs(a64[rows]) @ np.abs(b64[e])
-    return out, mag
-
-
-def _exact_wgrad(a, g, sizes):
-    a64, g64 = np.asarray(a, np.float64), np.asarray(g, np.float64)
-    group = _group_of_rows(sizes, a64.shape[0])
-    out = np.stack([a64[group == e].T @ g64[group == e] for e in range(len(sizes))])
-    mag = np.stack([np.abs(a64[group == e]).T @ np.abs(g64[group == e]) for e in range(len(sizes))])
-    return out, mag
-
-
-def _operands(shapes, seed=0, dtype=jnp.bfloat16):
-    keys = jax.random.split(jax.random.key(seed), len(shapes))
-    return [jax.random.normal(k, s, dtype) for k, s in zip(keys, shapes)]
-
-
-def _assert_within(out, exact, bound, what):
-    err = np.abs(np.asarray(out, np.float64) - exact)
-    worst = np.unravel_index(np.argmax(err - bound), err.shape)
-    assert (err <= bound).all(), f"{what}: |error| {err[worst]:.3g} > bound {bound[worst]:.3g} at {worst}"
+QDOT_GEMMS = [*GEMMS, pytest.param("blocked", id="blocked")]
 
 
 @pytest.mark.parametrize("interpret", BACKENDS)
@@ -97,15 +53,15 @@ def _assert_within(out, exact, bound, what):
 @pytest.mark.parametrize("case", FORWARD_CASES)
 def test_grouped_matmul_matches_ragged_dot(case, transpose_rhs, interpret):
     rows, k, n, sizes = FORWARD_CASES[case]
-    a, b = _operands([(rows, k), (len(sizes), k, n)])
+    a, b = random_operands([(rows, k), (len(sizes), k, n)])
     group_sizes = jnp.asarray(sizes, jnp.int32)
     out = grouped_matmul(a, jnp.swapaxes(b, 1, 2) if transpose_rhs else b, group_sizes, transpose_rhs=transpose_rhs,
                          interpret=interpret)
     assert out.dtype == jnp.float32 and out.shape == (rows, n)
-    exact, mag = _exact_matmul(a, b, sizes)
-    bound = _accumulation_bound(mag, k)
-    _assert_within(out, exact, bound, "grouped_matmul")
-    _assert_within(jax.lax.ragged_dot(a, b, group_sizes, preferred_element_type=jnp.float32), exact, bound, "lax.ragged_dot")
+    exact, mag = exact_matmul(a, b, sizes)
+    bound = accumulation_bound(mag, k)
+    assert_within(out, exact, bound, "grouped_matmul")
+    assert_within(jax.lax.ragged_dot(a, b, group_sizes, preferred_element_type=jnp.float32), exact, bound, "lax.ragged_dot")
     np.testing.assert_array_equal(np.asarray(out)[sum(sizes):], 0.0)  # rows past the groups
 
 
@@ -113,14 +69,14 @@ def test_grouped_matmul_matches_ragged_dot(case, transpose_rhs, interpret):
 @pytest.mark.parametrize("case", WGRAD_CASES)
 def test_grouped_wgrad_matches_ragged_dot_general(case, interpret):
     rows, k, n, sizes = WGRAD_CASES[case]
-    a, g = _operands([(rows, k), (rows, n)], seed=1)
+    a, g = random_operands([(rows, k), (rows, n)], seed=1)
     group_sizes = jnp.asarray(sizes, jnp.int32)
     out = grouped_wgrad(a, g, group_sizes, interpret=interpret)
     assert out.dtype == jnp.float32 and out.shape == (len(sizes), k, n)
-    exact, mag = _exact_wgrad(a, g, sizes)
-    bound = _accumulation_bound(mag, max(sizes))
-    _assert_within(out, exact, bound, "grouped_wgrad")
-    _assert_within(grouped.ragged_wgrad(a, g, group_sizes), exact, bound, "ragged_dot_general")
+    exact, mag = exact_wgrad(a, g, sizes)
+    bound = accumulation_bound(mag, max(sizes))
+    assert_within(out, exact, bound, "grouped_wgrad")
+    assert_within(grouped.ragged_wgrad(a, g, group_sizes), exact, bound, "ragged_dot_general")
     np.testing.assert_array_equal(np.asarray(out)[np.asarray(sizes) == 0], 0.0)  # empty groups
 
 
@@ -128,13 +84,13 @@ def test_grouped_wgrad_matches_ragged_dot_general(case, interpret):
 def test_mixed_precision_wgrad_splits_f32_exactly(gemm):
     """An f32 operand against a bf16 one (the per-token dequantized wgrad): three exact bf16 parts."""
     rows, k, n, sizes = WGRAD_CASES["boundaries-inside-blocks"]
-    a = _operands([(rows, k)], seed=2, dtype=jnp.float32)[0] * 1e-3  # f32 values with 24-bit significands
-    (g,) = _operands([(rows, n)], seed=3)
+    a = random_operands([(rows, k)], seed=2, dtype=jnp.float32)[0] * 1e-3  # f32 values with 24-bit significands
+    (g,) = random_operands([(rows, n)], seed=3)
     group_sizes = jnp.asarray(sizes, jnp.int32)
     out = grouped.ragged_wgrad(a, g, group_sizes, gemm=gemm)
-    exact, mag = _exact_wgrad(a, g, sizes)
+    exact, mag = exact_wgrad(a, g, sizes)
     # Three partial GEMMs of max(sizes) terms each, then two additions of the partial results.
-    _assert_within(out, exact, _accumulation_bound(mag, max(sizes) + 2), "split wgrad")
+    assert_within(out, exact, accumulation_bound(mag, max(sizes) + 2), "split wgrad")
 
 
 # ---------------------------------------------------------------- through qdot: grad and vmap
@@ -172,37 +128,38 @@ def _assert_vjps_agree(site, x, w, g, ours, ref, what):
     rounding boundary: one bf16 ulp more. dw stays f32 (the parameters are f32); the f32 split
     wgrad sums three partial GEMMs (two more additions)."""
     xv, wv = _gemm_operands(site, x, w)
-    _, mag_y = _exact_matmul(xv, wv, SIZES)
-    _, mag_dx = _exact_matmul(g, jnp.swapaxes(wv, 1, 2), SIZES)
-    _, mag_dw = _exact_wgrad(xv, g, SIZES)
+    _, mag_y = exact_matmul(xv, wv, SIZES)
+    _, mag_dx = exact_matmul(g, jnp.swapaxes(wv, 1, 2), SIZES)
+    _, mag_dw = exact_wgrad(xv, g, SIZES)
     for name, a, b, mag, n, rounded in (("y", ours[0], ref[0], mag_y, D, True), ("dx", ours[1], ref[1], mag_dx, F, True),
                                         ("dw", ours[2], ref[2], mag_dw, max(SIZES) + 2, False)):
         b = np.asarray(b, np.float64)
-        bound = 2 * _accumulation_bound(mag, n) + (4 * U * np.abs(b) + _bf16_ulp(b) if rounded else 0)
-        _assert_within(a, b, bound, f"{what} {name}")
+        bound = 2 * accumulation_bound(mag, n) + (4 * U * np.abs(b) + _bf16_ulp(b) if rounded else 0)
+        assert_within(a, b, bound, f"{what} {name}")
     np.testing.assert_array_equal(np.asarray(ours[0])[sum(SIZES):], 0.0)  # rows past the groups
 
 
 def _f32_params(seed):
-    return _operands([(len(SIZES), D, F)], seed=seed, dtype=jnp.float32)[0] * 0.1  # f32 parameters, bf16 compute
+    return random_operands([(len(SIZES), D, F)], seed=seed, dtype=jnp.float32)[0] * 0.1  # f32 parameters, bf16 compute
 
 
-@pytest.mark.parametrize("gemm", GEMMS)
+@pytest.mark.parametrize("gemm", QDOT_GEMMS)
 @pytest.mark.parametrize("site_name", SITES)
-def test_qdot_grad_mosaic_matches_xla(site_name, gemm):
-    """y, dx, dw of a ragged qdot (custom_vjp: forward, dgrad, wgrad): the Mosaic kernels vs "xla"."""
+def test_qdot_grad_matches_xla(site_name, gemm):
+    """y, dx, dw of a ragged qdot (custom_vjp: forward, dgrad, wgrad): the Mosaic kernels (and
+    the blocked XLA backend) vs "xla"."""
     site = SITES[site_name]
-    x, g = _operands([(R, D), (R, F)], seed=4)
+    x, g = random_operands([(R, D), (R, F)], seed=4)
     w = _f32_params(5)
     _assert_vjps_agree(site, x, w, g, _qdot_vjp(site, x, w, g, gemm), _qdot_vjp(site, x, w, g, "xla"), site_name)
 
 
-@pytest.mark.parametrize("gemm", GEMMS)
-def test_qdot_vmap_over_seeds_mosaic_matches_xla(gemm):
+@pytest.mark.parametrize("gemm", QDOT_GEMMS)
+def test_qdot_vmap_over_seeds_matches_xla(gemm):
     """vmap over 2 seeds (batched x and g, shared w and sizes): the folded ragged problem of
     `fp4rl.grouped` runs on the kernels as on XLA."""
     site = SITES["nvfp4-dequantized"]
-    x, g = _operands([(2, R, D), (2, R, F)], seed=6)
+    x, g = random_operands([(2, R, D), (2, R, F)], seed=6)
     w = _f32_params(7)
     ours = jax.vmap(lambda x, g: _qdot_vjp(site, x, w, g, gemm))(x, g)
     ref = jax.vmap(lambda x, g: _qdot_vjp(site, x, w, g, "xla"))(x, g)
@@ -221,7 +178,7 @@ def test_pipelines_have_no_races(steps):
 
     tiles = GroupedGemmTiles(block_m=64, block_n=64, block_k=64, max_concurrent_steps=steps)
     params = plgpu.InterpretGPUParams(detect_races=True)
-    a, b, x, g = _operands([(128, 320), (2, 320, 64), (320, 64), (320, 64)], seed=8)
+    a, b, x, g = random_operands([(128, 320), (2, 320, 64), (320, 64), (320, 64)], seed=8)
     if steps > 1:
         grouped_matmul(a, b, jnp.asarray([40, 88], jnp.int32), tiles=tiles, interpret=params).block_until_ready()
         assert not gpu_callbacks.get_races().races_found, "race in the forward kernel"
@@ -268,7 +225,7 @@ def test_default_tiles_lower_for_the_gpu(shape, kind):
 def test_qdot_on_mosaic_runs_both_kernels():
     """The compiled program of a ragged qdot's vjp on gemm="mosaic" holds both kernels (by name),
     and on gemm="xla" neither."""
-    x, g = _operands([(R, D), (R, F)], seed=9)
+    x, g = random_operands([(R, D), (R, F)], seed=9)
     w = _f32_params(10)
     for gemm, present in (("mosaic", True), ("xla", False)):
         text = jax.jit(lambda x, w, g, gemm=gemm: _qdot_vjp(SITES["bf16"], x, w, g, gemm)).lower(x, w, g).as_text()
@@ -277,7 +234,7 @@ def test_qdot_on_mosaic_runs_both_kernels():
 
 # ---------------------------------------------------------------- errors
 def test_bad_inputs_raise_clear_errors():
-    a, b = _operands([(64, 64), (2, 64, 64)])
+    a, b = random_operands([(64, 64), (2, 64, 64)])
     sizes = jnp.asarray([32, 32], jnp.int32)
     with pytest.raises(TypeError, match="two bfloat16 or two float16"):
         grouped_matmul(a, b.astype(jnp.float16), sizes, interpret=True)
@@ -286,9 +243,9 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="group_sizes must have shape"):
         grouped_matmul(a, b, jnp.asarray([64], jnp.int32), interpret=True)
     with pytest.raises(ValueError, match=r"K=96 must be a positive multiple of its block size 64"):
-        grouped_matmul(*_operands([(64, 96), (2, 96, 64)]), sizes, interpret=True)
+        grouped_matmul(*random_operands([(64, 96), (2, 96, 64)]), sizes, interpret=True)
     with pytest.raises(ValueError, match=r"N=192 must be a positive multiple of its block size 128"):
-        grouped_matmul(*_operands([(64, 64), (2, 64, 192)]), sizes, interpret=True)
+        grouped_matmul(*random_operands([(64, 64), (2, 64, 192)]), sizes, interpret=True)
     with pytest.raises(ValueError, match="row counts differ"):
         grouped_wgrad(a, a[:32], sizes, interpret=True)
     with pytest.raises(ValueError, match="multiple of 64"):
@@ -299,9 +256,9 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_backend_selector_is_explicit():
-    a, b = _operands([(64, 64), (2, 64, 64)])
+    a, b = random_operands([(64, 64), (2, 64, 64)])
     sizes = jnp.asarray([32, 32], jnp.int32)
-    with pytest.raises(ValueError, match=r"valid options: \('xla', 'mosaic', 'mosaic_interpret'\)"):
+    with pytest.raises(ValueError, match=r"valid options: \('xla', 'blocked', 'mosaic', 'mosaic_interpret'\)"):
         grouped.ragged_matmul(a, b, sizes, gemm="triton")
     with pytest.raises(ValueError, match="valid options"):
         ModelConfig.from_name("tiny", expert_gemm="cutlass")
@@ -332,7 +289,7 @@ def test_f32_dots_of_the_xla_backend_ask_for_exact_products():
     their accumulation bound). Checked on the lowered program, which is the same on every backend;
     bf16 dots keep DEFAULT (exact products either way)."""
     site = SITES["nvfp4-dequantized"]
-    x, g = _operands([(R, D), (R, F)], seed=4)
+    x, g = random_operands([(R, D), (R, F)], seed=4)
     w = _f32_params(5)
     text = jax.jit(lambda x, w, g: _qdot_vjp(site, x, w, g, "xla")).lower(x, w, g).as_text()
     dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
