@@ -1,13 +1,17 @@
-"""Trace + XLA compile time of one model's training gradient, per recipe, scanned vs unrolled layers.
+"""Compile time of the programs that dominate an RL arm's first step.
 
-    JAX_PLATFORMS=cpu python tools/compile_time.py h200 bf16,nvfp4,full
+    JAX_PLATFORMS=cpu python tools/compile_time.py grad h200 bf16,nvfp4,full
+    python tools/compile_time.py update h200 bf16,full 4 xla,blocked     # on the GPU
 
-Prints one line per (recipe, layers) with the trace and compile seconds of
-`jax.jit(jax.grad(mean(forward(...))))` on an [8, 64] token batch (what dominates the first
-step of a quantized RL arm). Compile times are machine-dependent; compare lines of one run.
+`grad`: trace and compile seconds of `jax.jit(jax.grad(mean(forward(...))))` on an [8, 64] token
+batch, per recipe, scanned vs unrolled layers. `update`: the RL trainer's vmapped update program
+(`fp4rl.rl.trainer.Trainer`, the preset's batch shapes, N seeds) per arm and grouped-GEMM backend,
+on randomly initialised parameters (no warm-up needed): compile seconds. Compile times are machine-dependent; compare lines of one run.
 """
 
+import dataclasses
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,11 +19,14 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fp4rl import configs  # noqa: E402
 from fp4rl.model import ModelConfig, forward, init  # noqa: E402
+from fp4rl.model import transformer  # noqa: E402
 from fp4rl.recipe import PrecisionRecipe  # noqa: E402
+from fp4rl.rl import sft, trainer  # noqa: E402
 
 
-def main(model: str = "h200", recipes: str = "bf16,nvfp4,full") -> None:
+def grad(model: str = "h200", recipes: str = "bf16,nvfp4,full") -> None:
     graphdef, params = init(ModelConfig.from_name(model), 0)
     tokens = jnp.zeros((8, 64), jnp.int32)
     for name in recipes.split(","):
@@ -37,5 +44,21 @@ def main(model: str = "h200", recipes: str = "bf16,nvfp4,full") -> None:
             print(f"{model} {name:6s} {layers:8s} trace+lower {t1 - t0:5.1f} s  compile {t2 - t1:5.1f} s", flush=True)
 
 
+def update(preset: str = "h200", arms: str = "bf16", seeds: str = "4", gemms: str = "xla,blocked") -> None:
+    model_config = sft.model_config(configs.SFT_PRESETS[preset])
+    graphdef, params = transformer.init(model_config, 0)
+    warmup = (graphdef, params, {"model_config": dataclasses.asdict(model_config)})
+    for arm in arms.split(","):
+        for gemm in gemms.split(","):
+            config = dataclasses.replace(configs.RL_PRESETS[preset], arm=arm, seeds=int(seeds), expert_gemm=gemm,
+                                         out=tempfile.mkdtemp())
+            run = trainer.Trainer(config, progress=False, warmup=warmup)
+            (_, task), = [(key, task) for key, task in run.compile_tasks() if key[0] is run._update]
+            t0 = time.perf_counter()
+            task()
+            seconds = time.perf_counter() - t0
+            print(f"{preset} {arm:6s} seeds {seeds} gemm {gemm:8s} compile {seconds:6.1f} s", flush=True)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    {"grad": grad, "update": update}[sys.argv[1]](*sys.argv[2:])

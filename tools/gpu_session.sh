@@ -13,6 +13,8 @@
 #   bash tools/gpu_session.sh arms      # h200 warm-up + the ablation arms ARMS (comma separated) x SEEDS seeds
 #   bash tools/gpu_session.sh matrix    # the same, PARALLEL arms at a time as separate processes, resumable
 #                                       # across calls on a warm machine (runs in MATRIX_DIR)
+#   bash tools/gpu_session.sh compile   # the RL update program's compile time per arm x GEMM backend x XLA_FLAGS
+#                                       # variant (COMPILE_ARMS, COMPILE_GEMMS, SEEDS; no warm-up needed)
 #   bash tools/gpu_session.sh serve_eval # h200 warm-up + the deployment correlation (SERVE_ARGS; resumable)
 #   bash tools/gpu_session.sh grouped   # compiled grouped-GEMM (Mosaic) tests + bench_experts (BENCH_ARGS)
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
@@ -220,6 +222,15 @@ case "$mode" in
     kill "$smi" 2>/dev/null
     cp "$log" "$dir/log_$(date +%H%M%S).txt"
     tar czf "$OUT/matrix.tgz" -C "$dir" --exclude=checkpoint --exclude=tb --exclude=.jax_cache .
+    ;;
+  compile)
+    # each variant in its own process (XLA reads XLA_FLAGS at start): the default, no autotuning,
+    # cuBLAS instead of Triton GEMMs
+    for flags in "" "--xla_gpu_autotune_level=0" "--xla_gpu_enable_triton_gemm=false"; do
+      XLA_FLAGS="$flags" step "compile${flags:+ $flags}" "${COMPILE_SECONDS:-200}" python tools/compile_time.py update h200 \
+        "${COMPILE_ARMS:-bf16}" "${SEEDS:-4}" "${COMPILE_GEMMS:-blocked,xla}"
+      grep "compile " "$log" | tail -n 4
+    done
     ;;
   serve_eval)
     warmup
