@@ -118,8 +118,13 @@ SMALL = (("tiling", mq.MosaicQuantTiling(block_k=16)),)
 
 # The interpreter is slow: tests/kernels/conftest.py groups this class's tests per parameter set,
 # and its shape sweep stops at K=1024 (several whole-row blocks already; K=8192 runs compiled).
+# Every 4/6 mode once and every E4M3 maximum at least once (the other 2D configs: compiled only).
+INTERPRET_2D_CONFIGS = ("2d-tensor-m6-E256", "2d-tensor-mae-exact-Edef", "2d-tensor-mae-fast-E448",
+                        "2d-tensor-mse-exact-E256", "2d-tensor-mse-fast-Edef")
+
+
 class TestMosaicInterpret(KernelQuantSuite):
-    impl = Impl("mosaic", interpret=True, small_k_options=SMALL, max_shape_k=1024)
+    impl = Impl("mosaic", interpret=True, small_k_options=SMALL, max_shape_k=1024, configs_2d=INTERPRET_2D_CONFIGS)
 
 
 @pytest.mark.gpu
