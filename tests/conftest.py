@@ -23,11 +23,18 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 # Tests that share an expensive per-process result run on one xdist worker (`--dist loadgroup`):
 # - the Mosaic GPU interpreter's tests of one parameter set (a config against the oracle and against
 #   the reference share one cached kernel result; the interpreter is the suite's slowest part);
-# - the modules whose module-scoped fixture is a whole smoke measurement.
+# - the modules whose module-scoped fixture is a whole smoke measurement;
+# - the quantizer tests of one reference implementation that use `tests.formats.harness.batched`,
+#   whose first call compiles every valid config once per process (~45 programs).
 # xdist turns the marks into groups by suffixing each node id with "@group"; pytest 9 builds node ids
 # differently and the suffix is silently lost (hence pytest<9 in pyproject.toml, and the check below).
 INTERPRET_CLASSES = ("TestMosaicInterpret",)
 ONE_WORKER_MODULES = ("test_gradients.py",)
+PRECOMPILED_MODULES = ("test_nvfp4.py", "test_properties.py")
+
+
+def _params(item) -> dict:
+    return item.callspec.params if hasattr(item, "callspec") else {}
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -37,6 +44,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(f"{item.cls.__name__}-{item.callspec.id}"))
         elif item.path.name in ONE_WORKER_MODULES:
             item.add_marker(pytest.mark.xdist_group(item.path.name))
+        elif item.path.name in PRECOMPILED_MODULES and "impl" in _params(item):
+            item.add_marker(pytest.mark.xdist_group(f"precompiled-{_params(item)['impl']}"))
 
 
 def pytest_collection_finish(session):
