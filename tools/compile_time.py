@@ -10,6 +10,7 @@ on randomly initialised parameters (no warm-up needed): compile seconds. Compile
 """
 
 import dataclasses
+import os
 import sys
 import tempfile
 import time
@@ -57,7 +58,8 @@ def update(preset: str = "h200", arms: str = "bf16", seeds: str = "4", gemms: st
             t0 = time.perf_counter()
             task()
             seconds = time.perf_counter() - t0
-            print(f"{preset} {arm:6s} seeds {seeds} gemm {gemm:8s} compile {seconds:6.1f} s", flush=True)
+            flags = os.environ.get("XLA_FLAGS", "") or "default XLA_FLAGS"
+            print(f"{preset} {arm:6s} seeds {seeds} gemm {gemm:8s} compile {seconds:6.1f} s ({flags})", flush=True)
 
 
 if __name__ == "__main__":
