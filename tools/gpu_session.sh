@@ -191,8 +191,10 @@ case "$mode" in
     tar czf "$OUT/arms.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200
     ;;
   matrix)
-    # The RL matrix, PARALLEL arms at a time, one process each (an arm's step is mostly small kernels and
-    # host-side sampling logic, so one process leaves the GPU idle much of the time). The runs live
+    # The RL matrix, PARALLEL arms at a time, one process each, so that arms' compilations and host-side
+    # work overlap (nvidia_smi.csv records what the GPU did meanwhile). XLA plans each program for its
+    # process's share of the memory and rematerializes one that needs more, which is slow to compile:
+    # PARALLEL=1 for programs over ~40 GiB (4 seeds on the `xla` grouped GEMM). The runs live
     # outside the carried tree (MATRIX_DIR), so a call on a machine still warm resumes the arms the
     # previous one cut (the trainer checkpoints every --rl.checkpoint_every steps); finished arms
     # (done.json) are skipped. Every arm's metrics, finished or not, come back in matrix.tgz.
@@ -208,7 +210,6 @@ case "$mode" in
     deadline=$(( START + ${SESSION_SECONDS:-575} - 25 ))
     run_arm() {  # run_arm ARM: until it finishes or the call's deadline
       local left=$(( deadline - $(date +%s) ))
-      [ "$left" -gt 60 ] || { echo "=== arm $1 skipped: no time left" | tee -a "$log"; return; }
       echo "=== arm $1 (limit ${left}s) $(date +%T)" | tee -a "$log"
       timeout "$left" python -m experiments.ablation --preset h200 --arms="$1" --seeds="${SEEDS:-4}" --out="$dir" \
         --rl.checkpoint_every="${CHECKPOINT_EVERY:-20}" ${ABLATION_ARGS:-} >>"$OUT/arm_${1//+/plus}.log" 2>&1
@@ -217,6 +218,7 @@ case "$mode" in
     for arm in ${ARMS//,/ }; do
       [ -f "$dir/$arm/done.json" ] && { echo "=== arm $arm: finished earlier" | tee -a "$log"; continue; }
       while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do sleep 5; done
+      [ $(( deadline - $(date +%s) )) -gt 60 ] || { echo "=== arm $arm and the rest skipped: no time left" | tee -a "$log"; break; }
       run_arm "$arm" &
       sleep 20  # staggered: the processes' compilations overlap less
     done
