@@ -19,8 +19,8 @@ Accumulation is float32 (`preferred_element_type`).
 
 `gemm` selects the backend, statically (docs/design.md, "Grouped-GEMM backends"):
 - "xla": `lax.ragged_dot` / `ragged_dot_general`, the portable reference. XLA (CPU and GPU)
-  expands a ragged dot over its groups: memory and work grow with rows x groups (at the h200
-  preset's RL update, 14 GiB of temporaries per seed);
+  expands a ragged dot over its groups: memory and work grow with rows x groups (the h200
+  preset's RL update: 16 GiB of temporaries per seed in XLA:CPU's estimate, 7 GiB on "blocked");
 - "blocked": plain XLA ops with memory and work linear in rows (`fp4rl.blocked_gemm`): each
   group's rows padded to whole blocks, one batched dense GEMM over the blocks; vmaps natively;
 - "mosaic": the Pallas Mosaic GPU kernels of `pallas_kernels.grouped_gemm`; compiled, so a CUDA
