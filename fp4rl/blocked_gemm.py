@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fp4rl.grouped import exact_precision, promoted
+
 F32 = jnp.float32
 MIN_BLOCK, MAX_BLOCK = 8, 128
 
@@ -37,8 +39,9 @@ def block_rows(rows: int, groups: int) -> int:
 
 
 def _layout(group_sizes_E, rows: int, t: int):
-    """(src, block_group, dst): for each padded row the source row (`rows`, out of bounds, for
-    padding), each block's group, and for each row its padded row (NB * t past the groups)."""
+    """(src, block_group, dst, NB): for each padded row the source row (`rows`, out of bounds, for
+    padding), each block's group, for each row its padded row (NB * t past the groups), and the
+    number of blocks."""
     groups = group_sizes_E.shape[0]
     nb = -(-rows // t) + groups
     sizes = group_sizes_E.astype(jnp.int32)
@@ -63,20 +66,15 @@ def _blocks(x_RxC, src, nb: int, t: int):
     return jnp.take(x_RxC, src, axis=0, mode="fill", fill_value=0).reshape(nb, t, x_RxC.shape[1])
 
 
-def _promoted(a, b):
-    dtype = jnp.promote_types(a.dtype, b.dtype)
-    return a.astype(dtype), b.astype(dtype), (lax.Precision.HIGHEST if dtype == F32 else None)
-
-
 def matmul(a_RxK, b_ExKxN, group_sizes_E, *, transpose_rhs: bool = False):
     """f32 [R, N]: rows of group e times b[e] ([E, N, K] and b[e]^T with transpose_rhs)."""
     rows = a_RxK.shape[0]
     t = block_rows(rows, group_sizes_E.shape[0])
     src, block_group, dst, nb = _layout(group_sizes_E, rows, t)
-    a, b, precision = _promoted(a_RxK, b_ExKxN)
+    a, b = promoted(a_RxK, b_ExKxN)
     w = jnp.take(b, block_group, axis=0)  # [NB, K, N] (or [NB, N, K])
     out = lax.dot_general(_blocks(a, src, nb, t), w, (([2], [2 if transpose_rhs else 1]), ([0], [0])),
-                          preferred_element_type=F32, precision=precision)
+                          preferred_element_type=F32, precision=exact_precision(a.dtype))
     return jnp.take(out.reshape(nb * t, -1), dst, axis=0, mode="fill", fill_value=0)
 
 
@@ -85,7 +83,7 @@ def wgrad(a_RxK, g_RxN, group_sizes_E):
     rows, groups = a_RxK.shape[0], group_sizes_E.shape[0]
     t = block_rows(rows, groups)
     src, block_group, _, nb = _layout(group_sizes_E, rows, t)
-    a, g, precision = _promoted(a_RxK, g_RxN)
+    a, g = promoted(a_RxK, g_RxN)
     partial = lax.dot_general(_blocks(a, src, nb, t), _blocks(g, src, nb, t), (([1], [1]), ([0], [0])),
-                              preferred_element_type=F32, precision=precision)  # [NB, K, N]
+                              preferred_element_type=F32, precision=exact_precision(a.dtype))  # [NB, K, N]
     return jax.ops.segment_sum(partial, block_group, num_segments=groups, indices_are_sorted=True)

@@ -41,8 +41,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp4rl import blocked_gemm
-
 F32 = jnp.float32
 GEMMS = ("xla", "blocked", "mosaic", "mosaic_interpret")
 _WGRAD_DIMS = lax.RaggedDotDimensionNumbers(
@@ -203,6 +201,8 @@ def ragged_matmul(a_RxK, b_ExKxN, group_sizes_E, *, gemm: str = "xla", transpose
     """f32 [R, N]: rows of group e times b[e] (b[e]^T with transpose_rhs); rows past the groups: 0."""
     check_gemm(gemm)
     if gemm == "blocked":
+        from fp4rl import blocked_gemm  # it builds on this module's operand helpers
+
         return blocked_gemm.matmul(a_RxK, b_ExKxN, group_sizes_E, transpose_rhs=transpose_rhs)
     return _matmul_fn(gemm, transpose_rhs)(a_RxK, b_ExKxN, group_sizes_E)
 
@@ -211,5 +211,7 @@ def ragged_wgrad(a_RxK, g_RxN, group_sizes_E, *, gemm: str = "xla"):
     """f32 [E, K, N]: per group e, a[rows of e]^T @ g[rows of e]."""
     check_gemm(gemm)
     if gemm == "blocked":
+        from fp4rl import blocked_gemm
+
         return blocked_gemm.wgrad(a_RxK, g_RxN, group_sizes_E)
     return _wgrad_fn(gemm)(a_RxK, g_RxN, group_sizes_E)

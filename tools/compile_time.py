@@ -22,7 +22,6 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fp4rl import configs  # noqa: E402
 from fp4rl.model import ModelConfig, forward, init  # noqa: E402
-from fp4rl.model import transformer  # noqa: E402
 from fp4rl.recipe import PrecisionRecipe  # noqa: E402
 from fp4rl.rl import sft, trainer  # noqa: E402
 
@@ -47,7 +46,7 @@ def grad(model: str = "h200", recipes: str = "bf16,nvfp4,full") -> None:
 
 def update(preset: str = "h200", arms: str = "bf16", seeds: str = "4", gemms: str = "xla,blocked") -> None:
     model_config = sft.model_config(configs.SFT_PRESETS[preset])
-    graphdef, params = transformer.init(model_config, 0)
+    graphdef, params = init(model_config, 0)
     warmup = (graphdef, params, {"model_config": dataclasses.asdict(model_config)})
     for arm in arms.split(","):
         for gemm in gemms.split(","):
