@@ -87,7 +87,7 @@ def test_notebook_is_generated(tmp_path, name):
 def test_ablations_notebook_parameters_cell():
     nbformat = pytest.importorskip("nbformat", reason="notebook test needs nbformat (dev extra)")
     first = nbformat.read(ABLATIONS, as_version=4).cells[0]
-    assert first.cell_type == "code" and 'RUN_DIR = "runs/cpu/ablation"' in first.source
+    assert first.cell_type == "code" and 'RUN_DIR = "results/matrix_h200"' in first.source
     assert "parameters" in first.metadata.get("tags", [])
 
 
@@ -135,3 +135,17 @@ def test_ablations_notebook_executes(tmp_path, monkeypatch):
     assert len(pngs) == N_FIGURES
     assert elapsed < 120, f"notebook took {elapsed:.0f} s (budget: < 60 s on an idle CPU)"
     print(f"ablations.ipynb executed in {elapsed:.1f} s")
+
+
+def test_committed_h200_matrix_report_is_its_data_judged():
+    """results/matrix_h200 (the notebook's default run): its report.md's claim and per-arm table
+    are what the current criteria make of its committed metrics."""
+    from fp4rl.analysis import explore
+    from fp4rl.analysis.criteria import StabilityCriteria
+
+    run_dir, run = explore.open_run(REPO / "results" / "matrix_h200")
+    summaries, verdicts, claim = explore.judge(run, StabilityCriteria())
+    sections = explore.rendered_sections(run, summaries, verdicts, claim, StabilityCriteria())
+    assert "identical to the one above" in explore.compare_with_report_on_disk(run_dir, sections)
+    on_disk = (run_dir / "report.md").read_text(encoding="utf-8")
+    assert sections["Claim"] in on_disk and claim.reproduced is None

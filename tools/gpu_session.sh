@@ -14,7 +14,9 @@
 #   bash tools/gpu_session.sh matrix    # the same, PARALLEL arms at a time as separate processes, resumable
 #                                       # across calls on a warm machine (runs in MATRIX_DIR)
 #   bash tools/gpu_session.sh compile   # the RL update program's compile time per arm x GEMM backend x XLA_FLAGS
-#                                       # variant (COMPILE_ARMS, COMPILE_GEMMS, SEEDS; no warm-up needed)
+#                                       # variant (COMPILE_ARMS, COMPILE_GEMMS, SEEDS; no warm-up needed); the
+#                                       # fastest one as GEMM=...; XLA_FLAGS=... into COMPILE_CHOICE
+#   bash tools/gpu_session.sh warmup    # the h200 warm-up alone
 #   bash tools/gpu_session.sh serve_eval # h200 warm-up + the deployment correlation (SERVE_ARGS; resumable)
 #   bash tools/gpu_session.sh grouped   # compiled grouped-GEMM (Mosaic) tests + bench_experts (BENCH_ARGS)
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
@@ -69,13 +71,14 @@ mosaic_tests() {  # mosaic_tests SECONDS  (MOSAIC_K: a pytest -k selection; MOSA
 }
 # The h200 warm-up, deterministic (experiments.sft sets --xla_gpu_deterministic_ops). A call on a
 # machine still warm from the previous one copies it from WARMUP_CACHE instead of retraining; either
-# way its parameters' SHA-256 is compared with the committed run's (results/learning_h200).
+# way its parameters' SHA-256 is compared with the expected one. It trains under the default XLA_FLAGS,
+# whatever flags the RL runs of the call use, so that its bytes do not depend on them.
 warmup() {
   local cache=${WARMUP_CACHE:-/tmp/fp4rl-warmup/h200-sft}
   if [ -f "$cache/sft_meta.json" ] && [ ! -e runs/h200/sft/sft_meta.json ]; then
     mkdir -p runs/h200 && cp -r "$cache" runs/h200/sft && echo "=== warmup: copied from $cache" | tee -a "$log"
   elif [ ! -e runs/h200/sft/sft_meta.json ]; then
-    step warmup "${WARMUP_SECONDS:-240}" python -m experiments.sft --preset h200 ${SFT_ARGS:-} || return 1
+    XLA_FLAGS= step warmup "${WARMUP_SECONDS:-240}" python -m experiments.sft --preset h200 ${SFT_ARGS:-} || return 1
     mkdir -p "$(dirname "$cache")" && rm -rf "$cache" && cp -r runs/h200/sft "$cache"
   fi
   # The warm-up this code trains (qdot's f32-operand dots at HIGHEST precision, not TF32); the
@@ -239,6 +242,20 @@ case "$mode" in
     done
     wait
     grep "compile " "$log"
+    # the fastest variant for the first backend of COMPILE_GEMMS, as shell assignments a later call
+    # sources (COMPILE_CHOICE); none finished: the portable `xla` backend with the default flags
+    python - "$log" "${COMPILE_GEMMS:-blocked,xla}" >"${COMPILE_CHOICE:-/tmp/fp4rl-compile-choice.sh}" <<'PY'
+import re, shlex, sys
+gemm = sys.argv[2].split(",")[0]
+times = [(float(m[1]), "" if m[2] == "default XLA_FLAGS" else m[2])
+         for m in re.finditer(rf"gemm {gemm} +compile +([0-9.]+) s \((.*)\)", open(sys.argv[1]).read())]
+seconds, flags = min(times) if times else (None, "")
+print(f"export GEMM={gemm if times else 'xla'} XLA_FLAGS={shlex.quote(flags)} COMPILE_SECONDS_MEASURED={seconds}")
+PY
+    tee -a "$log" <"${COMPILE_CHOICE:-/tmp/fp4rl-compile-choice.sh}"
+    ;;
+  warmup)
+    warmup
     ;;
   serve_eval)
     warmup
@@ -257,7 +274,7 @@ case "$mode" in
     tar czf "$OUT/gradients.tgz" "$dir"
     ;;
   *)
-    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, probe, pilot, learn, arms, serve_eval, gradients, grouped" | tee -a "$log"; exit 2
+    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, probe, pilot, learn, arms, matrix, compile, warmup, serve_eval, gradients, grouped" | tee -a "$log"; exit 2
     ;;
 esac
 done

@@ -58,6 +58,12 @@ class StabilityCriteria:
     saturated_accuracy: a seed is degenerate (no learning signal) when its population
         accuracy is <= this at every logged step, or >= 1 - this at every logged step.
 
+    Calibration against the run's BF16 arm (the claim is "as stable as BF16"):
+    reference_spike_alpha: when BF16 itself fails the absolute spike threshold, an arm that
+        fails it too FAILs the spike criterion only when it spikes more often than BF16, a
+        one-sided Fisher exact test on spiking / judged measurements pooled over judged seeds
+        at this level (or has severe spikes where BF16 has none); otherwise it is UNDECIDED.
+
     Statistics:
     ci_level, bootstrap_samples: the confidence level and the number of bootstrap
         resamples of every interval (accuracy, accuracy change, reward gap).
@@ -75,6 +81,7 @@ class StabilityCriteria:
     max_spikes_per_100: float = 1.0
     max_severe_spikes: int = 0
     reward_gap_tolerance: float = 0.1
+    reference_spike_alpha: float = 0.05
     min_judged_steps: int = 50
     min_seeds: int = 2
     idle_grad_norm: float = 1e-8
@@ -100,6 +107,8 @@ class StabilityCriteria:
         if self.idle_grad_norm < 0 or not 0.0 <= self.max_idle_frac < 1.0 or not 0.0 <= self.saturated_accuracy < 0.5:
             raise ValueError(f"need {self.idle_grad_norm=} >= 0, 0 <= {self.max_idle_frac=} < 1, "
                              f"0 <= {self.saturated_accuracy=} < 0.5")
+        if not 0.0 < self.reference_spike_alpha < 1.0:
+            raise ValueError(f"need 0 < {self.reference_spike_alpha=} < 1")
         if not 0.0 < self.ci_level < 1.0 or self.bootstrap_samples < 1 or self.reward_block_steps < 1:
             raise ValueError(f"need 0 < {self.ci_level=} < 1, {self.bootstrap_samples=} >= 1, "
                              f"{self.reward_block_steps=} >= 1")
@@ -113,7 +122,10 @@ class StabilityCriteria:
             "A measurement is one non-empty mini-batch update (updates.jsonl; a seed without it falls back to "
             "the per-step mean grad_norm/global, noted below). Empty mini-batches are not measurements.",
             f"spike criterion passes: <= {c.max_spikes_per_100:g} spikes per 100 judged steps in every judged "
-            f"seed and <= {c.max_severe_spikes} severe spikes in the arm's judged seeds.",
+            f"seed and <= {c.max_severe_spikes} severe spikes in the arm's judged seeds. Calibration: when the "
+            "run's BF16 arm fails this threshold itself, an arm that fails it FAILs only if it spikes more often "
+            f"than BF16 (one-sided Fisher exact test on spiking / judged measurements, pooled over judged seeds, "
+            f"p < {c.reference_spike_alpha:g}) or has severe spikes where BF16 has none; otherwise UNDECIDED.",
             f"collapse: any non-finite logged value; a grad norm > {c.collapse_grad_factor:g}x the early median "
             f"(median of the finite measurements at steps < {c.warmup_steps}); or population reward more than "
             f"{c.reward_drop:g} below its running best, not back within {c.reward_drop:g} of it within "

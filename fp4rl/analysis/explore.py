@@ -33,7 +33,7 @@ from fp4rl.analysis.runs import (
     GRAD_GROUPS, POPULATION_REWARD, RunData, RunLoadWarning, SeedRun, grad_norm_measurements, load_run, stack_seeds,
 )
 from fp4rl.analysis.summary import ArmSummary, summarize_run
-from fp4rl.analysis.verdicts import ArmVerdict, ClaimResult, claim_reproduced, verdict
+from fp4rl.analysis.verdicts import ArmVerdict, ClaimResult, claim_reproduced, run_verdicts
 
 Table = tuple[Sequence[str], list[Sequence]]
 _MARK = {True: "PASS", False: "**FAIL**", None: "UNDECIDED"}
@@ -140,7 +140,7 @@ def judge(run: RunData, criteria: StabilityCriteria
           ) -> tuple[dict[str, ArmSummary], dict[str, ArmVerdict], ClaimResult]:
     """(summaries, verdicts, claim), as `fp4rl.analysis.report.write_report` judges them."""
     summaries = summarize_run(run, criteria)
-    verdicts = {arm: verdict(s, criteria) for arm, s in summaries.items()}
+    verdicts = run_verdicts(summaries, criteria)
     return summaries, verdicts, claim_reproduced(verdicts)
 
 

@@ -24,7 +24,7 @@ from fp4rl.analysis.criteria import StabilityCriteria
 from fp4rl.analysis.runs import REFERENCE_ARM, UPDATES_FILE, RunData, load_run
 from fp4rl.analysis.statistics import BootstrapCI
 from fp4rl.analysis.summary import ArmSummary, summarize_run
-from fp4rl.analysis.verdicts import ArmVerdict, ClaimResult, claim_reproduced, verdict
+from fp4rl.analysis.verdicts import ArmVerdict, ClaimResult, claim_reproduced, run_verdicts
 
 
 class ReportPaths(NamedTuple):
@@ -229,7 +229,7 @@ def write_report(
     out = Path(run_dir) if out_dir is None else Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summaries = summarize_run(run, criteria)
-    verdicts = {arm: verdict(s, criteria) for arm, s in summaries.items()}
+    verdicts = run_verdicts(summaries, criteria)
     claim = claim_reproduced(verdicts)
     paths = ReportPaths(
         report_md=out / "report.md",

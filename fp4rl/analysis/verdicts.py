@@ -9,7 +9,11 @@ arm passing every one), and UNDECIDED when the runs cannot tell.
 
 - spike: judged on the judged seeds only (enough judged steps, not degenerate). Any judged
   seed above the rate, or severe spikes in judged seeds above the count, is a FAIL; a PASS
-  needs `min_seeds` judged seeds.
+  needs `min_seeds` judged seeds. Calibration: the claim is "as stable as BF16", so when the
+  run's BF16 arm fails the same absolute threshold, the threshold cannot separate an arm from
+  BF16; a failing arm then FAILs only if it spikes more often than BF16 (one-sided Fisher exact
+  test on spiking / judged measurements, pooled over judged seeds, p < reference_spike_alpha),
+  or has severe spikes where BF16 has none, and is UNDECIDED otherwise.
 - collapse: a collapse event is decided in any seed (a non-finite value needs no power, the
   reward rule is only confirmed after `recovery_steps` observed steps, the grad-norm rule is
   an event against a non-zero early median); a PASS needs `min_seeds` judged seeds without
@@ -21,10 +25,11 @@ arm passing every one), and UNDECIDED when the runs cannot tell.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 
 from fp4rl.analysis.criteria import StabilityCriteria
-from fp4rl.analysis.runs import FULL_ARM, LEAVE_ONE_OUT_ARMS
+from fp4rl.analysis.runs import FULL_ARM, LEAVE_ONE_OUT_ARMS, REFERENCE_ARM
 from fp4rl.analysis.summary import ArmSummary, SeedSummary
 
 
@@ -75,7 +80,46 @@ def _too_few(n: int, c: StabilityCriteria, seeds: tuple[SeedSummary, ...]) -> st
     return "; ".join([f"{n} judged seed(s), {c.min_seeds} needed", *_not_judged(seeds)])
 
 
-def spike_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria()) -> CriterionResult:
+def fisher_exact_greater(k: int, n: int, k_ref: int, n_ref: int) -> float:
+    """One-sided Fisher exact p-value that a rate k/n exceeds k_ref/n_ref: P(X >= k) for X the
+    count of the first sample under the hypergeometric law of the pooled table (exact integers)."""
+    if not (0 <= k <= n and 0 <= k_ref <= n_ref) or n + n_ref == 0:
+        raise ValueError(f"need 0 <= k <= n and 0 <= k_ref <= n_ref, not {k=} {n=} {k_ref=} {n_ref=}")
+    total, spikes = n + n_ref, k + k_ref
+    tail = sum(math.comb(spikes, x) * math.comb(total - spikes, n - x) for x in range(k, min(spikes, n) + 1))
+    return tail / math.comb(total, n)
+
+
+def spike_counts(s: ArmSummary) -> tuple[int, int, int]:
+    """(spiking measurements, judged measurements, severe spikes) over the arm's judged seeds."""
+    judged = s.judged_seeds
+    return (sum(len(x.spike_steps) for x in judged), sum(x.spikes.judged_updates for x in judged),
+            sum(len(x.severe_steps) for x in judged))
+
+
+def spike_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria(),
+                    reference: ArmSummary | None = None) -> CriterionResult:
+    """The absolute rule; where it fails and the BF16 `reference` fails it too, the comparison
+    with the reference decides (module docstring)."""
+    absolute = _absolute_spike_criterion(s, c)
+    if absolute.passed is not False or reference is None or _absolute_spike_criterion(reference, c).passed is not False:
+        return absolute
+    k, n, severe = spike_counts(s)
+    k_ref, n_ref, severe_ref = spike_counts(reference)
+    why = (f"the BF16 reference fails the same absolute threshold ({k_ref} spikes in {n_ref} judged measurements, "
+           f"{severe_ref} severe), so it cannot separate an arm from BF16")
+    if s.arm == reference.arm:
+        return dataclasses.replace(absolute, passed=None, reason=why)
+    p = fisher_exact_greater(k, n, k_ref, n_ref)
+    value = f"{absolute.value}; vs BF16: {k}/{n} vs {k_ref}/{n_ref} spiking measurements, one-sided Fisher p = {p:.3g}"
+    threshold = f"{absolute.threshold}; BF16 fails it too: more spikes than BF16 at p < {c.reference_spike_alpha:g}"
+    if p < c.reference_spike_alpha or (severe > c.max_severe_spikes and severe_ref <= c.max_severe_spikes):
+        return CriterionResult("spike", False, value, threshold)
+    return CriterionResult("spike", None, value, threshold,
+                           f"{why}; this arm does not spike more often than BF16 (p = {p:.3g} >= {c.reference_spike_alpha:g})")
+
+
+def _absolute_spike_criterion(s: ArmSummary, c: StabilityCriteria) -> CriterionResult:
     """Spikes per 100 judged steps in every judged seed, and severe spikes in the arm."""
     threshold = f"<= {c.max_spikes_per_100:g}/100 steps per seed; <= {c.max_severe_spikes} severe; >= {c.min_seeds} seeds"
     judged = s.judged_seeds
@@ -131,11 +175,20 @@ def reward_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria()) 
                            f"the {ci.ci:.0%} interval straddles -{c.reward_gap_tolerance:g}")
 
 
-def verdict(arm_summary: ArmSummary, criteria: StabilityCriteria = StabilityCriteria()) -> ArmVerdict:
-    """Judge one arm against the declared thresholds (see `StabilityCriteria`)."""
+def verdict(arm_summary: ArmSummary, criteria: StabilityCriteria = StabilityCriteria(),
+            reference: ArmSummary | None = None) -> ArmVerdict:
+    """Judge one arm against the declared thresholds (see `StabilityCriteria`); `reference` is
+    the run's BF16 arm, which calibrates the spike threshold."""
     s, c = arm_summary, criteria
-    return ArmVerdict(arm=s.arm, spike=spike_criterion(s, c), collapse=collapse_criterion(s, c),
+    return ArmVerdict(arm=s.arm, spike=spike_criterion(s, c, reference), collapse=collapse_criterion(s, c),
                       reward=reward_criterion(s, c))
+
+
+def run_verdicts(summaries: Mapping[str, ArmSummary], criteria: StabilityCriteria = StabilityCriteria(),
+                 reference_arm: str = REFERENCE_ARM) -> dict[str, ArmVerdict]:
+    """Every arm of a run judged, against the run's `reference_arm` where it has one."""
+    reference = summaries.get(reference_arm)
+    return {arm: verdict(s, criteria, reference) for arm, s in summaries.items()}
 
 
 @dataclasses.dataclass(frozen=True)

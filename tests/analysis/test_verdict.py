@@ -10,7 +10,7 @@ from fp4rl.analysis.statistics import (
     reward_gap_to_reference,
 )
 from fp4rl.analysis.summary import ArmSummary, SeedSummary
-from fp4rl.analysis.verdicts import claim_reproduced, verdict
+from fp4rl.analysis.verdicts import claim_reproduced, fisher_exact_greater, run_verdicts, verdict
 
 C = StabilityCriteria()
 NAN = float("nan")
@@ -252,3 +252,50 @@ def test_claim_undecided_not_refuted_without_power():
 def test_claim_counts_a_failure_even_if_another_criterion_is_undecided():
     no_ref_but_spiky = arm("full-dq", rates=(2.0, 0.0), reference=False)
     assert claim_reproduced(loo_verdicts(**{"full-dq": no_ref_but_spiky})).reproduced is True
+
+
+# --------------------------------------------------------------------------- calibration by BF16
+
+
+def test_fisher_exact_greater_on_hand_computed_tables():
+    assert fisher_exact_greater(3, 3, 0, 3) == pytest.approx(1 / 20)  # C(3,3) C(3,0) / C(6,3)
+    assert fisher_exact_greater(1, 1, 0, 1) == pytest.approx(1 / 2)
+    assert fisher_exact_greater(0, 50, 7, 50) == 1.0  # no spike in the arm: nothing to test
+    # P(X >= 2), X ~ Hypergeometric(N=10, K=3 spikes, n=5 drawn) = (C(3,2) C(7,3) + C(3,3) C(7,2)) / C(10,5)
+    assert fisher_exact_greater(2, 5, 1, 5) == pytest.approx((3 * 35 + 21) / 252)
+    with pytest.raises(ValueError):
+        fisher_exact_greater(4, 3, 0, 3)
+
+
+@pytest.mark.parametrize("k, n, k_ref, n_ref", [(5, 160, 2, 160), (2, 160, 2, 160), (12, 320, 3, 320), (0, 7, 0, 9)])
+def test_fisher_exact_greater_matches_scipy(k, n, k_ref, n_ref):
+    from scipy.stats import fisher_exact  # a dependency of jax
+
+    expected = fisher_exact([[k, n - k], [k_ref, n_ref - k_ref]], alternative="greater").pvalue
+    assert fisher_exact_greater(k, n, k_ref, n_ref) == pytest.approx(expected, rel=1e-9)
+
+
+def test_spike_threshold_failed_by_bf16_is_calibrated_against_it():
+    bf16 = arm("bf16", rates=(1.5, 1.5))  # fails the absolute <= 1/100 threshold itself
+    like_bf16, spiky = arm("x", rates=(1.5, 1.5)), arm("y", rates=(10.0, 10.0))
+    v = run_verdicts({"bf16": bf16, "x": like_bf16, "y": spiky}, C)
+    assert v["bf16"].spike.passed is None and "BF16 reference fails" in v["bf16"].spike.reason
+    assert v["x"].spike.passed is None and "does not spike more often than BF16" in v["x"].spike.reason
+    assert "6/800 vs 6/800" in v["x"].spike.value
+    assert v["y"].spike.passed is False and "p = " in v["y"].spike.value
+    # Without a failing reference the absolute threshold stands.
+    assert verdict(like_bf16, C, arm("bf16")).spike.passed is False
+    assert verdict(like_bf16, C).spike.passed is False
+    # A severe spike where BF16 has none still fails.
+    assert verdict(arm("z", rates=(1.5, 1.5), severe=1), C, bf16).spike.passed is False
+
+
+def test_claim_undecided_when_full_spikes_like_a_failing_bf16():
+    bf16 = arm("bf16", rates=(1.5, 1.5))
+    summaries = {"bf16": bf16, "full": arm("full", rates=(1.5, 1.5)), "full-dq": arm("full-dq", rates=(10.0, 10.0)),
+                 "full-46": arm("full-46", collapsed=(0,)), "full-hp": arm("full-hp", gap=(-0.3, -0.4, -0.2))}
+    claim = claim_reproduced(run_verdicts(summaries, C))
+    assert claim.reproduced is None and "spike undecided" in claim.details["full"]
+    assert "fails spike" in claim.details["full-dq"]
+    # The same runs judged by the absolute threshold alone would call it refuted.
+    assert claim_reproduced({k: verdict(s, C) for k, s in summaries.items()}).reproduced is False
