@@ -61,7 +61,6 @@ def forward(ckpt_dir: str, input_ids: np.ndarray, dtype=np.float64):
     with open(os.path.join(ckpt_dir, "config.json")) as f:
         cfg = json.load(f)
     W = {k: v.astype(dtype) for k, v in load_file(os.path.join(ckpt_dir, "model.safetensors")).items()}
-    mt = cfg["model_type"]
     H = cfg["hidden_size"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg_get(cfg, "head_dim", default=H // nh)

@@ -193,3 +193,16 @@ def test_a_nonfinite_update_is_a_decided_collapse_without_power(tmp_path):
     v = judge(run_dir)[1]["full"]
     assert v.collapse.passed is False and v.spike.passed is None
     assert "seed1: non-finite grad_norm/global (updates.jsonl) (nan) at step 30" in v.collapse.value
+
+
+def test_report_cli_rewrites_a_gathered_run_directory(tmp_path, capsys):
+    from fp4rl.analysis import report
+
+    run_dir = make_synthetic_run(tmp_path / "run", ("bf16", "full"), seeds=2, steps=60)
+    report.main([str(run_dir), "--command", "bash tools/gpu_session.sh matrix  # call 1"])
+    text = (run_dir / "report.md").read_text()
+    assert "bash tools/gpu_session.sh matrix  # call 1" in text.split("## Commands", 1)[1]
+    assert "RL settings common to bf16, full" in text.split("## Configuration", 1)[1]  # from their config.json
+    assert "[report]" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path / "missing")])
