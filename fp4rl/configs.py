@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from fp4rl.numerics_study import NumericsConfig
+from fp4rl.recipe import ABLATION_ARMS
 from fp4rl.rl import gradients, sft, trainer
 from fp4rl.rl.ablation import RUNNER_SET, AblationConfig, field_default
 from fp4rl.rl.task import TaskConfig
@@ -88,11 +89,10 @@ def _gradients_preset(name: str, prompts_per_step: int | None = None, **override
 GRADIENTS_PRESETS = {
     "smoke": _gradients_preset("smoke", batches=3, sr_keys=2, recipes=("bf16", "nvfp4"), mismatch_batches=1,
                                impls=("reference",), dtypes=("float32",), bootstrap=200, compile_workers=2),
-    # CPU: compiling dominates (10-40 s per gradient program on 2 cores), so: the recipes that bracket
-    # the question (NVFP4 everywhere, + the dequantized backward, the full recipe), batches of one
-    # update's mini-batch (2 prompts x 8, as the cpu RL preset updates), and no sampler check (on XLA:CPU
-    # its k3 KL measured below 1e-8 in either compute dtype; the RL runs log it every step).
-    "cpu": _gradients_preset("cpu", prompts_per_step=2, batches=8, sr_keys=2, recipes=("bf16", "nvfp4", "+dq", "full"),
+    # CPU: the nine arms (about 6 min on 2 cores, compiling most of it: 10-40 s per gradient program),
+    # batches of one update's mini-batch (2 prompts x 8, as the cpu RL preset updates), and no sampler
+    # check (on XLA:CPU its k3 KL measured below 1e-8 in either compute dtype; the RL runs log it every step).
+    "cpu": _gradients_preset("cpu", prompts_per_step=2, batches=8, sr_keys=2, recipes=ABLATION_ARMS,
                              dtypes=(), compile_workers=2),
     # H200: every recipe, 128 batches of 32 prompts x 8; large groups through a CountSketch (the Gram
     # matrices of 16 gradient sources x 128 batches stay a few GB on the host); 4 threads compile ahead.
@@ -106,18 +106,21 @@ GRADIENTS_PRESETS = {
 
 def _ablation_preset(name: str, seeds: int, compile_workers: int, measure_gradients: bool = False,
                      learning_steps: int = 0, arm_steps: int | None = None, arm_eval_every: int | None = None,
-                     arm_seeds: int | None = None, sft_steps: int | None = None) -> AblationConfig:
+                     arm_seeds: int | None = None, sft_steps: int | None = None,
+                     gradient_recipes: tuple[str, ...] | None = None) -> AblationConfig:
     """The experiments' presets of `name`, with the fields the runner sets itself (`RUNNER_SET`:
     directories, arm, seeds) left at their defaults, as AblationConfig requires; `sft_steps`: a
-    shorter warm-up than the SFT preset's."""
+    shorter warm-up than the SFT preset's; `gradient_recipes`: fewer recipes than the gradients preset's."""
     def runner_fields_unset(config, sub: str):
         fields = [dotted.split(".")[1] for dotted in RUNNER_SET if dotted.startswith(sub + ".")]
         return dataclasses.replace(config, **{f: field_default(type(config), f) for f in fields})
 
     rl = RL_PRESETS[name] if arm_steps is None else dataclasses.replace(RL_PRESETS[name], steps=arm_steps)
     warmup = SFT_PRESETS[name] if sft_steps is None else dataclasses.replace(SFT_PRESETS[name], steps=sft_steps)
+    measurement = GRADIENTS_PRESETS[name] if gradient_recipes is None else dataclasses.replace(
+        GRADIENTS_PRESETS[name], recipes=gradient_recipes)
     return AblationConfig(sft=runner_fields_unset(warmup, "sft"), rl=runner_fields_unset(rl, "rl"),
-                          gradients=runner_fields_unset(GRADIENTS_PRESETS[name], "gradients"),
+                          gradients=runner_fields_unset(measurement, "gradients"),
                           measure_gradients=measure_gradients, learning_steps=learning_steps,
                           arm_eval_every=arm_eval_every, arm_seeds=arm_seeds, seeds=seeds,
                           compile_workers=compile_workers, out=f"runs/{name}/ablation")
@@ -125,7 +128,9 @@ def _ablation_preset(name: str, seeds: int, compile_workers: int, measure_gradie
 
 # The CPU presets compile later arms on 2 threads while an arm trains (AblationConfig.compile_workers).
 # The default main job (cpu), sized for a short run on 2 cores (README.md): a 200-step warm-up (the SFT
-# preset's 300 steps would take a third of that), the gradient measurements at it, a bf16 run long
+# preset's 300 steps would take a third of that), the gradient measurements at it of the recipes that
+# bracket the question (NVFP4 everywhere, + the dequantized backward, the full recipe; all nine arms
+# take `python -m experiments.gradients --preset cpu` about 6 min more), a bf16 run long
 # enough to show learning (evaluated on held-out problems, 2 seeds), then the nine arms for one step
 # of one seed each without evaluations: a machinery check (every arm's programs compile and run
 # once), not a stability result (the report marks every criterion UNDECIDED for lack of steps and
@@ -134,7 +139,7 @@ def _ablation_preset(name: str, seeds: int, compile_workers: int, measure_gradie
 ABLATION_PRESETS = {
     "smoke": _ablation_preset("smoke", 1, 2),
     "cpu": _ablation_preset("cpu", 2, 2, measure_gradients=True, learning_steps=12, arm_steps=1, arm_eval_every=0,
-                            arm_seeds=1, sft_steps=200),
+                            arm_seeds=1, sft_steps=200, gradient_recipes=("bf16", "nvfp4", "+dq", "full")),
     "h200": _ablation_preset("h200", 2, 0),
 }
 
