@@ -63,6 +63,7 @@ class StabilityCriteria:
         fails it too FAILs the spike criterion only when it spikes more often than BF16, a
         one-sided Fisher exact test on spiking / judged measurements pooled over judged seeds
         at this level (or has severe spikes where BF16 has none); otherwise it is UNDECIDED.
+    reference_spike_power: the report states the spike rate that comparison detects at this power.
 
     Statistics:
     ci_level, bootstrap_samples: the confidence level and the number of bootstrap
@@ -82,6 +83,7 @@ class StabilityCriteria:
     max_severe_spikes: int = 0
     reward_gap_tolerance: float = 0.1
     reference_spike_alpha: float = 0.05
+    reference_spike_power: float = 0.8
     min_judged_steps: int = 50
     min_seeds: int = 2
     idle_grad_norm: float = 1e-8
@@ -107,8 +109,8 @@ class StabilityCriteria:
         if self.idle_grad_norm < 0 or not 0.0 <= self.max_idle_frac < 1.0 or not 0.0 <= self.saturated_accuracy < 0.5:
             raise ValueError(f"need {self.idle_grad_norm=} >= 0, 0 <= {self.max_idle_frac=} < 1, "
                              f"0 <= {self.saturated_accuracy=} < 0.5")
-        if not 0.0 < self.reference_spike_alpha < 1.0:
-            raise ValueError(f"need 0 < {self.reference_spike_alpha=} < 1")
+        if not 0.0 < self.reference_spike_alpha < 1.0 or not 0.0 < self.reference_spike_power < 1.0:
+            raise ValueError(f"need 0 < {self.reference_spike_alpha=} < 1 and 0 < {self.reference_spike_power=} < 1")
         if not 0.0 < self.ci_level < 1.0 or self.bootstrap_samples < 1 or self.reward_block_steps < 1:
             raise ValueError(f"need 0 < {self.ci_level=} < 1, {self.bootstrap_samples=} >= 1, "
                              f"{self.reward_block_steps=} >= 1")
@@ -125,7 +127,8 @@ class StabilityCriteria:
             f"seed and <= {c.max_severe_spikes} severe spikes in the arm's judged seeds. Calibration: when the "
             "run's BF16 arm fails this threshold itself, an arm that fails it FAILs only if it spikes more often "
             f"than BF16 (one-sided Fisher exact test on spiking / judged measurements, pooled over judged seeds, "
-            f"p < {c.reference_spike_alpha:g}) or has severe spikes where BF16 has none; otherwise UNDECIDED.",
+            f"p < {c.reference_spike_alpha:g}) or has severe spikes where BF16 has none; otherwise UNDECIDED "
+            f"(with the rate the test detects at {c.reference_spike_power:.0%} power).",
             f"collapse: any non-finite logged value; a grad norm > {c.collapse_grad_factor:g}x the early median "
             f"(median of the finite measurements at steps < {c.warmup_steps}); or population reward more than "
             f"{c.reward_drop:g} below its running best, not back within {c.reward_drop:g} of it within "

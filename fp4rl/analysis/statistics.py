@@ -7,12 +7,15 @@
   resampled with replacement, then each resampled seed's accuracy redrawn from its evaluation's
   Jeffreys posterior Beta(k + 1/2, n_eval - k + 1/2), so a few seeds evaluated on few problems get
   an interval that carries both errors;
-- `mismatch_summary`: trainer/sampler mismatch over a run.
+- `mismatch_summary`: trainer/sampler mismatch over a run;
+- `fisher_exact_greater` / `detectable_rate`: the one-sided comparison of two spike rates that
+  calibrates the spike criterion against BF16, and the rate it detects at a given power.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -267,3 +270,49 @@ def mismatch_summary(metrics: Mapping[str, np.ndarray]) -> MismatchSummary:
         max_abs_logp_diff=agg("mismatch/max_abs_logp_diff", np.max),
         routing_flip=agg("mismatch/routing_flip", np.mean),
     )
+
+
+def fisher_exact_greater(k: int, n: int, k_ref: int, n_ref: int) -> float:
+    """One-sided Fisher exact p-value that a rate k/n exceeds k_ref/n_ref: P(X >= k) for X the
+    count of the first sample under the hypergeometric law of the pooled table (exact integers)."""
+    if not (0 <= k <= n and 0 <= k_ref <= n_ref) or n + n_ref == 0:
+        raise ValueError(f"need 0 <= k <= n and 0 <= k_ref <= n_ref, not {k=} {n=} {k_ref=} {n_ref=}")
+    total, spikes = n + n_ref, k + k_ref
+    tail = sum(math.comb(spikes, x) * math.comb(total - spikes, n - x) for x in range(k, min(spikes, n) + 1))
+    return tail / math.comb(total, n)
+
+
+def _binomial_support(n: int, p: float, tail: float = 1e-10) -> np.ndarray:
+    """The counts of Binomial(n, p) outside which less than `tail` of the mass lies on each side."""
+    from scipy.stats import binom  # a dependency of jax
+
+    return np.arange(int(binom.ppf(tail, n, p)), int(binom.isf(tail, n, p)) + 1)
+
+
+def fisher_power(n: int, rate: float, n_ref: int, rate_ref: float, alpha: float) -> float:
+    """P(one-sided Fisher p < alpha) when n measurements spike at `rate` and n_ref at `rate_ref`
+    (exact sum over both binomial counts, tails below 1e-10 left out)."""
+    from scipy.stats import binom, hypergeom
+
+    k = _binomial_support(n, rate)[:, None]
+    k_ref = _binomial_support(n_ref, rate_ref)[None, :]
+    weight = binom.pmf(k, n, rate) * binom.pmf(k_ref, n_ref, rate_ref)
+    p = hypergeom.sf(k - 1, n + n_ref, k + k_ref, n)  # P(X >= k): `fisher_exact_greater` per cell
+    return float((weight * (p < alpha)).sum())
+
+
+def detectable_rate(n: int, k_ref: int, n_ref: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest spike rate (per measurement) of an arm with n measurements that the one-sided
+    Fisher test against a reference with k_ref of n_ref detects at `power` (the reference's
+    rate taken as measured); bisection to 1e-4."""
+    if n < 1 or not 0 <= k_ref <= n_ref or n_ref < 1:
+        raise ValueError(f"need n >= 1 and 0 <= k_ref <= n_ref >= 1, not {n=} {k_ref=} {n_ref=}")
+    rate_ref = k_ref / n_ref
+    low, high = rate_ref, 1.0
+    if fisher_power(n, high, n_ref, rate_ref, alpha) < power:
+        return math.inf  # too few measurements to detect even a rate of 1
+    while high - low > 1e-4:
+        mid = (low + high) / 2
+        low, high = (low, mid) if fisher_power(n, mid, n_ref, rate_ref, alpha) >= power else (mid, high)
+    return high
+

@@ -25,11 +25,11 @@ arm passing every one), and UNDECIDED when the runs cannot tell.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 
 from fp4rl.analysis.criteria import StabilityCriteria
 from fp4rl.analysis.runs import FULL_ARM, LEAVE_ONE_OUT_ARMS, REFERENCE_ARM
+from fp4rl.analysis.statistics import detectable_rate, fisher_exact_greater
 from fp4rl.analysis.summary import ArmSummary, SeedSummary
 
 
@@ -80,16 +80,6 @@ def _too_few(n: int, c: StabilityCriteria, seeds: tuple[SeedSummary, ...]) -> st
     return "; ".join([f"{n} judged seed(s), {c.min_seeds} needed", *_not_judged(seeds)])
 
 
-def fisher_exact_greater(k: int, n: int, k_ref: int, n_ref: int) -> float:
-    """One-sided Fisher exact p-value that a rate k/n exceeds k_ref/n_ref: P(X >= k) for X the
-    count of the first sample under the hypergeometric law of the pooled table (exact integers)."""
-    if not (0 <= k <= n and 0 <= k_ref <= n_ref) or n + n_ref == 0:
-        raise ValueError(f"need 0 <= k <= n and 0 <= k_ref <= n_ref, not {k=} {n=} {k_ref=} {n_ref=}")
-    total, spikes = n + n_ref, k + k_ref
-    tail = sum(math.comb(spikes, x) * math.comb(total - spikes, n - x) for x in range(k, min(spikes, n) + 1))
-    return tail / math.comb(total, n)
-
-
 def spike_counts(s: ArmSummary) -> tuple[int, int, int]:
     """(spiking measurements, judged measurements, severe spikes) over the arm's judged seeds."""
     judged = s.judged_seeds
@@ -111,7 +101,9 @@ def spike_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria(),
     if s.arm == reference.arm:
         return dataclasses.replace(absolute, passed=None, reason=why)
     p = fisher_exact_greater(k, n, k_ref, n_ref)
-    value = f"{absolute.value}; vs BF16: {k}/{n} vs {k_ref}/{n_ref} spiking measurements, one-sided Fisher p = {p:.3g}"
+    detectable = detectable_rate(n, k_ref, n_ref, c.reference_spike_alpha, c.reference_spike_power)
+    value = (f"{absolute.value}; vs BF16: {k}/{n} vs {k_ref}/{n_ref} spiking measurements, one-sided Fisher p = {p:.3g}; "
+             f"at {c.reference_spike_power:.0%} power this test detects a rate >= {detectable:.1%} (BF16 {k_ref / n_ref:.1%})")
     threshold = f"{absolute.threshold}; BF16 fails it too: more spikes than BF16 at p < {c.reference_spike_alpha:g}"
     if p < c.reference_spike_alpha or (severe > c.max_severe_spikes and severe_ref <= c.max_severe_spikes):
         return CriterionResult("spike", False, value, threshold)

@@ -6,11 +6,11 @@ import pytest
 from fp4rl.analysis.criteria import StabilityCriteria
 from fp4rl.analysis.detectors import CollapseResult, SeedPower, SpikeResult
 from fp4rl.analysis.statistics import (
-    BootstrapCI, MismatchSummary, accuracy_change_ci, accuracy_ci, bootstrap_ci, mismatch_summary, reward_gap_ci,
-    reward_gap_to_reference,
+    BootstrapCI, MismatchSummary, accuracy_change_ci, accuracy_ci, bootstrap_ci, detectable_rate, fisher_exact_greater,
+    fisher_power, mismatch_summary, reward_gap_ci, reward_gap_to_reference,
 )
 from fp4rl.analysis.summary import ArmSummary, SeedSummary
-from fp4rl.analysis.verdicts import claim_reproduced, fisher_exact_greater, run_verdicts, verdict
+from fp4rl.analysis.verdicts import claim_reproduced, run_verdicts, verdict
 
 C = StabilityCriteria()
 NAN = float("nan")
@@ -275,6 +275,22 @@ def test_fisher_exact_greater_matches_scipy(k, n, k_ref, n_ref):
     assert fisher_exact_greater(k, n, k_ref, n_ref) == pytest.approx(expected, rel=1e-9)
 
 
+def test_fisher_power_and_the_detectable_rate():
+    # The test's size: at the reference's own rate it rejects at most alpha of the time (Fisher is conservative).
+    assert fisher_power(320, 2 / 320, 320, 2 / 320, 0.05) <= 0.05
+    # Power at a rate 6x the reference's, 320 measurements each: a Monte Carlo check of the exact sum.
+    rng = np.random.default_rng(0)
+    k, k_ref = rng.binomial(320, 0.036, 4000), rng.binomial(320, 2 / 320, 4000)
+    simulated = np.mean([fisher_exact_greater(int(a), 320, int(b), 320) < 0.05 for a, b in zip(k, k_ref)])
+    assert fisher_power(320, 0.036, 320, 2 / 320, 0.05) == pytest.approx(simulated, abs=0.03)
+    rate = detectable_rate(320, 2, 320)
+    assert fisher_power(320, rate, 320, 2 / 320, 0.05) >= 0.8 > fisher_power(320, rate - 2e-3, 320, 2 / 320, 0.05)
+    assert detectable_rate(640, 2, 320) < rate  # more measurements detect smaller rates
+    assert detectable_rate(1, 5, 10, alpha=0.001) == float("inf")  # one measurement cannot reach p < 0.001
+    with pytest.raises(ValueError):
+        detectable_rate(0, 1, 10)
+
+
 def test_spike_threshold_failed_by_bf16_is_calibrated_against_it():
     bf16 = arm("bf16", rates=(1.5, 1.5))  # fails the absolute <= 1/100 threshold itself
     like_bf16, spiky = arm("x", rates=(1.5, 1.5)), arm("y", rates=(10.0, 10.0))
@@ -283,6 +299,7 @@ def test_spike_threshold_failed_by_bf16_is_calibrated_against_it():
     assert v["x"].spike.passed is None and "does not spike more often than BF16" in v["x"].spike.reason
     assert "6/800 vs 6/800" in v["x"].spike.value
     assert v["y"].spike.passed is False and "p = " in v["y"].spike.value
+    assert "at 80% power this test detects a rate >= " in v["x"].spike.value
     # Without a failing reference the absolute threshold stands.
     assert verdict(like_bf16, C, arm("bf16")).spike.passed is False
     assert verdict(like_bf16, C).spike.passed is False
