@@ -315,4 +315,3 @@ def detectable_rate(n: int, k_ref: int, n_ref: int, alpha: float = 0.05, power: 
         mid = (low + high) / 2
         low, high = (low, mid) if fisher_power(n, mid, n_ref, rate_ref, alpha) >= power else (mid, high)
     return high
-
