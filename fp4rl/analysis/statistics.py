@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from scipy.stats import binom, hypergeom
 
 Series = tuple[np.ndarray, np.ndarray]  # (steps [T], values [T])
 
@@ -274,30 +275,24 @@ def mismatch_summary(metrics: Mapping[str, np.ndarray]) -> MismatchSummary:
 
 def fisher_exact_greater(k: int, n: int, k_ref: int, n_ref: int) -> float:
     """One-sided Fisher exact p-value that a rate k/n exceeds k_ref/n_ref: P(X >= k) for X the
-    count of the first sample under the hypergeometric law of the pooled table (exact integers)."""
+    count of the first sample under the hypergeometric law of the pooled table."""
     if not (0 <= k <= n and 0 <= k_ref <= n_ref) or n + n_ref == 0:
         raise ValueError(f"need 0 <= k <= n and 0 <= k_ref <= n_ref, not {k=} {n=} {k_ref=} {n_ref=}")
-    total, spikes = n + n_ref, k + k_ref
-    tail = sum(math.comb(spikes, x) * math.comb(total - spikes, n - x) for x in range(k, min(spikes, n) + 1))
-    return tail / math.comb(total, n)
+    return float(hypergeom.sf(k - 1, n + n_ref, k + k_ref, n))
 
 
 def _binomial_support(n: int, p: float, tail: float = 1e-10) -> np.ndarray:
     """The counts of Binomial(n, p) outside which less than `tail` of the mass lies on each side."""
-    from scipy.stats import binom  # a dependency of jax
-
     return np.arange(int(binom.ppf(tail, n, p)), int(binom.isf(tail, n, p)) + 1)
 
 
 def fisher_power(n: int, rate: float, n_ref: int, rate_ref: float, alpha: float) -> float:
     """P(one-sided Fisher p < alpha) when n measurements spike at `rate` and n_ref at `rate_ref`
     (exact sum over both binomial counts, tails below 1e-10 left out)."""
-    from scipy.stats import binom, hypergeom
-
     k = _binomial_support(n, rate)[:, None]
     k_ref = _binomial_support(n_ref, rate_ref)[None, :]
     weight = binom.pmf(k, n, rate) * binom.pmf(k_ref, n_ref, rate_ref)
-    p = hypergeom.sf(k - 1, n + n_ref, k + k_ref, n)  # P(X >= k): `fisher_exact_greater` per cell
+    p = hypergeom.sf(k - 1, n + n_ref, k + k_ref, n)  # `fisher_exact_greater` of every cell
     return float((weight * (p < alpha)).sum())
 
 
