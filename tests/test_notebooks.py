@@ -139,7 +139,7 @@ def test_ablations_notebook_executes(tmp_path, monkeypatch):
 
 def test_committed_h200_matrix_report_is_its_data_judged():
     """results/matrix_h200 (the notebook's default run): its report.md's claim and per-arm table
-    are what the current criteria make of its committed metrics."""
+    are what the current criteria make of its committed metrics, and its README states that status."""
     from fp4rl.analysis import explore
     from fp4rl.analysis.criteria import StabilityCriteria
 
@@ -148,4 +148,6 @@ def test_committed_h200_matrix_report_is_its_data_judged():
     sections = explore.rendered_sections(run, summaries, verdicts, claim, StabilityCriteria())
     assert "identical to the one above" in explore.compare_with_report_on_disk(run_dir, sections)
     on_disk = (run_dir / "report.md").read_text(encoding="utf-8")
-    assert sections["Claim"] in on_disk and claim.reproduced is None
+    assert sections["Claim"] in on_disk
+    status = {None: "UNDECIDED", False: "NOT REPRODUCED", True: "REPRODUCED"}[claim.reproduced]
+    assert f"**Status: {status}" in (run_dir / "README.md").read_text(encoding="utf-8")
