@@ -107,39 +107,37 @@ GRADIENTS_PRESETS = {
 def _ablation_preset(name: str, seeds: int, compile_workers: int, measure_gradients: bool = False,
                      learning_steps: int = 0, arm_steps: int | None = None, arm_eval_every: int | None = None,
                      arm_seeds: int | None = None, sft_steps: int | None = None,
-                     gradient_recipes: tuple[str, ...] | None = None) -> AblationConfig:
+                     arms: tuple[str, ...] = ABLATION_ARMS) -> AblationConfig:
     """The experiments' presets of `name`, with the fields the runner sets itself (`RUNNER_SET`:
     directories, arm, seeds) left at their defaults, as AblationConfig requires; `sft_steps`: a
-    shorter warm-up than the SFT preset's; `gradient_recipes`: fewer recipes than the gradients preset's."""
+    shorter warm-up than the SFT preset's; `arms`: the matrix arms it runs by default."""
     def runner_fields_unset(config, sub: str):
         fields = [dotted.split(".")[1] for dotted in RUNNER_SET if dotted.startswith(sub + ".")]
         return dataclasses.replace(config, **{f: field_default(type(config), f) for f in fields})
 
     rl = RL_PRESETS[name] if arm_steps is None else dataclasses.replace(RL_PRESETS[name], steps=arm_steps)
     warmup = SFT_PRESETS[name] if sft_steps is None else dataclasses.replace(SFT_PRESETS[name], steps=sft_steps)
-    measurement = GRADIENTS_PRESETS[name] if gradient_recipes is None else dataclasses.replace(
-        GRADIENTS_PRESETS[name], recipes=gradient_recipes)
+    measurement = GRADIENTS_PRESETS[name]
     return AblationConfig(sft=runner_fields_unset(warmup, "sft"), rl=runner_fields_unset(rl, "rl"),
                           gradients=runner_fields_unset(measurement, "gradients"),
                           measure_gradients=measure_gradients, learning_steps=learning_steps,
                           arm_eval_every=arm_eval_every, arm_seeds=arm_seeds, seeds=seeds,
-                          compile_workers=compile_workers, out=f"runs/{name}/ablation")
+                          arms=arms, compile_workers=compile_workers, out=f"runs/{name}/ablation")
 
 
 # The CPU presets compile later arms on 2 threads while an arm trains (AblationConfig.compile_workers).
-# The default main job (cpu), sized for a short run on 2 cores (README.md): a 200-step warm-up (the SFT
-# preset's 300 steps would take a third of that), the gradient measurements at it of the recipes that
-# bracket the question (NVFP4 everywhere, + the dequantized backward, the full recipe; all nine arms
-# take `python -m experiments.gradients --preset cpu` about 6 min more), a bf16 run long
-# enough to show learning (evaluated on held-out problems, 2 seeds), then the nine arms for one step
-# of one seed each without evaluations: a machinery check (every arm's programs compile and run
-# once), not a stability result (the report marks every criterion UNDECIDED for lack of steps and
-# seeds); compiling the arms' programs is most of its time. On the H200 the gradient
-# measurements are their own command (`python -m experiments.gradients --preset h200`).
+# The default main job (cpu), sized for about 10 minutes on 2 cores (README.md): a 200-step warm-up
+# (the SFT preset's 300 steps would take a third of that), the gradient measurements of the nine
+# arms at it, and a bf16 run long enough to show learning (evaluated on held-out problems, 2 seeds).
+# No arm of the RL matrix by default: at the 1 step of 1 seed that fits, the nine arms would be a
+# machinery check (every arm's programs compile and run once, which takes ~6 min, mostly compiling),
+# not a stability result; `--arms=all` adds it with the settings below (1 step, 1 seed, no
+# evaluations). On the H200 the gradient measurements are their own command
+# (`python -m experiments.gradients --preset h200`).
 ABLATION_PRESETS = {
     "smoke": _ablation_preset("smoke", 1, 2),
     "cpu": _ablation_preset("cpu", 2, 2, measure_gradients=True, learning_steps=12, arm_steps=1, arm_eval_every=0,
-                            arm_seeds=1, sft_steps=200, gradient_recipes=("bf16", "nvfp4", "+dq", "full")),
+                            arm_seeds=1, sft_steps=200, arms=()),
     "h200": _ablation_preset("h200", 2, 0),
 }
 

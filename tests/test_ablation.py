@@ -4,7 +4,7 @@ Four of the nine arms, each a different combination (bf16; the dequantized backw
 full recipe; its quantized-backward variant): what the runner does (programs shared and compiled
 ahead, the report, resume) does not depend on how many arms it runs, and every arm's programs run
 in the trainer's tests (a golden step per forward class, `tests/rl/test_trainer.py`) and in the
-gradient measurements' smoke run. The main job (`python -m experiments.ablation`) runs all nine."""
+gradient measurements' smoke run; `--arms=all` runs the nine."""
 
 from __future__ import annotations
 

@@ -199,20 +199,37 @@ def render_report(
         "",
         *_notes(run, summaries),
         "",
-        "## Configuration",
-        "",
-        "```",
-        config_text.rstrip() or "(not given)",
-        "```",
-        "",
-        "## Commands",
-        "",
-        "```",
-        *(list(commands) or ["(not given)"]),
-        "```",
-        "",
+        *_configuration_and_commands(config_text, commands),
     ]
     return "\n".join(out)
+
+
+def _configuration_and_commands(config_text: str, commands: Sequence[str]) -> list[str]:
+    return ["## Configuration", "", "```", config_text.rstrip() or "(not given)", "```", "",
+            "## Commands", "", "```", *(list(commands) or ["(not given)"]), "```", ""]
+
+
+NO_MATRIX_SECTION = """## The RL ablation matrix
+
+No arm of the matrix ran here (`--arms` was empty), so this run says nothing about stability.
+`--arms=all` adds the nine arms; on a CPU preset with a step or two per arm that is a machinery
+check (every arm's programs compile and run), whose verdicts are UNDECIDED for lack of steps and
+seeds. The matrix with seeds and steps enough to judge runs on a GPU (`--preset h200`):
+results/matrix_h200 in the repository.
+"""
+
+
+def write_sections_report(run_dir: str | Path, sections: Sequence[str], config_text: str = "",
+                          commands: Sequence[str] = ()) -> Path:
+    """report.md of a run without matrix arms (the main job's default): the runner's `sections`
+    (learning run, gradient measurements), what the matrix would add, the settings and commands."""
+    out = Path(run_dir)
+    text = "\n".join([f"# Ablation runner report: `{out.name}`", "", f"Run directory: `{out}`.", "",
+                      *[f"{section.rstrip()}\n" for section in sections], NO_MATRIX_SECTION,
+                      *_configuration_and_commands(config_text, commands)])
+    path = out / "report.md"
+    path.write_text(text, encoding="utf-8")
+    return path
 
 
 def write_report(

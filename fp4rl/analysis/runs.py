@@ -293,6 +293,14 @@ def load_config(path: str | Path, sink: list[str] | None = None) -> dict | None:
     return config
 
 
+def has_arm_metrics(run_dir: str | Path) -> bool:
+    """Whether `run_dir` holds any `<arm>/seed<k>/metrics.jsonl` (what `load_run` needs)."""
+    root = Path(run_dir)
+    return root.is_dir() and any(
+        (seed_dir / METRICS_FILE).is_file() for arm_dir in root.iterdir() if arm_dir.is_dir()
+        for seed_dir in arm_dir.iterdir() if seed_dir.is_dir() and _SEED_DIR.match(seed_dir.name))
+
+
 def load_run(run_dir: str | Path) -> RunData:
     """Load every `<arm>/seed<k>/metrics.jsonl` (with updates.jsonl) and `<arm>/config.json`.
 

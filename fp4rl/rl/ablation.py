@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 from fp4rl.analysis import gradient_report, learning
-from fp4rl.analysis.report import write_report
+from fp4rl.analysis.report import write_report, write_sections_report
+from fp4rl.analysis.runs import has_arm_metrics
 from fp4rl.recipe import ABLATION_ARMS, PrecisionRecipe
 from fp4rl.rl import gradients, resume, sft, trainer
 from fp4rl.rl.run_dir import prepare_out, read_json
@@ -55,7 +56,8 @@ def field_default(cls, name: str):
 
 @dataclasses.dataclass(frozen=True)
 class AblationConfig:
-    """arms: which arms to run (docs/rl.md's nine by default); seeds: per arm, run in one program.
+    """arms: which arms to run (docs/rl.md's nine by default; "all": those nine; empty: none, the
+    warm-up, gradient measurements and learning run alone); seeds: per arm, run in one program.
     compile_workers: threads that compile the arms' programs ahead of their turn (0: every program
     compiles on its first call, in the training thread). The CPU presets use 2, as compiling is
     most of their time; off by default because on a GPU it would autotune kernels while an arm
@@ -83,6 +85,8 @@ class AblationConfig:
     out: str = "runs/ablation"
 
     def __post_init__(self):
+        if self.arms == ("all",):
+            object.__setattr__(self, "arms", ABLATION_ARMS)
         for arm in self.arms:
             PrecisionRecipe.from_name(arm)  # a typo names the valid arms
         if self.seeds < 1 or (self.arm_seeds is not None and self.arm_seeds < 1):
@@ -241,6 +245,10 @@ def run(config: AblationConfig, commands: tuple[str, ...] = (), progress: bool =
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-    paths = write_report(out, config_text=settings_text(out), commands=commands, sections=_sections(config, out))
-    print(f"[report] {paths.report_md} (total {time.time() - t0:.0f}s)")
-    return {"status": status, "report": paths}
+    if has_arm_metrics(out):
+        report_md = write_report(out, config_text=settings_text(out), commands=commands,
+                                 sections=_sections(config, out)).report_md
+    else:  # no matrix arm (the cpu preset's default): the learning run and the measurements alone
+        report_md = write_sections_report(out, _sections(config, out), settings_text(out), commands)
+    print(f"[report] {report_md} (total {time.time() - t0:.0f}s)")
+    return {"status": status, "report": report_md}

@@ -38,7 +38,7 @@ def test_options_the_runner_sets_itself_are_refused(option, controls):
 def _finished_run(out: Path, config: ablation.AblationConfig) -> None:
     """A finished warm-up and finished arms, as `config` would have left them."""
     make_synthetic_run(out, config.arms, seeds=config.seeds, steps=STEPS)
-    (out / "sft").mkdir()
+    (out / "sft").mkdir(parents=True)
     (out / "sft" / sft.META_FILE).write_text(json.dumps(
         {"sft_config": sft.settings(dataclasses.replace(config.sft, out=str(out / "sft")))}))
     for arm in config.arms:
@@ -67,7 +67,7 @@ def test_a_rerun_reports_the_settings_the_arms_ran_with(tmp_path):
 
     result = ablation.run(_config(out, "--rl.optim.lr=1e-3", "--rl.resume=force"), progress=False)
     assert result["status"] == {"sft": "skipped", "bf16": "skipped", "full": "skipped"}
-    section = _configuration_section(result["report"].report_md.read_text())
+    section = _configuration_section(result["report"].read_text())
     assert "  optim.lr=0.0001\n" in section and "0.001" not in section
     assert f"  steps={STEPS}\n" in section and '  loss.kind="dapo"\n' in section
     assert 'bf16: arm="bf16"' in section and 'full: arm="full"' in section
@@ -80,5 +80,32 @@ def test_the_report_shows_settings_that_differ_between_arms(tmp_path):
     record["rl_config"]["optim"]["lr"] = 3e-4  # e.g. an arm resumed with --rl.resume=force
     (out / "full" / "config.json").write_text(json.dumps(record))
     section = _configuration_section(
-        ablation.run(_config(out, "--rl.resume=force"), progress=False)["report"].report_md.read_text())
+        ablation.run(_config(out, "--rl.resume=force"), progress=False)["report"].read_text())
     assert 'full: arm="full", optim.lr=0.0003' in section and 'bf16: arm="bf16", optim.lr=0.0001' in section
+
+
+def test_a_run_without_matrix_arms_reports_what_it_ran_and_what_the_matrix_would_add(tmp_path):
+    out = tmp_path / "ablation"
+    _finished_run(out, _config(out, "--arms="))  # the warm-up alone: nothing else to run
+    result = ablation.run(_config(out, "--arms="), progress=False)
+    assert result["status"] == {"sft": "skipped"}
+    text = result["report"].read_text()
+    assert "No arm of the matrix ran here" in text and "--arms=all" in text
+    assert "Status:" not in text  # no claim status from no arm
+    assert "warm-up (sft/sft_meta.json):" in _configuration_section(text)
+
+
+def test_arms_all_names_the_nine_arms_and_a_typo_names_the_valid_ones():
+    assert _config(Path("unused"), "--arms=all").arms == configs.ABLATION_ARMS
+    assert configs.ABLATION_PRESETS["cpu"].arms == ()  # the main job: no matrix by default
+    with pytest.raises(ValueError, match="full-hp"):
+        _config(Path("unused"), "--arms=ful")
+
+
+def test_the_cpu_presets_compile_flags_follow_the_preset_the_command_names():
+    from experiments import ablation as main_job
+
+    assert main_job._preset([]) == "cpu"  # the default preset
+    assert main_job._preset(["--seeds", "2", "--preset", "smoke"]) == "smoke"
+    assert main_job._preset(["--preset=h200", "--arms=all"]) == "h200"
+    assert set(main_job.PRESET_XLA_FLAGS) == {"smoke", "cpu"}  # never a GPU preset's
