@@ -11,7 +11,7 @@
 #                                       # into runs/h200/gradients/GRAD_PART on the batches of
 #                                       # results/gradients_h200/parts/rollouts.npz
 #   bash tools/gpu_session.sh arms      # h200 warm-up + the ablation arms ARMS (comma separated) x SEEDS seeds
-#   bash tools/gpu_session.sh matrix    # the same, PARALLEL arms at a time as separate processes, resumable
+#   bash tools/gpu_session.sh matrix    # the same, PARALLEL arms at a time per GPU as separate processes, resumable
 #                                       # across calls on a warm machine (runs in MATRIX_DIR)
 #   bash tools/gpu_session.sh compile   # the RL update program's compile time per arm x GEMM backend x XLA_FLAGS
 #                                       # variant (COMPILE_ARMS, COMPILE_GEMMS, SEEDS; no warm-up needed); the
@@ -194,36 +194,52 @@ case "$mode" in
     tar czf "$OUT/arms.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200
     ;;
   matrix)
-    # The RL matrix, PARALLEL arms at a time, one process each, so that arms' compilations and host-side
+    # The RL matrix, PARALLEL arms at a time per GPU, one process each, so that arms' compilations and host-side
     # work overlap (nvidia_smi.csv records what the GPU did meanwhile). XLA plans each program for its
     # process's share of the memory and rematerializes one that needs more, which is slow to compile:
-    # PARALLEL=1 for programs over ~40 GiB (4 seeds on the `xla` grouped GEMM). The runs live
+    # PARALLEL=1 for programs over ~40 GiB (4 seeds on the `xla` grouped GEMM); at 2 seeds two fit
+    # (three did not: an update program asked for 33.9 GiB of its 31.7%). The runs live
     # outside the carried tree (MATRIX_DIR), so a call on a machine still warm resumes the arms the
     # previous one cut (the trainer checkpoints every --rl.checkpoint_every steps); finished arms
     # (done.json) are skipped. Every arm's metrics, finished or not, come back in matrix.tgz.
     warmup || exit 1
     dir=${MATRIX_DIR:-/tmp/fp4rl-matrix}
     [ -e "$dir/sft/sft_meta.json" ] || { mkdir -p "$dir" && rm -rf "$dir/sft" && cp -r runs/h200/sft "$dir/sft"; }
-    parallel=${PARALLEL:-3}
+    parallel=${PARALLEL:-2}
     # each process may grow to its share of the GPU's memory (allocation on demand, see above)
     export XLA_PYTHON_CLIENT_MEM_FRACTION=$(python -c "print(round(0.95 / $parallel, 3))")
     nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 15 >"$OUT/nvidia_smi.csv" 2>&1 &
     smi=$!
     disown $smi
     deadline=$(( START + ${SESSION_SECONDS:-575} - 25 ))
-    run_arm() {  # run_arm ARM: until it finishes or the call's deadline
+    run_arm() {  # run_arm ARM GPU: until it finishes or the call's deadline
       local left=$(( deadline - $(date +%s) ))
-      echo "=== arm $1 (limit ${left}s) $(date +%T)" | tee -a "$log"
-      timeout "$left" python -m experiments.ablation --preset h200 --arms="$1" --seeds="${SEEDS:-4}" --out="$dir" \
-        --rl.checkpoint_every="${CHECKPOINT_EVERY:-20}" ${ABLATION_ARGS:-} >>"$OUT/arm_${1//+/plus}.log" 2>&1
+      echo "=== arm $1 on GPU $2 (limit ${left}s) $(date +%T)" | tee -a "$log"
+      CUDA_VISIBLE_DEVICES=$2 timeout "$left" python -m experiments.ablation --preset h200 --arms="$1" --seeds="${SEEDS:-4}" \
+        --out="$dir" --rl.checkpoint_every="${CHECKPOINT_EVERY:-20}" ${ABLATION_ARGS:-} >>"$OUT/arm_${1//+/plus}.log" 2>&1
       echo "=== arm $1 rc=$? $(date +%T)" | tee -a "$log"
     }
+    gpu_queue() {  # gpu_queue GPU ARM...: this GPU's arms, PARALLEL at a time
+      local gpu=$1; shift
+      for arm in "$@"; do
+        while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do sleep 5; done
+        [ $(( deadline - $(date +%s) )) -gt 60 ] || { echo "=== GPU $gpu: arm $arm and the rest skipped: no time left" | tee -a "$log"; break; }
+        run_arm "$arm" "$gpu" &
+        sleep 20  # staggered: the processes' compilations overlap less
+      done
+      wait
+    }
+    # The arms not finished yet, dealt round-robin to the GPUs (a multi-GPU machine runs PARALLEL per GPU).
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
+    [ "$gpus" -ge 1 ] || gpus=1
+    todo=()
     for arm in ${ARMS//,/ }; do
-      [ -f "$dir/$arm/done.json" ] && { echo "=== arm $arm: finished earlier" | tee -a "$log"; continue; }
-      while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do sleep 5; done
-      [ $(( deadline - $(date +%s) )) -gt 60 ] || { echo "=== arm $arm and the rest skipped: no time left" | tee -a "$log"; break; }
-      run_arm "$arm" &
-      sleep 20  # staggered: the processes' compilations overlap less
+      if [ -f "$dir/$arm/done.json" ]; then echo "=== arm $arm: finished earlier" | tee -a "$log"; else todo+=("$arm"); fi
+    done
+    for gpu in $(seq 0 $((gpus - 1))); do
+      mine=()
+      for i in "${!todo[@]}"; do [ $((i % gpus)) -eq "$gpu" ] && mine+=("${todo[$i]}"); done
+      [ ${#mine[@]} -gt 0 ] && gpu_queue "$gpu" "${mine[@]}" &
     done
     wait
     kill "$smi" 2>/dev/null
