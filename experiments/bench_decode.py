@@ -1,11 +1,13 @@
 """Decode throughput of the KV-cache sampler on the GPU, per recipe.
 
     python -m experiments.bench_decode [--model=h200 --batch=256 --prompt_len=64 --new_tokens=128]
+    python -m experiments.bench_decode --recipes=bf16,full --profile=runs/decode_trace   # + where the time goes
 
 Random weights: throughput does not depend on what the model says. A row stops at EOS like in
 RL, so tokens/s counts the tokens actually generated (`lengths`), not batch x new_tokens.
 Weights are synced once per recipe, as in RL; the timed call is one compiled prefill + decode
-loop.
+loop. `--profile DIR`: one more call per recipe under the JAX profiler (traces in DIR/<recipe>),
+summarized per kernel and per decode step (`fp4rl.analysis.trace_summary`) in the markdown.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import jax
 import numpy as np
 
 from experiments.gpu_bench import bench_main
+from fp4rl.analysis import trace_summary
 from fp4rl.model import sampler, sync, transformer
 from fp4rl.model.config import ModelConfig
 from fp4rl.recipe import PrecisionRecipe
@@ -30,6 +33,7 @@ class DecodeBenchConfig:
     prompt_len: int = 64
     new_tokens: int = 128
     iters: int = 3
+    profile: str = ""  # a directory: profile one more call per recipe there ("" : no profile)
     out: str = "benchmarks"
 
 
@@ -53,10 +57,23 @@ def run(config: DecodeBenchConfig) -> dict:
         t = float(np.median(times))
         row = {"recipe": name, "seconds": t, "generated_tokens": int(np.median(tokens)),
                "tok_s": float(np.median(tokens)) / t, "batch": config.batch}
+        if config.profile:
+            row["trace"] = _profile(gen, qparams, prompts, f"{config.profile}/{name}", config.new_tokens, name)
         rows.append(row)
         print(row, flush=True)
     return {"device": str(jax.devices()[0].device_kind), "model": config.model, "params": mc.param_count()._asdict(),
             "config": dataclasses.asdict(config), "rows": rows}
+
+
+def _profile(gen, qparams, prompts, log_dir: str, steps: int, name: str) -> str:
+    """One call of `gen` under the profiler: its device time per kernel and per decode step."""
+    with jax.profiler.trace(log_dir, create_perfetto_trace=True):
+        jax.block_until_ready(gen(qparams, prompts, jax.random.key(0)))
+    # a GPU's kernels are on its device process; on CPU (tests) the host thunks are what there is
+    prefix = "/device:" if jax.default_backend() == "gpu" else "/host:"
+    summary = trace_summary.summarize(trace_summary.find_trace(log_dir), process_prefix=prefix)
+    return trace_summary.markdown(summary, steps=steps, title=f"Where a `{name}` decode call's time goes "
+                                  f"(the prefill's share included; trace: {log_dir})")
 
 
 def to_markdown(result) -> str:
@@ -68,6 +85,7 @@ def to_markdown(result) -> str:
              "NVFP4 recipes are emulated on Hopper (bf16 GEMMs on exact dequantized operands + the quantizers).", "",
              "| recipe | generated tokens | seconds | tokens/s |", "|---|---|---|---|"]
     lines += [f"| {r['recipe']} | {r['generated_tokens']} | {r['seconds']:.3f} | {r['tok_s']:.0f} |" for r in result["rows"]]
+    lines += ["\n" + r["trace"] for r in result["rows"] if "trace" in r]
     return "\n".join(lines) + "\n"
 
 

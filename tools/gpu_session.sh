@@ -23,6 +23,7 @@
 #   bash tools/gpu_session.sh mosaic    # the compiled Mosaic GPU kernel suite alone
 #   bash tools/gpu_session.sh model     # the model GPU test alone (Triton impl == reference, bitwise)
 #   bash tools/gpu_session.sh quant     # bench_quant alone (BENCH_ARGS)
+#   bash tools/gpu_session.sh decode    # bench_decode (bf16, full) with a profiled call per recipe: per-kernel time per step
 #   bash tools/gpu_session.sh probe     # compiled Mosaic bf16 cases vs the NumPy oracle, field by field
 # The image lacks grain/tensorboardX: carried as wheels in .whl/ (see README "GPU runs").
 # Each step has its own time limit and logs to $OUT/log.txt; results are tarred into $OUT.
@@ -137,6 +138,12 @@ case "$mode" in
     ;;
   model)
     model_tests "${MODEL_SECONDS:-300}"
+    ;;
+  decode)
+    # decode throughput per recipe, then one profiled call each: where a decode step's time goes
+    step bench_decode "${BENCH_SECONDS:-300}" python -m experiments.bench_decode --recipes=bf16,full \
+      --profile=runs/decode_trace ${BENCH_ARGS:-}
+    tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   quant)
     step bench_quant "${BENCH_SECONDS:-200}" python -m experiments.bench_quant --iters=10 ${BENCH_ARGS:-}
@@ -290,7 +297,7 @@ PY
     tar czf "$OUT/gradients.tgz" "$dir"
     ;;
   *)
-    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, probe, pilot, learn, arms, matrix, compile, warmup, serve_eval, gradients, grouped" | tee -a "$log"; exit 2
+    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, decode, probe, pilot, learn, arms, matrix, compile, warmup, serve_eval, gradients, grouped" | tee -a "$log"; exit 2
     ;;
 esac
 done
