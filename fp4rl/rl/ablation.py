@@ -33,7 +33,7 @@ from fp4rl.analysis import gradient_report, learning
 from fp4rl.analysis.report import write_report, write_sections_report
 from fp4rl.analysis.runs import has_arm_metrics
 from fp4rl.recipe import ABLATION_ARMS, PrecisionRecipe
-from fp4rl.rl import gradients, resume, sft, trainer
+from fp4rl.rl import gradients, merge_seeds, resume, sft, trainer
 from fp4rl.rl.run_dir import prepare_out, read_json
 
 # Sub-config fields the runner sets itself (`arm_config`, `learning_config`, `run`), with the
@@ -127,7 +127,8 @@ def settings_text(out: Path) -> str:
     dirs = sorted(p for p in out.iterdir() if (p / resume.CONFIG_FILE).is_file())
     if (out / "learning" / "bf16" / resume.CONFIG_FILE).is_file():
         dirs.append(out / "learning" / "bf16")
-    runs = {str(d.relative_to(out)): resume.flatten(read_json(d / resume.CONFIG_FILE)["rl_config"]) for d in dirs}
+    records = {str(d.relative_to(out)): read_json(d / resume.CONFIG_FILE) for d in dirs}
+    runs = {name: resume.flatten(record["rl_config"]) for name, record in records.items()}
     if not runs:
         return "\n".join(lines + ["(no arm has a config.json)"])
     first = next(iter(runs.values()))
@@ -137,6 +138,8 @@ def settings_text(out: Path) -> str:
     for name, flat in runs.items():
         own = {k: v for k, v in flat.items() if k not in common}
         lines.append(f"{name}: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in own.items()))
+        if merged := merge_seeds.merged_text(records[name]):
+            lines.append(f"  {merged}")
         if (out / name / resume.CHANGES_FILE).is_file():
             lines.append(f"  settings changed on resume: see {name}/{resume.CHANGES_FILE}")
     return "\n".join(lines)

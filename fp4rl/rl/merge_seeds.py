@@ -1,0 +1,107 @@
+"""More seeds for finished arms: merge the seed directories of one ablation run into another.
+
+    python -m fp4rl.rl.merge_seeds SRC DST [--arms a,b]
+
+A matrix grows seeds in separate runs (e.g. seeds 2-3 with `--rl.seed_offset=2 --out=SRC` after
+seeds 0-1 in DST), since a run directory resumes only under the settings it started with. Each
+seed is an independent run (its number draws every key), so seeds 0-1 plus seeds 2-3 under the
+same settings are four seeds of one arm. For every finished arm of SRC (done.json):
+- its settings must equal DST's arm's except `seeds`, `seed_offset` and what never changes a
+  computed step (`resume.MAY_DIFFER`, `resume.NOT_COMPARED`); its recipe and model too;
+- its seed numbers must be new to DST's arm;
+- then its seed<k>/ directories are copied, done.json lists every seed, and config.json gains a
+  "merged_seeds" entry (seeds, seed_offset, source) that the report's settings section prints;
+  the arm's train.log is kept as train_seeds<first>-<last>.log.
+An arm of SRC that DST lacks is copied whole. Nothing is written before every arm has passed
+the checks, so a refused merge leaves DST as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+from fp4rl.rl import resume
+from fp4rl.rl.run_dir import read_json, write_json_atomic
+
+DONE_FILE = "done.json"
+MERGED_KEY = "merged_seeds"
+# What may differ between the runs merged: which seeds, and what `resume` lets differ on resume.
+MAY_DIFFER = ("seeds", "seed_offset", *resume.MAY_DIFFER, *resume.NOT_COMPARED)
+
+
+def _finished_arms(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in run_dir.iterdir() if (p / DONE_FILE).is_file() and (p / resume.CONFIG_FILE).is_file())
+
+
+def _merge_plan(src: Path, dst: Path) -> tuple[list[int], list[int]]:
+    """(seeds of src, seeds of dst) of one arm, or ValueError naming what forbids the merge."""
+    a, b = read_json(dst / resume.CONFIG_FILE), read_json(src / resume.CONFIG_FILE)
+    changes = resume.differences(a["rl_config"], b["rl_config"], ignore=MAY_DIFFER)
+    for part in ("recipe", "model_config"):
+        changes.update({f"{part}.{k}": v for k, v in resume.differences(a.get(part, {}), b.get(part, {})).items()})
+    if changes:
+        raise ValueError(f"{src} ran under other settings than {dst}: {resume.describe(changes)}")
+    src_seeds, dst_seeds = read_json(src / DONE_FILE)["seeds"], read_json(dst / DONE_FILE)["seeds"]
+    if set(src_seeds) & set(dst_seeds):
+        raise ValueError(f"{src} and {dst} both hold seed(s) {sorted(set(src_seeds) & set(dst_seeds))}; "
+                         "run the new seeds with --rl.seed_offset past the existing ones")
+    return src_seeds, dst_seeds
+
+
+def merge(src: str | Path, dst: str | Path, arms: Sequence[str] | None = None) -> dict[str, list[int]]:
+    """Merge the finished arms of `src` (all, or `arms`) into `dst`; returns {arm: seeds added}."""
+    src, dst = Path(src), Path(dst)
+    finished = _finished_arms(src)
+    names = finished if arms is None else list(arms)
+    missing = [a for a in names if a not in finished]
+    if missing:
+        raise ValueError(f"no finished arm {missing} in {src} (finished there: {finished})")
+    plans = {arm: _merge_plan(src / arm, dst / arm) for arm in names if (dst / arm / DONE_FILE).is_file()}
+    added = {}
+    for arm in names:
+        if arm not in plans:  # new to dst: the whole arm (without its checkpoint)
+            shutil.copytree(src / arm, dst / arm, ignore=shutil.ignore_patterns("checkpoint", "tb", ".jax_cache"))
+            added[arm] = read_json(src / arm / DONE_FILE)["seeds"]
+            continue
+        src_seeds, dst_seeds = plans[arm]
+        for seed in src_seeds:
+            shutil.copytree(src / arm / f"seed{seed}", dst / arm / f"seed{seed}")
+        if (src / arm / "train.log").is_file():
+            shutil.copy2(src / arm / "train.log", dst / arm / f"train_seeds{min(src_seeds)}-{max(src_seeds)}.log")
+        record = read_json(dst / arm / resume.CONFIG_FILE)
+        rl = read_json(src / arm / resume.CONFIG_FILE)["rl_config"]
+        record.setdefault(MERGED_KEY, []).append({"seeds": src_seeds, "seed_offset": rl["seed_offset"],
+                                                  "source": str(src / arm)})
+        write_json_atomic(dst / arm / resume.CONFIG_FILE, record, indent=2)
+        done = read_json(dst / arm / DONE_FILE)
+        write_json_atomic(dst / arm / DONE_FILE, {**done, "seeds": sorted(dst_seeds + src_seeds)})
+        added[arm] = src_seeds
+    return added
+
+
+def merged_text(record: dict) -> str:
+    """The report's line on seeds merged into an arm ("" when none)."""
+    merged = record.get(MERGED_KEY, [])
+    return "; ".join(f"seeds {', '.join(map(str, m['seeds']))} merged from {m['source']} (seed_offset "
+                     f"{m['seed_offset']}, settings otherwise equal)" for m in merged)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m fp4rl.rl.merge_seeds", description=__doc__.split("\n\n")[0])
+    parser.add_argument("src", help="the ablation run directory with the new seeds")
+    parser.add_argument("dst", help="the ablation run directory they join")
+    parser.add_argument("--arms", default="", help="comma-separated arms (default: every finished arm of SRC)")
+    args = parser.parse_args(argv)
+    for path in (args.src, args.dst):
+        if not Path(path).is_dir():
+            parser.error(f"{path} is not a directory")
+    added = merge(args.src, args.dst, [a for a in args.arms.split(",") if a] or None)
+    for arm, seeds in added.items():
+        print(f"{arm}: seeds {seeds} -> {Path(args.dst) / arm}")
+
+
+if __name__ == "__main__":
+    main()
