@@ -6,7 +6,9 @@
 `grad`: trace and compile seconds of `jax.jit(jax.grad(mean(forward(...))))` on an [8, 64] token
 batch, per recipe, scanned vs unrolled layers. `update`: the RL trainer's vmapped update program
 (`fp4rl.rl.trainer.Trainer`, the preset's batch shapes, N seeds) per arm and grouped-GEMM backend,
-on randomly initialised parameters (no warm-up needed): compile seconds. Compile times are machine-dependent; compare lines of one run.
+on randomly initialised parameters (no warm-up needed): compile seconds, and the compiled
+program's argument, output and temporary buffer sizes (XLA's memory analysis; on CPU they show
+what a program would ask of a GPU's memory). Compile times are machine-dependent; compare lines of one run.
 """
 
 import dataclasses
@@ -55,10 +57,13 @@ def update(preset: str = "h200", arms: str = "bf16", seeds: str = "4", gemms: st
             run = trainer.Trainer(config, progress=False, warmup=warmup)
             (_, task), = [(key, task) for key, task in run.compile_tasks() if key[0] is run._update]
             t0 = time.perf_counter()
-            task()
+            memory = task().memory_analysis()
             seconds = time.perf_counter() - t0
             flags = os.environ.get("XLA_FLAGS", "") or "default XLA_FLAGS"
-            print(f"{preset} {arm:6s} seeds {seeds} gemm {gemm:8s} compile {seconds:6.1f} s ({flags})", flush=True)
+            gib = "n/a" if memory is None else " ".join(
+                f"{name} {getattr(memory, f'{name}_size_in_bytes') / 2**30:.1f}" for name in ("argument", "output", "temp"))
+            print(f"{preset} {arm:6s} seeds {seeds} gemm {gemm:8s} compile {seconds:6.1f} s, GiB: {gib} ({flags})",
+                  flush=True)
 
 
 if __name__ == "__main__":

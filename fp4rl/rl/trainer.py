@@ -29,7 +29,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 import jax
 import jax.numpy as jnp
@@ -307,8 +307,9 @@ class Trainer:
         return contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh)
 
     # ------------------------------------------------------------------ compiling ahead
-    def compile_tasks(self) -> list[tuple[tuple, Callable[[], None]]]:
-        """Ahead-of-time compilation of the three programs of `step` and `evaluate`: (key, task) pairs.
+    def compile_tasks(self) -> list[tuple[tuple, Callable[[], Any]]]:
+        """Ahead-of-time compilation of the three programs of `step` and `evaluate`: (key, task) pairs;
+        a task returns its compiled program (e.g. for `memory_analysis()`).
         On a mesh there are none (the tasks compile for one device's argument shardings).
 
         A task lowers and compiles one program for the abstract arguments (shapes, dtypes, weak
@@ -329,17 +330,18 @@ class Trainer:
         keys = lambda: _abstract(jax.eval_shape(lambda: self._step_keys(0, 0)))  # noqa: E731
 
         def sync():
-            self._sync.lower(state()["params"]).compile()
+            return self._sync.lower(state()["params"]).compile()
 
         def sample():
             qparams = _abstract(jax.eval_shape(self._sync, state()["params"])[0])
-            self._sample.lower(qparams, spec((S, R, P), i32), spec((S, R, P), bool), keys(), spec((), f32)).compile()
+            return self._sample.lower(qparams, spec((S, R, P), i32), spec((S, R, P), bool), keys(),
+                                      spec((), f32)).compile()
 
         def update():
             s = state()
             batch = policy.Batch(spec((S, n, P + T), i32), spec((S, n, P + T), bool), spec((S, n, T), bool),
                                  spec((S, n, T), f32), spec((S, n, T), f32), spec((S, n, T), f32), spec((S, n), f32))
-            self._update.lower(s["params"], s["opt_state"], batch, keys(), spec((), bool)).compile()
+            return self._update.lower(s["params"], s["opt_state"], batch, keys(), spec((), bool)).compile()
 
         shapes = (S, R, P, T)
         return [((self._sync, shapes), sync), ((self._sample, shapes), sample), ((self._update, shapes, n), update)]
