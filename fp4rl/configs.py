@@ -130,7 +130,7 @@ def _ablation_preset(name: str, seeds: int, compile_workers: int, measure_gradie
 # (the SFT preset's 300 steps would take a third of that), the gradient measurements of the nine
 # arms at it, and a bf16 run long enough to show learning (evaluated on held-out problems, 2 seeds).
 # No arm of the RL matrix by default: at the 1 step of 1 seed that fits, the nine arms would be a
-# machinery check (every arm's programs compile and run once, which takes ~6 min, mostly compiling),
+# machinery check (every arm's programs compile and run once: ~5 min more, mostly compiling),
 # not a stability result; `--arms=all` adds it with the settings below (1 step, 1 seed, no
 # evaluations). On the H200 the gradient measurements are their own command
 # (`python -m experiments.gradients --preset h200`).
