@@ -26,14 +26,14 @@ from typing import Sequence
 from fp4rl.rl import resume
 from fp4rl.rl.run_dir import read_json, write_json_atomic
 
-DONE_FILE = "done.json"
 MERGED_KEY = "merged_seeds"
 # What may differ between the runs merged: which seeds, and what `resume` lets differ on resume.
 MAY_DIFFER = ("seeds", "seed_offset", *resume.MAY_DIFFER, *resume.NOT_COMPARED)
 
 
 def _finished_arms(run_dir: Path) -> list[str]:
-    return sorted(p.name for p in run_dir.iterdir() if (p / DONE_FILE).is_file() and (p / resume.CONFIG_FILE).is_file())
+    return sorted(p.name for p in run_dir.iterdir()
+                  if (p / resume.DONE_FILE).is_file() and (p / resume.CONFIG_FILE).is_file())
 
 
 def _merge_plan(src: Path, dst: Path) -> tuple[list[int], list[int]]:
@@ -44,7 +44,7 @@ def _merge_plan(src: Path, dst: Path) -> tuple[list[int], list[int]]:
         changes.update({f"{part}.{k}": v for k, v in resume.differences(a.get(part, {}), b.get(part, {})).items()})
     if changes:
         raise ValueError(f"{src} ran under other settings than {dst}: {resume.describe(changes)}")
-    src_seeds, dst_seeds = read_json(src / DONE_FILE)["seeds"], read_json(dst / DONE_FILE)["seeds"]
+    src_seeds, dst_seeds = read_json(src / resume.DONE_FILE)["seeds"], read_json(dst / resume.DONE_FILE)["seeds"]
     if set(src_seeds) & set(dst_seeds):
         raise ValueError(f"{src} and {dst} both hold seed(s) {sorted(set(src_seeds) & set(dst_seeds))}; "
                          "run the new seeds with --rl.seed_offset past the existing ones")
@@ -59,12 +59,12 @@ def merge(src: str | Path, dst: str | Path, arms: Sequence[str] | None = None) -
     missing = [a for a in names if a not in finished]
     if missing:
         raise ValueError(f"no finished arm {missing} in {src} (finished there: {finished})")
-    plans = {arm: _merge_plan(src / arm, dst / arm) for arm in names if (dst / arm / DONE_FILE).is_file()}
+    plans = {arm: _merge_plan(src / arm, dst / arm) for arm in names if (dst / arm / resume.DONE_FILE).is_file()}
     added = {}
     for arm in names:
         if arm not in plans:  # new to dst: the whole arm (without its checkpoint)
             shutil.copytree(src / arm, dst / arm, ignore=shutil.ignore_patterns("checkpoint", "tb", ".jax_cache"))
-            added[arm] = read_json(src / arm / DONE_FILE)["seeds"]
+            added[arm] = read_json(src / arm / resume.DONE_FILE)["seeds"]
             continue
         src_seeds, dst_seeds = plans[arm]
         for seed in src_seeds:
@@ -76,8 +76,8 @@ def merge(src: str | Path, dst: str | Path, arms: Sequence[str] | None = None) -
         record.setdefault(MERGED_KEY, []).append({"seeds": src_seeds, "seed_offset": rl["seed_offset"],
                                                   "source": str(src / arm)})
         write_json_atomic(dst / arm / resume.CONFIG_FILE, record, indent=2)
-        done = read_json(dst / arm / DONE_FILE)
-        write_json_atomic(dst / arm / DONE_FILE, {**done, "seeds": sorted(dst_seeds + src_seeds)})
+        done = read_json(dst / arm / resume.DONE_FILE)
+        write_json_atomic(dst / arm / resume.DONE_FILE, {**done, "seeds": sorted(dst_seeds + src_seeds)})
         added[arm] = src_seeds
     return added
 

@@ -19,6 +19,7 @@ from fp4rl.rl.run_dir import read_json, write_json_atomic
 
 RESUME_OPTIONS = ("check", "force")
 CONFIG_FILE = "config.json"
+DONE_FILE = "done.json"  # written when a run finished: {"steps", "seeds"}
 CHANGES_FILE = "config_changes.jsonl"
 ABSENT = "<absent>"  # a setting one side does not have (a field added to or removed from the config)
 

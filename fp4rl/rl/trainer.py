@@ -165,7 +165,7 @@ def arm_dir(config: RLConfig) -> Path:
 
 def is_finished(config: RLConfig) -> bool:
     """The arm ran all of `config.steps` (a run extended by a larger --steps is not finished)."""
-    done = arm_dir(config) / "done.json"
+    done = arm_dir(config) / resume.DONE_FILE
     return done.exists() and read_json(done)["steps"] == config.steps
 
 
@@ -591,7 +591,7 @@ class Trainer:
         for w in writers + update_writers:
             w.close()
         self.ckpt.close()
-        write_json_atomic(self.dir / "done.json", {"steps": c.steps, "seeds": self.seeds})
+        write_json_atomic(self.dir / resume.DONE_FILE, {"steps": c.steps, "seeds": self.seeds})
         log(f"finished: {c.steps} steps")
         return history
 
