@@ -126,7 +126,7 @@ def _ablation_preset(name: str, seeds: int, compile_workers: int, measure_gradie
 
 
 # The CPU presets compile later arms on 2 threads while an arm trains (AblationConfig.compile_workers).
-# The default main job (cpu), sized for about 10 minutes on 2 cores (README.md): a 200-step warm-up
+# The default main job (cpu), sized for about 10 minutes on 2 cores (README.md: 9-11 min measured): a 200-step warm-up
 # (the SFT preset's 300 steps would take a third of that), the gradient measurements of the nine
 # arms at it, and a bf16 run long enough to show learning (evaluated on held-out problems, 2 seeds).
 # No arm of the RL matrix by default: at the 1 step of 1 seed that fits, the nine arms would be a
