@@ -2,6 +2,7 @@
 
     python -m experiments.bench_decode [--model=h200 --batch=256 --prompt_len=64 --new_tokens=128]
     python -m experiments.bench_decode --recipes=bf16,full --profile=runs/decode_trace   # + where the time goes
+    python -m experiments.bench_decode --expert_gemms=xla,mosaic,packed                  # per expert-GEMM backend
 
 Random weights: throughput does not depend on what the model says. A row stops at EOS like in
 RL, so tokens/s counts the tokens actually generated (`lengths`), not batch x new_tokens.
@@ -20,6 +21,7 @@ import numpy as np
 
 from experiments.gpu_bench import bench_main
 from fp4rl.analysis import trace_summary
+from fp4rl.grouped import check_gemm
 from fp4rl.model import sampler, sync, transformer
 from fp4rl.model.config import ModelConfig
 from fp4rl.recipe import PrecisionRecipe
@@ -29,6 +31,7 @@ from fp4rl.recipe import PrecisionRecipe
 class DecodeBenchConfig:
     model: str = "h200"
     recipes: tuple[str, ...] = ("bf16", "full", "nvfp4")
+    expert_gemms: tuple[str, ...] = ("xla",)  # the routed experts' GEMM backends to compare (`fp4rl.grouped.GEMMS`)
     batch: int = 256
     prompt_len: int = 64
     new_tokens: int = 128
@@ -38,8 +41,18 @@ class DecodeBenchConfig:
 
 
 def run(config: DecodeBenchConfig) -> dict:
-    mc = ModelConfig.from_name(config.model)
-    graphdef, params = transformer.init(mc, 0)
+    for gemm in config.expert_gemms:
+        check_gemm(gemm)  # names the valid backends before anything compiles
+    rows = []
+    for gemm in config.expert_gemms:
+        mc = dataclasses.replace(ModelConfig.from_name(config.model), expert_gemm=gemm)
+        rows += _rows_of_backend(config, mc)
+    return {"device": str(jax.devices()[0].device_kind), "model": config.model, "params": mc.param_count()._asdict(),
+            "config": dataclasses.asdict(config), "rows": rows}
+
+
+def _rows_of_backend(config: DecodeBenchConfig, mc: ModelConfig) -> list[dict]:
+    graphdef, params = transformer.init(mc, 0)  # the same weights for every backend (seed 0)
     prompts = jax.random.randint(jax.random.key(1), (config.batch, config.prompt_len), 3, mc.vocab_size)
     scfg = sampler.SamplerConfig(max_new_tokens=config.new_tokens, temperature=1.0, top_p=1.0, eos_id=1, pad_id=0)
     rows = []
@@ -55,14 +68,15 @@ def run(config: DecodeBenchConfig) -> dict:
             times.append(time.perf_counter() - t0)
             tokens.append(int(np.sum(np.asarray(out.lengths))))
         t = float(np.median(times))
-        row = {"recipe": name, "seconds": t, "generated_tokens": int(np.median(tokens)),
+        row = {"recipe": name, "expert_gemm": mc.expert_gemm, "seconds": t, "generated_tokens": int(np.median(tokens)),
                "tok_s": float(np.median(tokens)) / t, "batch": config.batch}
         if config.profile:
-            row["trace"] = _profile(gen, qparams, prompts, f"{config.profile}/{name}", config.new_tokens, name)
+            label = f"{name}, expert_gemm={mc.expert_gemm}"
+            row["trace"] = _profile(gen, qparams, prompts, f"{config.profile}/{name}-{mc.expert_gemm}", config.new_tokens,
+                                    label)
         rows.append(row)
         print(row, flush=True)
-    return {"device": str(jax.devices()[0].device_kind), "model": config.model, "params": mc.param_count()._asdict(),
-            "config": dataclasses.asdict(config), "rows": rows}
+    return rows
 
 
 def _profile(gen, qparams, prompts, log_dir: str, steps: int, name: str) -> str:
@@ -83,8 +97,9 @@ def to_markdown(result) -> str:
              f"Device: {result['device']}. Command: `python -m experiments.bench_decode`. Batch {c['batch']}, "
              f"prompt {c['prompt_len']}, up to {c['new_tokens']} new tokens, KV cache, one compiled program per recipe. "
              "NVFP4 recipes are emulated on Hopper (bf16 GEMMs on exact dequantized operands + the quantizers).", "",
-             "| recipe | generated tokens | seconds | tokens/s |", "|---|---|---|---|"]
-    lines += [f"| {r['recipe']} | {r['generated_tokens']} | {r['seconds']:.3f} | {r['tok_s']:.0f} |" for r in result["rows"]]
+             "| recipe | expert GEMM | generated tokens | seconds | tokens/s |", "|---|---|---|---|---|"]
+    lines += [f"| {r['recipe']} | {r.get('expert_gemm', 'xla')} | {r['generated_tokens']} | {r['seconds']:.3f} | "
+              f"{r['tok_s']:.0f} |" for r in result["rows"]]
     lines += ["\n" + r["trace"] for r in result["rows"] if "trace" in r]
     return "\n".join(lines) + "\n"
 

@@ -125,8 +125,13 @@ def _forward_from_quantized(x_TxK, wq, site: SiteConfig, group_sizes, impl: str,
         return _gemm(x_TxK, wq.astype(x_TxK.dtype), group_sizes, gemm).astype(x_TxK.dtype), None
     xq = operands.quantize(x_TxK, site, "act", impl)
     xv, sx = operands.gemm_operand(xq)
-    wv, sw = _per_weight(operands.gemm_operand, wq)
-    acc = _gemm(xv, wv, group_sizes, gemm, transpose_rhs=True)
+    if group_sizes is not None and gemm in grouped.PACKED_GEMMS and isinstance(wq, nvfp4.NVFP4Tensor):
+        # the kernel reads codes and scales: the bf16 operand is formed in registers only
+        acc = grouped.ragged_matmul_nvfp4(xv, wq.codes, wq.scales, group_sizes, gemm=gemm)
+        sw = jax.vmap(nvfp4.decode_scale)(wq)
+    else:
+        wv, sw = _per_weight(operands.gemm_operand, wq)
+        acc = _gemm(xv, wv, group_sizes, gemm, transpose_rhs=True)
     return (acc * (sx * _per_row(sw, group_sizes, acc.shape[0]))).astype(x_TxK.dtype), xq
 
 
@@ -282,7 +287,7 @@ def qdot(x, w, site: SiteConfig, *, key=None, group_sizes=None, impl: str = "aut
     concrete; under jit wrong sizes make the output NaN. `padding_rows=True` declares
     rows past sum(group_sizes) padding, with zero output rows (the MoE's static row bound).
     `gemm` selects the ragged layout's grouped-GEMM backend, forward and backward (`fp4rl.grouped`:
-    "xla", "mosaic", "mosaic_interpret"); the dense layouts always use XLA.
+    "xla", "blocked", "mosaic", "packed", and the interpreters); the dense layouts always use XLA.
     """
     operands.check_impl(impl)
     grouped.check_gemm(gemm)

@@ -19,6 +19,7 @@
 #   bash tools/gpu_session.sh warmup    # the h200 warm-up alone
 #   bash tools/gpu_session.sh serve_eval # h200 warm-up + the deployment correlation (SERVE_ARGS; resumable)
 #   bash tools/gpu_session.sh grouped   # compiled grouped-GEMM (Mosaic) tests + bench_experts (BENCH_ARGS)
+#   bash tools/gpu_session.sh weight_gemm # compiled packed-NVFP4-weight GEMM tests + bench_weight_gemm (BENCH_ARGS)
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
 #   bash tools/gpu_session.sh mosaic    # the compiled Mosaic GPU kernel suite alone
 #   bash tools/gpu_session.sh model     # the model GPU test alone (Triton impl == reference, bitwise)
@@ -128,6 +129,13 @@ case "$mode" in
       tests/kernels/test_grouped_gemm.py -p no:cacheprovider
     step bench_experts "${BENCH_SECONDS:-240}" python -m experiments.bench_experts ${BENCH_ARGS:-}
     mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_grouped.log
+    tar czf "$OUT/benchmarks.tgz" benchmarks
+    ;;
+  weight_gemm)
+    step gpu_tests_weight_gemm "${GROUPED_SECONDS:-150}" python -m pytest -v -rf --tb=short -m gpu \
+      tests/kernels/test_packed_weight_gemm.py -p no:cacheprovider
+    step bench_weight_gemm "${BENCH_SECONDS:-300}" python -m experiments.bench_weight_gemm ${BENCH_ARGS:-}
+    mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_weight_gemm.log
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   triton)

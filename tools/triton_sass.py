@@ -9,12 +9,14 @@ ptxas, and its cuobjdump lists the SASS.
 
     pip install triton==3.6.0          # once, into the same environment (not a dependency)
     JAX_PLATFORMS=cpu python tools/triton_sass.py --variant 4/6-fast [--layout planar] [--out DIR]
+    JAX_PLATFORMS=cpu python tools/triton_sass.py --kernel packed-nvfp4 --tiles 16x64x128 --num-warps 4
 
 Prints the number of convert_layout ops in the TTGIR, shared memory, and SASS instruction
 counts (total, up to the first EXIT, and the most frequent opcodes). With a whole row in one chunk
 (`--rows 1 --block-k K --num-warps 8` for K = 4096) the kernel has no loop, so the count up to the
 first EXIT is what a thread executes for its 16 elements (the division slow paths lie after it):
-the basis of the issue-rate floor in benchmarks/README.md. Files (ttir, ttgir, ptx, sass) go to --out.
+the basis of the issue-rate floor in benchmarks/README.md. `loop_body` is the instruction count of
+the largest loop (a GEMM's K step). Files (ttir, ttgir, ptx, sass) go to --out.
 """
 
 from __future__ import annotations
@@ -34,14 +36,9 @@ VARIANTS = {
 }
 
 
-def lower_to_ttir(variant: str, tunables, shape: tuple[int, int]) -> list[str]:
-    """The Triton IR (text) of every pallas_call in the per-token quantizer, lowered for an H200."""
-    import jax
-    import jax.numpy as jnp
+def _capture_ttir(lower) -> list[str]:
+    """The Triton IR (text) of every pallas_call that `lower()` lowers, targeting an H200."""
     from jax._src.pallas.triton import gpu_info, lowering, pallas_call_registration
-
-    from fp4rl.formats import nvfp4 as ref
-    from pallas_kernels.nvfp4_quant import triton as tq
 
     pallas_call_registration.gpu_info_lib.get_gpu_info = (
         lambda: gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H200))
@@ -55,13 +52,42 @@ def lower_to_ttir(variant: str, tunables, shape: tuple[int, int]) -> list[str]:
 
     pallas_call_registration.lowering.lower_jaxpr_to_triton_module = capture
     try:
-        config = ref.NVFP4Config(scale="token", **VARIANTS[variant])
-        x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-        jax.jit(lambda x: tq._quantize_jit(x, None, config, False, tunables)).trace(x).lower(
-            lowering_platforms=("cuda",))
+        lower()
     finally:
         pallas_call_registration.lowering.lower_jaxpr_to_triton_module = original
     return texts
+
+
+def lower_to_ttir(variant: str, tunables, shape: tuple[int, int]) -> list[str]:
+    """The Triton IR (text) of every pallas_call in the per-token quantizer, lowered for an H200."""
+    import jax
+    import jax.numpy as jnp
+
+    from fp4rl.formats import nvfp4 as ref
+    from pallas_kernels.nvfp4_quant import triton as tq
+
+    config = ref.NVFP4Config(scale="token", **VARIANTS[variant])
+    x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    return _capture_ttir(lambda: jax.jit(lambda x: tq._quantize_jit(x, None, config, False, tunables)).trace(x).lower(
+        lowering_platforms=("cuda",)))
+
+
+def lower_packed_gemm_to_ttir(form: str, tiles, experts: int, k: int, n: int, rows: int) -> list[str]:
+    """The Triton IR of the grouped GEMM of `pallas_kernels.grouped_gemm.packed_weight`, weight
+    read packed (form "nvfp4") or bf16, for x [rows, k] and `experts` weights [n, k]."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.grouped_gemm import packed_weight as pw
+
+    x = jax.ShapeDtypeStruct((rows, k), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((experts,), jnp.int32)
+    if form == "nvfp4":
+        weights = (jax.ShapeDtypeStruct((experts, n, k // 8), jnp.uint32), jax.ShapeDtypeStruct((experts, n, k // 16), jnp.uint8))
+    else:
+        weights = (jax.ShapeDtypeStruct((experts, n, k), jnp.bfloat16),)
+    return _capture_ttir(lambda: jax.jit(lambda x, w, s: pw._grouped_call(x, w, s, tiles=tiles, interpret=False)).trace(
+        x, weights, sizes).lower(lowering_platforms=("cuda",)))
 
 
 def compile_and_count(ttir_path: str, num_warps: int, num_stages: int) -> dict:
@@ -92,9 +118,26 @@ def compile_and_count(ttir_path: str, num_warps: int, num_stages: int) -> dict:
             ops[match.group(1)] += 1
             if to_exit is None and match.group(1) == "EXIT":
                 to_exit = sum(ops.values())
-    return {"registers": registers, "spill_bytes": local,  # LOCAL > 0: registers spilled to local memory
+    return {"registers": registers, "spill_bytes": local, "loop_body": _largest_loop(sass),  # LOCAL > 0: registers spilled to local memory
             "convert_layout": kernel.asm["ttgir"].count("convert_layout"), "shared_bytes": kernel.metadata.shared,
             "sass_total": sum(ops.values()), "to_first_exit": to_exit, "top": dict(ops.most_common(12))}
+
+
+def _largest_loop(sass: str) -> int:
+    """Instructions of the largest loop body (from a backward branch's target to the branch): what
+    a thread executes per iteration of a kernel's main loop (0 for a loop-free kernel)."""
+    address, opcodes = [], []
+    for line in sass.splitlines():
+        match = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*)", line)
+        if match:
+            address.append(int(match.group(1), 16))
+            opcodes.append((match.group(2), match.group(3)))
+    best = 0
+    for i, (opcode, rest) in enumerate(opcodes):
+        target = re.search(r"0x([0-9a-f]+)", rest) if opcode.startswith("BRA") else None
+        if target and int(target.group(1), 16) < address[i] and int(target.group(1), 16) in address:
+            best = max(best, i - address.index(int(target.group(1), 16)) + 1)
+    return best
 
 
 def main(argv=None) -> None:
@@ -113,9 +156,17 @@ def main(argv=None) -> None:
     parser.add_argument("--no-prefetch", action="store_true", help="planar: no software prefetch of chunk i+1")
     parser.add_argument("--shape", default=shapes.ACTIVATIONS[0], help="MxK of the bf16 activation")
     parser.add_argument("--out", default=None, help="folder for ttir/ttgir/ptx/sass (default: a temp folder)")
+    parser.add_argument("--kernel", choices=("quantize", "packed-nvfp4", "packed-bf16"), default="quantize",
+                        help="the quantizer, or the grouped GEMM of grouped_gemm.packed_weight (weight packed or bf16)")
+    parser.add_argument("--gemm", default="128x2048x768", help="packed-*: ExKxN of the expert weights")
+    parser.add_argument("--gemm-rows", type=int, default=1024, help="packed-*: rows of x")
+    parser.add_argument("--tiles", default="16x64x128", help="packed-*: block_m x block_n x block_k")
     args = parser.parse_args(argv)
     out = args.out or tempfile.mkdtemp(prefix="triton_sass_")
     os.makedirs(out, exist_ok=True)
+    if args.kernel != "quantize":
+        _packed_gemm_main(args, out)
+        return
     shape = shapes.parse(args.shape)
     tunables = dataclasses.replace(DEFAULT_TUNABLES, layout=args.layout, rows_1d=args.rows, block_k=args.block_k,
                                    num_warps=args.num_warps, num_stages=args.num_stages, prefetch=not args.no_prefetch)
@@ -124,6 +175,22 @@ def main(argv=None) -> None:
         with open(path, "w") as f:
             f.write(text)
         print(f"{args.variant} {args.layout} kernel{i}:", compile_and_count(path, tunables.num_warps, tunables.num_stages))
+    print("files:", out)
+
+
+def _packed_gemm_main(args, out: str) -> None:
+    from pallas_kernels.grouped_gemm.packed_weight import PackedGemmTiles
+
+    experts, k, n = (int(v) for v in args.gemm.split("x"))
+    block_m, block_n, block_k = (int(v) for v in args.tiles.split("x"))
+    tiles = PackedGemmTiles(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=args.num_warps,
+                            num_stages=args.num_stages)
+    form = args.kernel.removeprefix("packed-")
+    for i, text in enumerate(lower_packed_gemm_to_ttir(form, tiles, experts, k, n, args.gemm_rows)):
+        path = os.path.join(out, f"{args.kernel}{i}.ttir")
+        with open(path, "w") as f:
+            f.write(text)
+        print(f"{args.kernel} {args.tiles} kernel{i}:", compile_and_count(path, tiles.num_warps, tiles.num_stages))
     print("files:", out)
 
 

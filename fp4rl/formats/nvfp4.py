@@ -283,9 +283,14 @@ def scaled_operand(t: NVFP4Tensor, dtype=jnp.bfloat16):
     """
     dec = el.e2m1_decode(el.unpack_e2m1(t.codes))
     sf = jnp.repeat(t.scales.astype(jnp.float32), BLOCK, axis=-1)
+    return (dec * sf).astype(dtype), decode_scale(t)
+
+
+def decode_scale(t: NVFP4Tensor):
+    """S_dec of `scaled_operand` alone: `()` per tensor or `[..., 1]` per token, NaN where the amax
+    is not finite (a kernel that reads the codes and scales itself needs only this)."""
     _, s_dec = global_scales(t.amax, t.config.e4m3_bound)
-    s_dec = jnp.where(jnp.isfinite(t.amax), s_dec, jnp.float32(jnp.nan))
-    return (dec * sf).astype(dtype), s_dec
+    return jnp.where(jnp.isfinite(t.amax), s_dec, jnp.float32(jnp.nan))
 
 
 def dequantize(t: NVFP4Tensor, dtype=jnp.float32):

@@ -53,8 +53,9 @@ class ModelConfig:
     param_dtype / dtype: storage dtype of the parameters / compute dtype ("float32" | "bfloat16").
     group_align: the row block each expert's token group is padded to (a multiple of 32).
     expert_gemm: the routed experts' grouped-GEMM backend, forward and backward (`fp4rl.grouped`:
-      "xla" portable, "mosaic" Pallas Mosaic GPU kernels on a Hopper GPU, "mosaic_interpret" the
-      same kernels interpreted on the CPU, tests only). Not part of the numerics contract: the
+      "xla" portable, "mosaic" Pallas Mosaic GPU kernels on a Hopper GPU, "packed" the same plus the
+      NVFP4 weights' forward read packed (dequantized in the kernel), "mosaic_interpret" /
+      "packed_interpret" the kernels interpreted on the CPU, tests only). Not part of the numerics contract: the
       backends differ only in f32 accumulation order. Configs saved before the field load "xla".
     """
 

@@ -4,6 +4,7 @@
     y = grouped_matmul(x_RxK, w_ExKxN, sizes_E)                         # f32 [R, N], GPU, compiled
     dx = grouped_matmul(g_RxN, w_ExKxN, sizes_E, transpose_rhs=True)    # f32 [R, K]: g @ w[e]^T
     dw = grouped_wgrad(x_RxK, g_RxN, sizes_E, interpret=True)           # f32 [E, K, N], CPU interpreter
+    y = grouped_matmul_nvfp4(x_RxK, codes_ExNxK2, scales_ExNxK16, sizes_E)  # f32 [R, N], packed NVFP4 weight
 
 Why: `lax.ragged_dot` lowers on the GPU to a loop that reached 5.4 TFLOP/s on a 128-expert
 layer of the H200 (`benchmarks/bench_experts.md`), so the expert GEMMs dominated the RL step.
@@ -18,11 +19,16 @@ The semantics are those of `fp4rl.grouped` (the XLA reference, compared in
     ragged_dot.py              forward / dgrad kernel (vendored `ragged_dot_mgpu.py`)
     transposed_ragged_dot.py   wgrad kernel (vendored `transposed_ragged_dot_mgpu.py`)
     tunables.py                `GroupedGemmTiles` and the H200 defaults
+    packed_weight.py           a grouped GEMM that reads the weight as packed NVFP4 and dequantizes it
+                               in the kernel (Pallas Triton; the decode path on Hopper), with its
+                               bf16-weight twin; `PackedGemmTiles`
 """
 
 from __future__ import annotations
 
 from pallas_kernels.grouped_gemm.ops import grouped_matmul, grouped_wgrad
+from pallas_kernels.grouped_gemm.packed_weight import PackedGemmTiles, grouped_matmul_bf16, grouped_matmul_nvfp4
 from pallas_kernels.grouped_gemm.tunables import FORWARD_TILES, WGRAD_TILES, GroupedGemmTiles
 
-__all__ = ["FORWARD_TILES", "WGRAD_TILES", "GroupedGemmTiles", "grouped_matmul", "grouped_wgrad"]
+__all__ = ["FORWARD_TILES", "WGRAD_TILES", "GroupedGemmTiles", "PackedGemmTiles", "grouped_matmul", "grouped_matmul_bf16",
+           "grouped_matmul_nvfp4", "grouped_wgrad"]

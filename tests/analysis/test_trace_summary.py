@@ -74,5 +74,5 @@ def test_decode_benchmark_profile_adds_the_summary_to_its_markdown(tmp_path):
                                             iters=1, profile=str(tmp_path / "trace"))
     result = bench_decode.run(config)
     text = bench_decode.to_markdown(result)
-    assert "## Where a `bf16` decode call's time goes" in text and "per step (4 steps)" in text
-    assert trace_summary.find_trace(tmp_path / "trace" / "bf16").is_file()
+    assert "## Where a `bf16, expert_gemm=xla` decode call's time goes" in text and "per step (4 steps)" in text
+    assert trace_summary.find_trace(tmp_path / "trace" / "bf16-xla").is_file()

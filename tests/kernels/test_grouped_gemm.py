@@ -45,7 +45,8 @@ WGRAD_CASES = {
 }
 BACKENDS = [pytest.param(True, id="interpret"), pytest.param(False, id="compiled", marks=pytest.mark.gpu)]
 GEMMS = [pytest.param("mosaic_interpret", id="interpret"), pytest.param("mosaic", id="compiled", marks=pytest.mark.gpu)]
-QDOT_GEMMS = [*GEMMS, pytest.param("blocked", id="blocked")]
+QDOT_GEMMS = [*GEMMS, pytest.param("blocked", id="blocked"), pytest.param("packed_interpret", id="packed-interpret"),
+              pytest.param("packed", id="packed-compiled", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("interpret", BACKENDS)
@@ -232,6 +233,23 @@ def test_qdot_on_mosaic_runs_both_kernels():
         assert (forward_kernel.KERNEL_NAME in text, wgrad_kernel.KERNEL_NAME in text) == (present, present), gemm
 
 
+def test_packed_backend_reads_nvfp4_weights_packed():
+    """gemm="packed_interpret": an NVFP4 site's forward runs the packed-weight kernel (by name in
+    the program) and no bf16 copy of the weight stack is formed; a BF16 site's does not use it."""
+    from pallas_kernels.grouped_gemm import packed_weight
+
+    x = random_operands([(R, D)], seed=11)[0]
+    w = _f32_params(12)
+    sizes = jnp.asarray(SIZES, jnp.int32)
+    for site_name, present in (("nvfp4-dequantized", True), ("bf16", False)):
+        fn = lambda x, w, site=SITES[site_name]: qlinear.qdot(x, w, site, group_sizes=sizes, padding_rows=True,  # noqa: E731
+                                                             gemm="packed_interpret")
+        jaxpr = str(jax.make_jaxpr(fn)(x, w))
+        assert (packed_weight.KERNEL_NAME in jaxpr) == present, site_name
+        if present:  # the forward's only [E, N, K] bf16 arrays would be the dequantized weight
+            assert f"bf16[{len(SIZES)},{F},{D}]" not in jaxpr
+
+
 # ---------------------------------------------------------------- errors
 def test_bad_inputs_raise_clear_errors():
     a, b = random_operands([(64, 64), (2, 64, 64)])
@@ -258,7 +276,8 @@ def test_bad_inputs_raise_clear_errors():
 def test_backend_selector_is_explicit():
     a, b = random_operands([(64, 64), (2, 64, 64)])
     sizes = jnp.asarray([32, 32], jnp.int32)
-    with pytest.raises(ValueError, match=r"valid options: \('xla', 'blocked', 'mosaic', 'mosaic_interpret'\)"):
+    with pytest.raises(ValueError, match=r"valid options: \('xla', 'blocked', 'mosaic', 'mosaic_interpret', 'packed', "
+                                         r"'packed_interpret'\)"):
         grouped.ragged_matmul(a, b, sizes, gemm="triton")
     with pytest.raises(ValueError, match="valid options"):
         ModelConfig.from_name("tiny", expert_gemm="cutlass")

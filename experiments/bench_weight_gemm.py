@@ -1,0 +1,171 @@
+"""Benchmark of the grouped GEMM at decode sizes, with the weight read packed (NVFP4) or bf16.
+
+    python -m experiments.bench_weight_gemm [--rows_per_expert=1,8,16,32,64 --shapes=experts128,h200_up,h200_down]
+
+At decode a MoE layer multiplies a few rows per expert by every expert's weight: the time is
+the weight's HBM read. For each shape and rows per expert (equal groups), compared in one run,
+each output checked against an f32 einsum before it is timed:
+- `xla bf16`: `lax.ragged_dot` (the model's `expert_gemm="xla"`), bf16 weight;
+- `mosaic bf16`: the Mosaic GPU grouped GEMM (`expert_gemm="mosaic"`), bf16 weight;
+- `triton bf16`: `pallas_kernels.grouped_gemm.grouped_matmul_bf16`, the packed kernel's twin;
+- `emulated nvfp4 (xla)`: what a quantized site computes today from a synced weight:
+  `nvfp4.scaled_operand` (the bf16 copy of the weight, written to HBM) then `lax.ragged_dot`;
+- `triton nvfp4 packed`: `grouped_matmul_nvfp4`, dequantization fused (3.6x fewer weight bytes).
+The Triton rows take the fastest of a few launch shapes (`--block_n`, `--block_k`, block_m the
+rows per expert rounded up to a power of two in [16, 64]), named in the table. The roofline
+column is the weight bytes over the copy bandwidth measured in the same run (a jitted elementwise
+pass over a tensor of the bf16 weight's size, reading and writing it once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from experiments.gpu_bench import bench_main, median_seconds
+from fp4rl import grouped
+from fp4rl.formats import nvfp4
+from pallas_kernels.grouped_gemm import PackedGemmTiles, grouped_matmul, grouped_matmul_bf16, grouped_matmul_nvfp4
+
+SHAPES = {  # name: (experts, K, N) of x [R, K] @ w[e] [K, N]
+    "experts128": (128, 2048, 768),  # a 128-expert layer (bench_experts' shape)
+    "h200_up": (32, 512, 256),  # the h200 model's gate|up experts
+    "h200_down": (32, 128, 512),  # the h200 model's down experts
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightGemmBenchConfig:
+    shapes: tuple[str, ...] = ("experts128", "h200_up", "h200_down")
+    rows_per_expert: tuple[int, ...] = (1, 8, 16, 32, 64)
+    block_n: tuple[int, ...] = (32, 64, 128)  # Triton launch shapes tried
+    block_k: tuple[int, ...] = (128, 256)
+    num_warps: int = 4
+    iters: int = 20
+    interpret: bool = False  # kernels in their CPU interpreters: the tests' plumbing check, not a benchmark
+    out: str = "benchmarks"
+
+    def __post_init__(self):
+        unknown = [s for s in self.shapes if s not in SHAPES]
+        if unknown:
+            raise ValueError(f"unknown shapes {unknown}; valid options: {sorted(SHAPES)}")
+        if not self.rows_per_expert or min(self.rows_per_expert) < 1:
+            raise ValueError(f"rows_per_expert must be >= 1, got {self.rows_per_expert}")
+
+
+def _block_m(rows_per_expert: int) -> int:
+    return int(min(64, max(16, 1 << (rows_per_expert - 1).bit_length())))
+
+
+def _copy_bandwidth(nbytes: int, iters: int) -> float:
+    """Bytes/s of a jitted elementwise pass reading and writing `nbytes` of bf16 once."""
+    x = jnp.ones((nbytes // 2,), jnp.bfloat16)
+    seconds = median_seconds(jax.jit(lambda v: v * jnp.bfloat16(1.5)), x, iters=iters)
+    return 2 * nbytes / seconds
+
+
+def _operands(experts: int, k: int, n: int, rows_per_expert: int):
+    kx, kw = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (experts * rows_per_expert, k), jnp.float32).astype(jnp.bfloat16)
+    w = jax.random.normal(kw, (experts, k, n), jnp.float32)
+    wq = jax.vmap(lambda m: nvfp4.quantize(m.T, nvfp4.NVFP4Config(block_2d=True)))(w)  # w^T [E, N, K], as synced
+    wv = jax.vmap(lambda t: nvfp4.scaled_operand(t)[0])(wq)  # exact bf16 [E, N, K]
+    sizes = jnp.full((experts,), rows_per_expert, jnp.int32)
+    return x, wq, wv, sizes
+
+
+def _case(config: WeightGemmBenchConfig, shape: str, rows_per_expert: int, bandwidth: float) -> list[dict]:
+    experts, k, n = SHAPES[shape]
+    x, wq, wv, sizes = _operands(experts, k, n, rows_per_expert)
+    w_kn = jnp.swapaxes(wv, 1, 2)  # [E, K, N] for the K-major kernels
+    rows = x.shape[0]
+    exact = jnp.einsum("erk,enk->ern", x.reshape(experts, rows_per_expert, k).astype(jnp.float32),
+                       wv.astype(jnp.float32), precision="highest").reshape(rows, n)
+    flops = 2.0 * rows * k * n
+    bf16_bytes = experts * k * n * 2
+    packed_bytes = experts * n * (k // 2 + k // 16)
+    interpret = config.interpret
+    candidates = [
+        ("xla bf16", jax.jit(lambda x, w, s: grouped.ragged_matmul(x, w, s, gemm="xla")), (x, w_kn, sizes), bf16_bytes),
+        ("mosaic bf16", jax.jit(lambda x, w, s: grouped_matmul(x, w, s, interpret=interpret)), (x, w_kn, sizes),
+         bf16_bytes),
+        ("emulated nvfp4 (xla)", jax.jit(lambda x, t, s: grouped.ragged_matmul(
+            x, jax.vmap(lambda u: nvfp4.scaled_operand(u)[0])(t), s, gemm="xla", transpose_rhs=True)),
+         (x, wq, sizes), packed_bytes),
+    ]
+    block_m = _block_m(rows_per_expert)
+    for block_n in config.block_n:
+        for block_k in config.block_k:
+            tiles = PackedGemmTiles(block_m=block_m, block_n=min(block_n, n), block_k=min(block_k, k),
+                                    num_warps=config.num_warps)
+            candidates.append((f"triton bf16 {_tiles_name(tiles)}", jax.jit(
+                lambda x, w, s, tiles=tiles: grouped_matmul_bf16(x, w, s, tiles=tiles, interpret=interpret)),
+                (x, wv, sizes), bf16_bytes))
+            candidates.append((f"triton nvfp4 packed {_tiles_name(tiles)}", jax.jit(
+                lambda x, c, sc, s, tiles=tiles: grouped_matmul_nvfp4(x, c, sc, s, tiles=tiles, interpret=interpret)),
+                (x, wq.codes, wq.scales, sizes), packed_bytes))
+    results = []
+    for name, fn, args, weight_bytes in candidates:
+        out = fn(*args)
+        rel = float(jnp.linalg.norm(out - exact) / jnp.linalg.norm(exact))
+        if not rel < 1e-5:  # bf16 x bf16 products are exact in f32; only the f32 sums differ
+            raise AssertionError(f"{shape} {rows_per_expert} rows/expert, {name}: relative error {rel:.3g} vs f32 einsum")
+        seconds = median_seconds(fn, *args, iters=config.iters)
+        results.append({"shape": shape, "rows_per_expert": rows_per_expert, "name": name, "us": seconds * 1e6,
+                        "tflops": flops / seconds / 1e12, "weight_gbs": weight_bytes / seconds / 1e9,
+                        "roofline_us": weight_bytes / bandwidth * 1e6, "rel_error": rel})
+    return _best_per_kernel(results)
+
+
+def _tiles_name(tiles: PackedGemmTiles) -> str:
+    return f"[{tiles.block_m}x{tiles.block_n}x{tiles.block_k}]"
+
+
+def _best_per_kernel(results: list[dict]) -> list[dict]:
+    """Each Triton kernel's fastest launch shape; the other rows as they are."""
+    best: dict[str, dict] = {}
+    for row in results:
+        kernel = row["name"].split(" [")[0]
+        if kernel not in best or row["us"] < best[kernel]["us"]:
+            best[kernel] = row
+    return list(best.values())
+
+
+def run(config: WeightGemmBenchConfig) -> dict:
+    biggest = max(SHAPES[s][0] * SHAPES[s][1] * SHAPES[s][2] * 2 for s in config.shapes)
+    bandwidth = _copy_bandwidth(biggest, config.iters)
+    rows = []
+    for shape in config.shapes:
+        for rows_per_expert in config.rows_per_expert:
+            rows += _case(config, shape, rows_per_expert, bandwidth)
+            print(rows[-1])
+    return {"config": dataclasses.asdict(config), "copy_bandwidth_gbs": bandwidth / 1e9,
+            "device": str(jax.devices()[0].device_kind), "rows": rows}
+
+
+def to_markdown(result) -> str:
+    lines = [f"# Grouped GEMM at decode sizes: packed NVFP4 vs bf16 weight ({result['device']})", "",
+             f"Copy bandwidth measured in this run: {result['copy_bandwidth_gbs']:.0f} GB/s. The roofline is the "
+             "weight bytes the row reads (bf16: 2 per element; packed NVFP4: 0.5625) at that bandwidth.", "",
+             "| shape | rows/expert | kernel | us | roofline us | weight GB/s | TFLOP/s | vs xla bf16 | vs best bf16 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    cases = {}
+    for row in result["rows"]:
+        cases.setdefault((row["shape"], row["rows_per_expert"]), []).append(row)
+    for (shape, rpe), rows in cases.items():
+        xla = next(r["us"] for r in rows if r["name"] == "xla bf16")
+        best_bf16 = min(r["us"] for r in rows if "bf16" in r["name"])
+        for r in rows:
+            lines.append(f"| {shape} | {rpe} | {r['name']} | {r['us']:.1f} | {r['roofline_us']:.1f} | "
+                         f"{r['weight_gbs']:.0f} | {r['tflops']:.2f} | {xla / r['us']:.2f}x | {best_bf16 / r['us']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    bench_main("bench_weight_gemm", WeightGemmBenchConfig, run, to_markdown, argv)
+
+
+if __name__ == "__main__":
+    main()

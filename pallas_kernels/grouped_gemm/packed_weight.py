@@ -1,0 +1,270 @@
+"""Grouped GEMM whose weight stays packed NVFP4 in HBM, dequantized in the kernel (Pallas Triton).
+
+    y = grouped_matmul_nvfp4(x_RxK, codes_ExNxK2, scales_ExNxK16, sizes_E)  # f32 [R, N]
+    y = grouped_matmul_bf16(x_RxK, w_ExNxK, sizes_E)                        # the same kernel, bf16 weight
+
+Rows of group e (x sorted by group, dropless) times W_e^T, where W_e = dec(codes_e) * sf_e is the
+exact bf16 operand of an NVFP4 weight quantized along K (`fp4rl.qlinear.quantize_weight` gives
+w^T: codes [E, N, K/2], E4M3 scales [E, N, K/16]; docs/numerics.md §2). The global decode scale
+stays an epilogue of the caller, as in `fp4rl.qlinear`. Rows past sum(sizes) are 0.
+
+Why: on Hopper (no FP4 tensor cores) the emulated forward writes W's bf16 copy to HBM and reads
+it back at every call. A decode step reads each expert's weight once for a handful of rows, so
+that copy, not the FLOPs, is the step's cost. Here each program loads its [block_n, block_k]
+tile of packed codes (half a byte per element) and E4M3 scales (1/16 byte), decodes it in
+registers and feeds the tensor cores in bf16: 3.6x fewer weight bytes than bf16 and nothing
+written back. The bf16-weight form shares the kernel, so the benchmark compares like with like.
+
+Schedule: rows are cut into `block_m` tiles that never straddle two groups (a group of s rows
+has ceil(s / block_m) tiles); the tile list, computed with XLA ops (`tile_schedule`), has the
+static length ceil(R / block_m) + E, and programs past the real tiles exit at once. The grid is
+(tile, column block); every program walks K in `block_k` steps with an f32 accumulator.
+
+Numerics: the dequantized tile equals `nvfp4.scaled_operand` bit for bit (the decode helpers of
+`nvfp4_quant.block_math`, products of at most 6 significant bits: exact in bf16); products of
+two bf16 are exact in f32, so the result differs from the XLA reference only by the order of
+the f32 sums (tests compare inputs whose sums are exact bit for bit, others to f32 tolerance).
+
+Backend: Pallas Triton, which JAX deprecates (docs/numerics.md §10); a float4 conversion does
+not compile in Triton 3.6, so codes are decoded with integer ops. Compiled it needs a CUDA GPU
+(no XLA fallback); `interpret=True` runs it on the CPU for the tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu_triton
+
+from pallas_kernels.nvfp4_quant import block_math as bm
+from pallas_kernels.nvfp4_quant.wrappers import require_gpu
+
+KERNEL_NAME = "fp4rl_grouped_packed_weight_gemm"
+_DOT_NT = (((1,), (1,)), ((), ()))  # x [M, K] . w [N, K] -> [M, N]
+
+
+def _is_power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedGemmTiles:
+    """Launch shape: block_m x block_n output tiles, K in block_k steps (Triton needs powers of
+    two, and 16 or more for a tensor-core dot), `num_warps` per program, `num_stages` of
+    software pipelining. Defaults: decode batches (1-64 rows per expert) of the h200 model."""
+
+    block_m: int = 16
+    block_n: int = 64
+    block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 16 or not _is_power_of_two(value):
+                raise ValueError(f"{name}={value} must be a power of two >= 16 (Triton tensor-core dot tiles)")
+        if self.num_warps < 1 or self.num_stages < 1:
+            raise ValueError(f"num_warps={self.num_warps} and num_stages={self.num_stages} must be >= 1")
+
+    def fit(self, n: int, k: int) -> "PackedGemmTiles":
+        """These tiles with block_n / block_k shrunk, where needed, to the largest power of two
+        that divides N / K (the caller checks the least block each kernel form needs)."""
+        return dataclasses.replace(self, block_n=min(self.block_n, _pow2_divisor(n)),
+                                   block_k=min(self.block_k, _pow2_divisor(k)))
+
+
+def _pow2_divisor(size: int) -> int:
+    return size & -size
+
+
+DEFAULT_TILES = PackedGemmTiles()
+
+
+def tile_schedule(group_sizes_E, num_rows: int, block_m: int):
+    """Per row tile t (static count ceil(R / block_m) + E): (group, first row, the group's end
+    row) int32; the tile covers rows [first, min(first + block_m, end)).
+
+    Group g's rows [start_g, start_g + s_g) are cut into ceil(s_g / block_m) tiles; tiles past
+    the last real one get end == first (no rows), so their programs do nothing.
+    """
+    sizes = jnp.asarray(group_sizes_E, jnp.int32)
+    num_groups = sizes.shape[0]
+    tiles = (sizes + block_m - 1) // block_m
+    tile_end = jnp.cumsum(tiles)
+    row_end = jnp.cumsum(sizes)
+    row_start = row_end - sizes
+    t = jnp.arange(pl.cdiv(num_rows, block_m) + num_groups, dtype=jnp.int32)
+    group = jnp.minimum(jnp.searchsorted(tile_end, t, side="right"), num_groups - 1).astype(jnp.int32)
+    first = row_start[group] + (t - (tile_end - tiles)[group]) * block_m
+    valid = t < tile_end[-1]
+    first = jnp.where(valid, first, 0)
+    end = jnp.where(valid, jnp.minimum(row_end[group], num_rows), 0)
+    return group, first, end
+
+
+F16_CODE_FACTOR = 2.0**14  # an E2M1 code's 4 bits placed in f16 bits [15] and [11:9] read as value * 2^-14
+
+
+def _shift(x, bits: int):
+    """x << bits for bits >= 0, x >> -bits (logical) otherwise."""
+    if bits >= 0:
+        return lax.shift_left(x, np.uint32(bits))
+    return lax.shift_right_logical(x, np.uint32(-bits))
+
+
+def _f16_to_f32(bits_u32):
+    return lax.bitcast_convert_type(bits_u32.astype(jnp.uint16), jnp.float16).astype(jnp.float32)
+
+
+def _codes_times_2_pow_minus_14(words):
+    """uint32 [n, w] of packed E2M1 codes -> float32 [n, 8 w]: dec(q) * 2^-14 in element order
+    (nibble i of a little-endian word is element 8 j + i), exactly.
+
+    Each code becomes an f16 by moving bits: the sign to f16 bit 15, the 3 magnitude bits to
+    bits [11:9] (f16's low exponent bits and top mantissa bit). E2M1 has exponent bias 1 and
+    f16 bias 15, and both formats' subnormals (exponent field 0) scale alike, so every code, 0.5
+    included (an f16 subnormal, converted exactly), reads as its value times 2^-14. Codes i and
+    i + 4 of a word sit 16 bits apart, so one pair of shifts and masks makes both halves of a
+    32-bit word at once (two f16); pairwise stacks (Triton's `join`) then interleave the 8 code
+    planes back into element order."""
+    lo, hi = [], []
+    for i in range(4):
+        pair = (_shift(words, 9 - 4 * i) & np.uint32(0x0E000E00)) | (_shift(words, 12 - 4 * i) & np.uint32(0x80008000))
+        lo.append(_f16_to_f32(pair))  # code i
+        hi.append(_f16_to_f32(lax.shift_right_logical(pair, np.uint32(16))))  # code i + 4
+
+    def interleave(planes):  # planes in element order -> [n, w, len(planes)], flattened
+        if len(planes) == 1:
+            return planes[0][..., None]
+        even, odd = interleave(planes[0::2]), interleave(planes[1::2])
+        return jnp.stack([even, odd], axis=-1).reshape(*even.shape[:-1], 2 * even.shape[-1])
+
+    return interleave(lo + hi).reshape(words.shape[0], 8 * words.shape[1])
+
+
+def dequantized_tile(code_words, scale_bytes):
+    """Codes as uint32 words [n, k/8] (8 codes each, `codes_as_words`) and E4M3 scale bytes
+    uint8 [n, k/16] -> dec(q) * sf, bf16 [n, k] (exact: the bytes of `nvfp4.scaled_operand`; a
+    NaN scale gives NaN for its 16 elements). (dec(q) 2^-14) (sf 2^14) is exact in f32: both
+    factors are, and the product has at most 6 significant bits."""
+    n, words = code_words.shape
+    dec = _codes_times_2_pow_minus_14(code_words).reshape(n, words // 2, bm.BLOCK)
+    sf = bm.e4m3_decode(scale_bytes.astype(jnp.int32)) * np.float32(F16_CODE_FACTOR)
+    return (dec * sf[..., None]).reshape(n, 8 * words).astype(jnp.bfloat16)
+
+
+def codes_as_words(codes):
+    """uint8 [..., K/2] -> uint32 [..., K/8], the same bytes: the kernel loads 8 codes per word
+    (byte loads would take one load instruction per 2 codes)."""
+    *lead, half = codes.shape
+    return lax.bitcast_convert_type(codes.reshape(*lead, half // 4, 4), jnp.uint32)
+
+
+def _kernel(group_ref, first_ref, end_ref, x_ref, *refs, packed: bool, tiles: PackedGemmTiles, k: int):
+    out_ref = refs[-1]
+    bm_, bn, bk = tiles.block_m, tiles.block_n, tiles.block_k
+    t, j = pl.program_id(0), pl.program_id(1)
+    group, first, end = group_ref[t], first_ref[t], end_ref[t]
+    n0 = j * bn
+    row_ok = (first + jnp.arange(bm_)) < end
+
+    @pl.when(first < end)
+    def _():
+        def body(i, acc):
+            k0 = i * bk
+            x = plgpu_triton.load(x_ref.at[pl.ds(first, bm_), pl.ds(k0, bk)], mask=row_ok[:, None], other=0.0)
+            if packed:
+                codes_ref, scales_ref = refs[0], refs[1]
+                w = dequantized_tile(codes_ref[group, pl.ds(n0, bn), pl.ds(k0 // 8, bk // 8)],
+                                     scales_ref[group, pl.ds(n0, bn), pl.ds(k0 // bm.BLOCK, bk // bm.BLOCK)])
+            else:
+                w = refs[0][group, pl.ds(n0, bn), pl.ds(k0, bk)]
+            return acc + lax.dot_general(x, w, _DOT_NT, preferred_element_type=jnp.float32)
+
+        acc = lax.fori_loop(0, k // bk, body, jnp.zeros((bm_, bn), jnp.float32))
+        plgpu_triton.store(out_ref.at[pl.ds(first, bm_), pl.ds(n0, bn)], acc, mask=row_ok[:, None])
+
+
+@functools.partial(jax.jit, static_argnames=("tiles", "interpret"))
+def _grouped_call(x_RxK, weights, group_sizes_E, *, tiles: PackedGemmTiles, interpret):
+    rows, k = x_RxK.shape
+    n = weights[0].shape[1]
+    packed = len(weights) == 2
+    group, first, end = tile_schedule(group_sizes_E, rows, tiles.block_m)
+    # block_m padding rows: a tile's window may run past the last row (masked in the kernel; the
+    # interpreter's dynamic slices would clamp instead, so the window must lie inside the array)
+    x = jnp.pad(x_RxK, ((0, tiles.block_m), (0, 0)))
+    out = pl.pallas_call(
+        functools.partial(_kernel, packed=packed, tiles=tiles, k=k),
+        out_shape=jax.ShapeDtypeStruct((rows + tiles.block_m, n), jnp.float32),
+        grid=(group.shape[0], n // tiles.block_n),
+        compiler_params=plgpu_triton.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages),
+        interpret=interpret,
+        name=KERNEL_NAME,
+    )(group, first, end, x, *weights)[:rows]
+    # rows no tile wrote (past sum(sizes)) hold whatever the buffer held: zero them
+    covered = jnp.arange(rows) < jnp.sum(jnp.asarray(group_sizes_E, jnp.int32))
+    return jnp.where(covered[:, None], out, jnp.float32(0))
+
+
+def _check(what: str, x_RxK, weight_shape, group_sizes_E, tiles: PackedGemmTiles, k: int, least_k: int):
+    if jnp.ndim(x_RxK) != 2 or jnp.result_type(x_RxK) != jnp.bfloat16:
+        raise TypeError(f"{what}: x must be bfloat16 [R, K], got {jnp.result_type(x_RxK)} {jnp.shape(x_RxK)}")
+    if x_RxK.shape[1] != k:
+        raise ValueError(f"{what}: x has K={x_RxK.shape[1]} but the weight has K={k}")
+    num_groups, n = weight_shape[0], weight_shape[1]
+    if jnp.shape(group_sizes_E) != (num_groups,) or not jnp.issubdtype(jnp.result_type(group_sizes_E), jnp.integer):
+        raise ValueError(f"{what}: group_sizes must be integers of shape ({num_groups},), got "
+                         f"{jnp.result_type(group_sizes_E)} {jnp.shape(group_sizes_E)}")
+    for dim, size, least in (("N", n, 16), ("K", k, least_k)):
+        if _pow2_divisor(size) < least:
+            raise ValueError(f"{what}: {dim}={size} must be a multiple of {least} (Triton dot tiles are powers of two "
+                             f">= 16{'; K holds whole 16-element NVFP4 blocks in whole 32-bit words' if least == 32 else ''})")
+    if tiles.block_k < least_k:
+        raise ValueError(f"{what}: block_k={tiles.block_k} must be >= {least_k}")
+    return tiles.fit(n, k)
+
+
+def grouped_matmul_nvfp4(x_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, tiles: PackedGemmTiles | None = None,
+                         interpret: bool = False):
+    """f32 [R, N]: rows of group e times (dec(codes[e]) * scales[e])^T; rows past the groups 0.
+
+    codes: uint8 [E, N, K/2] (even element in the low nibble); scales: float8_e4m3fn (or its
+    bytes, uint8) [E, N, K/16]. sum(group_sizes) <= R is the caller's contract."""
+    if jnp.result_type(codes_ExNxK2) != jnp.uint8 or jnp.ndim(codes_ExNxK2) != 3:
+        raise TypeError(f"grouped_matmul_nvfp4: codes must be uint8 [E, N, K/2], got "
+                        f"{jnp.result_type(codes_ExNxK2)} {jnp.shape(codes_ExNxK2)}")
+    e, n, half = codes_ExNxK2.shape
+    if jnp.shape(scales_ExNxK16) != (e, n, 2 * half // bm.BLOCK):
+        raise ValueError(f"grouped_matmul_nvfp4: scales must have shape {(e, n, 2 * half // bm.BLOCK)}, got "
+                         f"{jnp.shape(scales_ExNxK16)}")
+    if jnp.result_type(scales_ExNxK16) not in (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.uint8)):
+        raise TypeError(f"grouped_matmul_nvfp4: scales must be float8_e4m3fn or uint8, got {jnp.result_type(scales_ExNxK16)}")
+    fitted = _check("grouped_matmul_nvfp4", x_RxK, (e, n), group_sizes_E, tiles or DEFAULT_TILES, 2 * half, 32)
+    require_gpu(interpret, "grouped_matmul_nvfp4")
+    scale_bytes = lax.bitcast_convert_type(scales_ExNxK16, jnp.uint8)
+    return _grouped_call(x_RxK, (codes_as_words(codes_ExNxK2), scale_bytes), group_sizes_E, tiles=fitted, interpret=interpret)
+
+
+def grouped_matmul_bf16(x_RxK, w_ExNxK, group_sizes_E, *, tiles: PackedGemmTiles | None = None,
+                        interpret: bool = False):
+    """f32 [R, N]: rows of group e times w[e]^T (w bf16 [E, N, K]); the same kernel as
+    `grouped_matmul_nvfp4` with the weight read as bf16 (its baseline)."""
+    if jnp.result_type(w_ExNxK) != jnp.bfloat16 or jnp.ndim(w_ExNxK) != 3:
+        raise TypeError(f"grouped_matmul_bf16: w must be bfloat16 [E, N, K], got {jnp.result_type(w_ExNxK)} "
+                        f"{jnp.shape(w_ExNxK)}")
+    e, n, k = w_ExNxK.shape
+    fitted = _check("grouped_matmul_bf16", x_RxK, (e, n), group_sizes_E, tiles or DEFAULT_TILES, k, 16)
+    require_gpu(interpret, "grouped_matmul_bf16")
+    return _grouped_call(x_RxK, (w_ExNxK,), group_sizes_E, tiles=fitted, interpret=interpret)
+
+
+__all__ = ["DEFAULT_TILES", "KERNEL_NAME", "PackedGemmTiles", "codes_as_words", "dequantized_tile", "grouped_matmul_bf16",
+           "grouped_matmul_nvfp4", "tile_schedule"]
