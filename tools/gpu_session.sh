@@ -16,6 +16,7 @@
 #   bash tools/gpu_session.sh compile   # the RL update program's compile time per arm x GEMM backend x XLA_FLAGS
 #                                       # variant (COMPILE_ARMS, COMPILE_GEMMS, SEEDS; no warm-up needed); the
 #                                       # fastest one as GEMM=...; XLA_FLAGS=... into COMPILE_CHOICE
+#   bash tools/gpu_session.sh rlstep    # h200 warm-up + RL step time per arm (ARMS) x expert GEMM backend (GEMMS)
 #   bash tools/gpu_session.sh warmup    # the h200 warm-up alone
 #   bash tools/gpu_session.sh serve_eval # h200 warm-up + the deployment correlation (SERVE_ARGS; resumable)
 #   bash tools/gpu_session.sh grouped   # compiled grouped-GEMM (Mosaic) tests + bench_experts (BENCH_ARGS)
@@ -24,7 +25,8 @@
 #   bash tools/gpu_session.sh mosaic    # the compiled Mosaic GPU kernel suite alone
 #   bash tools/gpu_session.sh model     # the model GPU test alone (Triton impl == reference, bitwise)
 #   bash tools/gpu_session.sh quant     # bench_quant alone (BENCH_ARGS)
-#   bash tools/gpu_session.sh decode    # bench_decode (bf16, full) with a profiled call per recipe: per-kernel time per step
+#   bash tools/gpu_session.sh decode    # bench_decode (bf16, full) x expert GEMM backend (DECODE_GEMMS), each with a
+#                                       # profiled call: per-kernel time per step
 #   bash tools/gpu_session.sh probe     # compiled Mosaic bf16 cases vs the NumPy oracle, field by field
 # The image lacks grain/tensorboardX: carried as wheels in .whl/ (see README "GPU runs").
 # Each step has its own time limit and logs to $OUT/log.txt; results are tarred into $OUT.
@@ -150,7 +152,7 @@ case "$mode" in
   decode)
     # decode throughput per recipe, then one profiled call each: where a decode step's time goes
     step bench_decode "${BENCH_SECONDS:-300}" python -m experiments.bench_decode --recipes=bf16,full \
-      --profile=runs/decode_trace ${BENCH_ARGS:-}
+      --expert_gemms="${DECODE_GEMMS:-xla,mosaic,packed}" --profile=runs/decode_trace ${BENCH_ARGS:-}
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   quant)
@@ -284,6 +286,14 @@ seconds, flags = min(times) if times else (None, "")
 print(f"export GEMM={gemm if times else 'xla'} XLA_FLAGS={shlex.quote(flags)} COMPILE_SECONDS_MEASURED={seconds}")
 PY
     tee -a "$log" <"${COMPILE_CHOICE:-/tmp/fp4rl-compile-choice.sh}"
+    ;;
+  rlstep)
+    # RL step time per arm x grouped-GEMM backend from the h200 warm-up, one run after the other
+    warmup || exit 1
+    step rl_step_time "${RLSTEP_SECONDS:-540}" python tools/rl_step_time.py --preset h200 --init runs/h200/sft \
+      --arms "${ARMS:-bf16,full}" --seeds "${SEEDS:-2}" --gemms "${GEMMS:-xla,mosaic,packed}" --steps "${STEPS:-6}"
+    mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_rl_step_time.log
+    tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   warmup)
     warmup

@@ -1,0 +1,90 @@
+"""RL step time per arm and grouped-GEMM backend: where an RL step's time goes, and what a backend buys.
+
+    python tools/rl_step_time.py --preset h200 --arms bf16,full --seeds 2 --gemms xla,mosaic,packed --steps 6
+    JAX_PLATFORMS=cpu python tools/rl_step_time.py --preset smoke --gemms xla,packed_interpret --steps 3
+
+Each (arm, backend) runs the preset's RL trainer for `--steps` steps from the warm-up in `--init`
+(the preset's own by default; a missing one is replaced by random parameters, said in the output),
+in a temporary directory, one after the other in this process (never two at once: they would
+share the device). The first step compiles what was not compiled ahead, so the table gives the
+median of the later steps: the whole step, its rollouts (sampling; DAPO may draw several
+generation batches) and the rest (the update and the bookkeeping), with the step-0 reward as a
+sanity check that the backends compute the same policy (they differ only in f32 summation
+order). Times from a CPU are not performance numbers; the GPU's go to `benchmarks/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fp4rl import configs  # noqa: E402
+from fp4rl.grouped import check_gemm  # noqa: E402
+from fp4rl.model import init  # noqa: E402
+from fp4rl.rl import sft, trainer  # noqa: E402
+
+
+def _warmup(preset: str, init_dir: str):
+    """The warm-up's (graphdef, params, meta), or random parameters of the preset's model."""
+    if (Path(init_dir) / "sft_meta.json").is_file():
+        return sft.load(init_dir), f"warm-up {init_dir}"
+    model_config = sft.model_config(configs.SFT_PRESETS[preset])
+    graphdef, params = init(model_config, 0)
+    return (graphdef, params, {"model_config": dataclasses.asdict(model_config)}), "random parameters (no warm-up found)"
+
+
+def measure(preset: str, arm: str, gemm: str, seeds: int, steps: int, warmup) -> dict:
+    config = dataclasses.replace(configs.RL_PRESETS[preset], arm=arm, seeds=seeds, steps=steps, expert_gemm=gemm,
+                                 eval_every=0, checkpoint_every=steps, out=tempfile.mkdtemp(prefix="rl_step_time_"))
+    t0 = time.perf_counter()
+    history = trainer.Trainer(config, progress=False, warmup=warmup).run()
+    wall = time.perf_counter() - t0
+    later = [step[1:] for step in history]  # per seed, steps after the first
+
+    def median(key):
+        return float(np.median([r[key] for seed in later for r in seed]))
+
+    step_s, rollout_s = median("time/step_s"), median("time/rollout_s")
+    return {"arm": arm, "gemm": gemm, "seeds": seeds, "step_s": step_s, "rollout_s": rollout_s,
+            "rest_s": step_s - rollout_s, "first_step_s": float(np.mean([s[0]["time/step_s"] for s in history])),
+            "reward_step0": float(np.mean([s[0]["reward/mean"] for s in history])), "wall_s": wall}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="h200", choices=sorted(configs.RL_PRESETS))
+    parser.add_argument("--arms", default="bf16,full")
+    parser.add_argument("--gemms", default="xla,mosaic,packed")
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=6, help="steps per run; the first (compiling) one is not timed")
+    parser.add_argument("--init", default="", help="warm-up directory (default: the preset's)")
+    args = parser.parse_args(argv)
+    gemms = args.gemms.split(",")
+    for gemm in gemms:
+        check_gemm(gemm)  # names the valid backends
+    if args.steps < 2:
+        parser.error("--steps must be >= 2 (the first step compiles and is not timed)")
+    warmup, source = _warmup(args.preset, args.init or configs.RL_PRESETS[args.preset].init)
+    print(f"preset {args.preset}, {args.seeds} seeds, {args.steps} steps per run, from {source}", flush=True)
+    rows = []
+    for arm in args.arms.split(","):
+        for gemm in gemms:
+            rows.append(measure(args.preset, arm, gemm, args.seeds, args.steps, warmup))
+            print(rows[-1], flush=True)
+    print("\n| arm | expert GEMM | step s | rollout s | rest s | vs first backend | first step s | reward step 0 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        base = next(r for r in rows if r["arm"] == row["arm"])
+        print(f"| {row['arm']} | {row['gemm']} | {row['step_s']:.2f} | {row['rollout_s']:.2f} | {row['rest_s']:.2f} | "
+              f"{base['step_s'] / row['step_s']:.2f}x | {row['first_step_s']:.1f} | {row['reward_step0']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
