@@ -73,6 +73,13 @@ mosaic_tests() {  # mosaic_tests SECONDS  (MOSAIC_K: a pytest -k selection; MOSA
   # shellcheck disable=SC2086  # the ids are words
   step gpu_tests_mosaic "$1" python -m pytest $par -v -rf --tb=line -m gpu $tests -p no:cacheprovider ${MOSAIC_K:+-k "$MOSAIC_K"}
 }
+gemm_tests_and_bench() {  # NAME TEST_FILE TEST_SECONDS BENCH DEFAULT_BENCH_SECONDS: compiled tests, then the benchmark
+  step "gpu_tests_$1" "$3" python -m pytest -v -rf --tb=short -m gpu "$2" -p no:cacheprovider
+  # shellcheck disable=SC2086  # BENCH_ARGS are words
+  step "$4" "${BENCH_SECONDS:-$5}" python -m "experiments.$4" ${BENCH_ARGS:-}
+  mkdir -p benchmarks/logs && cp "$log" "benchmarks/logs/gpu_$1.log"
+  tar czf "$OUT/benchmarks.tgz" benchmarks
+}
 # The h200 warm-up, deterministic (experiments.sft sets --xla_gpu_deterministic_ops). A call on a
 # machine still warm from the previous one copies it from WARMUP_CACHE instead of retraining; either
 # way its parameters' SHA-256 is compared with the expected one. It trains under the default XLA_FLAGS,
@@ -127,18 +134,10 @@ case "$mode" in
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   grouped)
-    step gpu_tests_grouped "${GROUPED_SECONDS:-240}" python -m pytest -v -rf --tb=short -m gpu \
-      tests/kernels/test_grouped_gemm.py -p no:cacheprovider
-    step bench_experts "${BENCH_SECONDS:-240}" python -m experiments.bench_experts ${BENCH_ARGS:-}
-    mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_grouped.log
-    tar czf "$OUT/benchmarks.tgz" benchmarks
+    gemm_tests_and_bench grouped tests/kernels/test_grouped_gemm.py "${GROUPED_SECONDS:-240}" bench_experts 240
     ;;
   weight_gemm)
-    step gpu_tests_weight_gemm "${GROUPED_SECONDS:-150}" python -m pytest -v -rf --tb=short -m gpu \
-      tests/kernels/test_packed_weight_gemm.py -p no:cacheprovider
-    step bench_weight_gemm "${BENCH_SECONDS:-300}" python -m experiments.bench_weight_gemm ${BENCH_ARGS:-}
-    mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_weight_gemm.log
-    tar czf "$OUT/benchmarks.tgz" benchmarks
+    gemm_tests_and_bench weight_gemm tests/kernels/test_packed_weight_gemm.py "${GROUPED_SECONDS:-150}" bench_weight_gemm 300
     ;;
   triton)
     triton_tests "${TRITON_SECONDS:-150}"

@@ -100,8 +100,10 @@ class Attention(nnx.Module):
 
     def __call__(self, x_BxLxD, positions_BxL, mask_BxLxS, ctx: Ctx, kv_cache=None, index=None):
         """mask_BxLxS: True where query l may attend key slot s. Without a cache S == L and the
-        keys are this call's tokens; with `kv_cache` = (k_BxSxKxDh, v_BxSxKxDh) the new keys are
-        written at slots index..index+L-1 first. Returns (y_BxLxD, (k_cache, v_cache) or None).
+        keys are this call's tokens; with `kv_cache` = (k, v) of every layer ([N, B, K, S, Dh],
+        `KVCache`) the new keys are written into this layer's slots index..index+L-1 first (the
+        layer: this module's static index plus ctx.layer_shift, traced inside a layers' scan).
+        Returns (y_BxLxD, the updated (k, v) or None).
         """
         B, L, _ = x_BxLxD.shape
         H, K, Dh = self.num_heads, self.num_kv_heads, self.head_dim
@@ -116,29 +118,46 @@ class Attention(nnx.Module):
         q_BxLxHxDh = rope(q_BxLxHxDh, positions_BxL, self.rope_theta)
         k_BxLxKxDh = rope(k_BxLxKxDh, positions_BxL, self.rope_theta)
 
-        new_cache = None
-        if kv_cache is not None:
-            k_cache, v_cache = kv_cache
-            k_BxSxKxDh = lax.dynamic_update_slice_in_dim(k_cache, k_BxLxKxDh.astype(k_cache.dtype), index, axis=1)
-            v_BxSxKxDh = lax.dynamic_update_slice_in_dim(v_cache, v_BxLxKxDh.astype(v_cache.dtype), index, axis=1)
-            new_cache = (k_BxSxKxDh, v_BxSxKxDh)
-        else:
-            k_BxSxKxDh, v_BxSxKxDh = k_BxLxKxDh, v_BxLxKxDh
-
         G = H // K
         q_BxLxKxGxDh = q_BxLxHxDh.reshape(B, L, K, G, Dh)
         dtype = x_BxLxD.dtype
-        scores = jnp.einsum("blkgd,bskd->bkgls", q_BxLxKxGxDh, k_BxSxKxDh.astype(dtype),
+        new_cache = None
+        if kv_cache is not None:
+            layer = jnp.asarray(self.layer + ctx.layer_shift, jnp.int32)
+            new_BxKxLxDh = [jnp.swapaxes(t, 1, 2).astype(kv_cache[0].dtype) for t in (k_BxLxKxDh, v_BxLxKxDh)]
+            new_cache = tuple(_write_slots(c, new, layer, index) for c, new in zip(kv_cache, new_BxKxLxDh))
+            # This layer's keys and values with the new slots, from the cache as it was: the GEMMs
+            # read a buffer of their own (a dot reading a dynamic slice of the carried cache
+            # directly has no bf16 kernel on XLA:CPU).
+            keys, values = (lax.dynamic_update_slice_in_dim(lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False),
+                                                            new, index, axis=2)
+                            for c, new in zip(kv_cache, new_BxKxLxDh))
+            k_spec = "bksd"
+        else:
+            keys, values, k_spec = k_BxLxKxDh, v_BxLxKxDh, "bskd"
+        scores = jnp.einsum(f"blkgd,{k_spec}->bkgls", q_BxLxKxGxDh, keys.astype(dtype),
                             preferred_element_type=F32) * F32(Dh**-0.5)
         # Masked scores are -inf, so their probabilities are exactly 0: keys a query may not see
         # (later tokens, padding) cannot change its output by a single bit.
         scores = jnp.where(mask_BxLxS[:, None, None], scores, -jnp.inf)
         probs = jax.nn.softmax(scores, axis=-1).astype(dtype)  # softmax in f32 (HF: dtype=float32)
-        out_BxLxKxGxDh = jnp.einsum("bkgls,bskd->blkgd", probs, v_BxSxKxDh.astype(dtype),
-                                    preferred_element_type=F32).astype(dtype)
+        if kv_cache is None:
+            out_BxLxKxGxDh = jnp.einsum("bkgls,bskd->blkgd", probs, values.astype(dtype), preferred_element_type=F32)
+        else:  # the batched matmul [B, K] x ([G L, S] @ [S, Dh]) as it lies, then the small output transposed
+            out_BxKxGxLxDh = jnp.einsum("bkgls,bksd->bkgld", probs, values.astype(dtype), preferred_element_type=F32)
+            out_BxLxKxGxDh = jnp.transpose(out_BxKxGxLxDh, (0, 3, 1, 2, 4))
+        out_BxLxKxGxDh = out_BxLxKxGxDh.astype(dtype)
         out_BxLxHDh = out_BxLxKxGxDh.reshape(B, L, H * Dh)
         y = site_dot(out_BxLxHDh, self.o.get_value(), ctx, self.site_kinds()["o"], self.layer, "o")
         return y, new_cache
+
+
+def _write_slots(cache_NxBxKxSxDh, new_BxKxLxDh, layer, index):
+    """The cache with `new` written at [layer, :, :, index:index + L]: an in-place update of a carried
+    buffer (XLA aliases a dynamic_update_slice's operand with its result)."""
+    zero = jnp.zeros((), jnp.int32)
+    return lax.dynamic_update_slice(cache_NxBxKxSxDh, new_BxKxLxDh[None], (layer, zero, zero,
+                                                                           jnp.asarray(index, jnp.int32), zero))
 
 
 class SwiGLU(nnx.Module):

@@ -35,8 +35,13 @@ F32 = jnp.float32
 class KVCache:
     """Keys/values of every layer for a batch whose rows all write the same slot each step.
 
-    k, v: [N, B, S, K, Dh] in the compute dtype; valid_BxS: slot holds a real token;
+    k, v: [N, B, K, S, Dh] in the compute dtype; valid_BxS: slot holds a real token;
     lengths_B: real tokens so far (the next token's position); index: next slot to write (int32 ()).
+
+    Layout: the attention GEMMs batch over (B, K) and contract over Dh (scores) or S (values), so
+    with [B, K, S, Dh] per layer they read the cache as it lies, with no transposed copy. One array
+    for all layers, carried through the layers' scan: each layer writes its new slots into it in
+    place (a decode step writes B x K x Dh values per layer, not a copy of the cache).
     """
 
     k: jax.Array
@@ -47,7 +52,7 @@ class KVCache:
 
     @property
     def size(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
 
 jax.tree_util.register_dataclass(KVCache, data_fields=["k", "v", "valid_BxS", "lengths_B", "index"], meta_fields=[])
@@ -57,7 +62,7 @@ def init_cache(config: ModelConfig, batch: int, size: int) -> KVCache:
     """An empty cache of `size` slots (prompt + new tokens), at most config.max_seq_len."""
     if not 1 <= size <= config.max_seq_len:
         raise ValueError(f"cache size={size} must be in [1, max_seq_len={config.max_seq_len}]")
-    shape = (config.num_layers, batch, size, config.num_kv_heads, config.head_dim)
+    shape = (config.num_layers, batch, config.num_kv_heads, size, config.head_dim)
     dtype = dtype_of(config.dtype)
     return KVCache(
         k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
@@ -122,31 +127,33 @@ def layer_runs(config: ModelConfig, recipe: PrecisionRecipe) -> list[tuple[int, 
 
 
 def run_blocks(blocks, x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx: Ctx, kv=None, index=None):
-    """Apply consecutive identical blocks; `kv` (k, v), the returned kv and the MoE aux carry a
-    leading [len(blocks)] axis. One block is called directly; several are one `lax.scan` over
-    their stacked parameters. The stack is a copy per forward, small next to the layers' GEMMs; in
+    """Apply consecutive identical blocks; `kv` is the whole cache (k, v) of every layer (`KVCache`),
+    returned with these blocks' slots written; the MoE aux has a leading [len(blocks)] axis. One
+    block is called directly; several are one `lax.scan` over their stacked parameters, with the
+    cache in its carry (updated in place, never sliced per layer into the scan's inputs and
+    stacked back from its outputs: that copied the whole cache at every decode step). The stack is a copy per forward, small next to the layers' GEMMs; in
     the sampler's decode loop it is loop-invariant and XLA hoists it out of the `while` (seen in
     the compiled `_generate`: every weight stack sits outside the loop body)."""
     def with_layer_axis(tree):
         return None if tree is None else jax.tree.map(lambda a: a[None], tree)
 
     if len(blocks) == 1:
-        layer_kv = None if kv is None else (kv[0][0], kv[1][0])
-        x_BxLxD, layer_kv, aux = blocks[0](x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx, layer_kv, index)
-        return x_BxLxD, with_layer_axis(layer_kv), with_layer_axis(aux)
+        x_BxLxD, kv, aux = blocks[0](x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx, kv, index)
+        return x_BxLxD, kv, with_layer_axis(aux)
 
     graphdef, _ = nnx.split(blocks[0])  # the first block's static layer index resolves the sites
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(nnx.split(b)[1] for b in blocks))
 
-    def step(x, xs):
-        state, shift, layer_kv = xs
+    def step(carry, xs):
+        x, kv = carry
+        state, shift = xs
         block = nnx.merge(graphdef, state)
-        x, layer_kv, aux = block(x, positions_BxL, mask_BxLxS, valid_BxL,
-                                 dataclasses.replace(ctx, layer_shift=shift), layer_kv, index)
-        return x, (layer_kv, aux)
+        x, kv, aux = block(x, positions_BxL, mask_BxLxS, valid_BxL, dataclasses.replace(ctx, layer_shift=shift), kv,
+                           index)
+        return (x, kv), aux
 
     shifts = jnp.arange(len(blocks), dtype=jnp.int32)
-    x_BxLxD, (kv, aux) = jax.lax.scan(step, x_BxLxD, (stacked, shifts, kv))
+    (x_BxLxD, kv), aux = jax.lax.scan(step, (x_BxLxD, kv), (stacked, shifts))
     return x_BxLxD, kv, aux
 
 
@@ -194,16 +201,13 @@ class Transformer(nnx.Module):
 
         # The embedding is never a quantized site (site "embed" is BF16 in every preset).
         x_BxLxD = embed_lookup(self.embed.get_value(), tokens_BxL).astype(dtype)
-        new_k, new_v, moe_aux = [], [], []
+        moe_aux = []
+        kv = None if cache is None else (cache.k, cache.v)
+        index = None if cache is None else cache.index
         runs = layer_runs(config, ctx.recipe) if ctx.scan_layers else [(i, i + 1) for i in range(config.num_layers)]
         for start, stop in runs:
-            kv = None if cache is None else (cache.k[start:stop], cache.v[start:stop])
-            index = None if cache is None else cache.index
             blocks = list(self.layers)[start:stop]
             x_BxLxD, kv, run_aux = run_blocks(blocks, x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx, kv, index)
-            if cache is not None:
-                new_k.append(kv[0])
-                new_v.append(kv[1])
             if run_aux is not None:
                 moe_aux.append(run_aux)
 
@@ -225,7 +229,7 @@ class Transformer(nnx.Module):
         new_cache = None
         if cache is not None:
             new_cache = KVCache(
-                k=jnp.concatenate(new_k), v=jnp.concatenate(new_v), valid_BxS=key_valid_BxS,
+                k=kv[0], v=kv[1], valid_BxS=key_valid_BxS,
                 lengths_B=cache.lengths_B + jnp.sum(valid_BxL, axis=1, dtype=jnp.int32),
                 index=cache.index + L,
             )
