@@ -11,8 +11,9 @@ each output checked against an f32 einsum before it is timed:
 - `emulated nvfp4 (xla)`: what a quantized site computes today from a synced weight:
   `nvfp4.scaled_operand` (the bf16 copy of the weight, written to HBM) then `lax.ragged_dot`;
 - `triton nvfp4 packed`: `grouped_matmul_nvfp4`, dequantization fused (3.6x fewer weight bytes).
-The Triton rows take the fastest of a few launch shapes (`--block_n`, `--block_k`, block_m the
-rows per expert rounded up to a power of two in [16, 64]), named in the table. The roofline
+The Triton rows take the fastest of a few launch shapes (`--block_m`, `--block_n`, `--block_k`; no
+row tile taller than the rows per expert need), named in the table; a launch shape the device
+cannot run (e.g. too much shared memory) is listed as such, not timed. The roofline
 column is the weight bytes over the copy bandwidth measured in the same run (a jitted elementwise
 pass over a tensor of the bf16 weight's size, reading and writing it once).
 """
@@ -40,7 +41,8 @@ SHAPES = {  # name: (experts, K, N) of x [R, K] @ w[e] [K, N]
 class WeightGemmBenchConfig:
     shapes: tuple[str, ...] = ("experts128", "h200_up", "h200_down")
     rows_per_expert: tuple[int, ...] = (1, 8, 16, 32, 64)
-    block_n: tuple[int, ...] = (32, 64, 128)  # Triton launch shapes tried
+    block_m: tuple[int, ...] = (16, 32)  # Triton launch shapes tried (block_m up to the rows per expert)
+    block_n: tuple[int, ...] = (32, 64, 128)
     block_k: tuple[int, ...] = (128, 256)
     num_warps: int = 4
     iters: int = 20
@@ -55,8 +57,11 @@ class WeightGemmBenchConfig:
             raise ValueError(f"rows_per_expert must be >= 1, got {self.rows_per_expert}")
 
 
-def _block_m(rows_per_expert: int) -> int:
-    return int(min(64, max(16, 1 << (rows_per_expert - 1).bit_length())))
+def _block_ms(config: WeightGemmBenchConfig, rows_per_expert: int) -> list[int]:
+    """The row tiles worth trying: none taller than the rows per expert rounded up to 16 or a
+    power of two (taller ones only compute padding rows)."""
+    tallest = max(16, 1 << (rows_per_expert - 1).bit_length())
+    return [m for m in config.block_m if m <= tallest] or [min(config.block_m)]
 
 
 def _copy_bandwidth(nbytes: int, iters: int) -> float:
@@ -95,20 +100,24 @@ def _case(config: WeightGemmBenchConfig, shape: str, rows_per_expert: int, bandw
             x, jax.vmap(lambda u: nvfp4.scaled_operand(u)[0])(t), s, gemm="xla", transpose_rhs=True)),
          (x, wq, sizes), packed_bytes),
     ]
-    block_m = _block_m(rows_per_expert)
-    for block_n in config.block_n:
-        for block_k in config.block_k:
-            tiles = PackedGemmTiles(block_m=block_m, block_n=min(block_n, n), block_k=min(block_k, k),
-                                    num_warps=config.num_warps)
-            candidates.append((f"triton bf16 {_tiles_name(tiles)}", jax.jit(
-                lambda x, w, s, tiles=tiles: grouped_matmul_bf16(x, w, s, tiles=tiles, interpret=interpret)),
-                (x, wv, sizes), bf16_bytes))
-            candidates.append((f"triton nvfp4 packed {_tiles_name(tiles)}", jax.jit(
-                lambda x, c, sc, s, tiles=tiles: grouped_matmul_nvfp4(x, c, sc, s, tiles=tiles, interpret=interpret)),
-                (x, wq.codes, wq.scales, sizes), packed_bytes))
-    results = []
+    for tiles in sorted({PackedGemmTiles(block_m=block_m, block_n=min(block_n, n), block_k=min(block_k, k),
+                                         num_warps=config.num_warps)
+                         for block_m in _block_ms(config, rows_per_expert) for block_n in config.block_n
+                         for block_k in config.block_k}, key=_tiles_name):
+        candidates.append((f"triton bf16 {_tiles_name(tiles)}", jax.jit(
+            lambda x, w, s, tiles=tiles: grouped_matmul_bf16(x, w, s, tiles=tiles, interpret=interpret)),
+            (x, wv, sizes), bf16_bytes))
+        candidates.append((f"triton nvfp4 packed {_tiles_name(tiles)}", jax.jit(
+            lambda x, c, sc, s, tiles=tiles: grouped_matmul_nvfp4(x, c, sc, s, tiles=tiles, interpret=interpret)),
+            (x, wq.codes, wq.scales, sizes), packed_bytes))
+    results, failures = [], []
     for name, fn, args, weight_bytes in candidates:
-        out = fn(*args)
+        try:
+            out = fn(*args)
+        except Exception as err:  # a launch shape the device cannot run (e.g. shared memory): reported, not timed
+            failures.append({"shape": shape, "rows_per_expert": rows_per_expert, "name": name,
+                             "error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"})
+            continue
         rel = float(jnp.linalg.norm(out - exact) / jnp.linalg.norm(exact))
         if not rel < 1e-5:  # bf16 x bf16 products are exact in f32; only the f32 sums differ
             raise AssertionError(f"{shape} {rows_per_expert} rows/expert, {name}: relative error {rel:.3g} vs f32 einsum")
@@ -116,7 +125,7 @@ def _case(config: WeightGemmBenchConfig, shape: str, rows_per_expert: int, bandw
         results.append({"shape": shape, "rows_per_expert": rows_per_expert, "name": name, "us": seconds * 1e6,
                         "tflops": flops / seconds / 1e12, "weight_gbs": weight_bytes / seconds / 1e9,
                         "roofline_us": weight_bytes / bandwidth * 1e6, "rel_error": rel})
-    return _best_per_kernel(results)
+    return _best_per_kernel(results), failures
 
 
 def _tiles_name(tiles: PackedGemmTiles) -> str:
@@ -124,42 +133,52 @@ def _tiles_name(tiles: PackedGemmTiles) -> str:
 
 
 def _best_per_kernel(results: list[dict]) -> list[dict]:
-    """Each Triton kernel's fastest launch shape; the other rows as they are."""
+    """Each Triton kernel's fastest launch shape (with how many it was chosen from); the other rows as they are."""
     best: dict[str, dict] = {}
+    tried: dict[str, int] = {}
     for row in results:
         kernel = row["name"].split(" [")[0]
+        tried[kernel] = tried.get(kernel, 0) + 1
         if kernel not in best or row["us"] < best[kernel]["us"]:
             best[kernel] = row
-    return list(best.values())
+    return [dict(row, launch_shapes=tried[kernel]) for kernel, row in best.items()]
 
 
 def run(config: WeightGemmBenchConfig) -> dict:
     biggest = max(SHAPES[s][0] * SHAPES[s][1] * SHAPES[s][2] * 2 for s in config.shapes)
     bandwidth = _copy_bandwidth(biggest, config.iters)
-    rows = []
+    rows, failures = [], []
     for shape in config.shapes:
         for rows_per_expert in config.rows_per_expert:
-            rows += _case(config, shape, rows_per_expert, bandwidth)
-            print(rows[-1])
+            best, failed = _case(config, shape, rows_per_expert, bandwidth)
+            rows += best
+            failures += failed
+            print(*best, *failed, sep="\n", flush=True)
     return {"config": dataclasses.asdict(config), "copy_bandwidth_gbs": bandwidth / 1e9,
-            "device": str(jax.devices()[0].device_kind), "rows": rows}
+            "device": str(jax.devices()[0].device_kind), "rows": rows, "failures": failures}
 
 
 def to_markdown(result) -> str:
     lines = [f"# Grouped GEMM at decode sizes: packed NVFP4 vs bf16 weight ({result['device']})", "",
              f"Copy bandwidth measured in this run: {result['copy_bandwidth_gbs']:.0f} GB/s. The roofline is the "
-             "weight bytes the row reads (bf16: 2 per element; packed NVFP4: 0.5625) at that bandwidth.", "",
+             "weight bytes the row must read (bf16: 2 per element; packed NVFP4: 0.5625, also for the emulated "
+             "row, which writes and reads a bf16 copy besides) at that bandwidth. A Triton row is the fastest of "
+             "the launch shapes tried (block_m x block_n x block_k, how many in brackets).", "",
              "| shape | rows/expert | kernel | us | roofline us | weight GB/s | TFLOP/s | vs xla bf16 | vs best bf16 |",
              "|---|---|---|---|---|---|---|---|---|"]
     cases = {}
     for row in result["rows"]:
         cases.setdefault((row["shape"], row["rows_per_expert"]), []).append(row)
     for (shape, rpe), rows in cases.items():
-        xla = next(r["us"] for r in rows if r["name"] == "xla bf16")
-        best_bf16 = min(r["us"] for r in rows if "bf16" in r["name"])
+        xla = next((r["us"] for r in rows if r["name"] == "xla bf16"), float("nan"))
+        best_bf16 = min((r["us"] for r in rows if "bf16" in r["name"]), default=float("nan"))
         for r in rows:
-            lines.append(f"| {shape} | {rpe} | {r['name']} | {r['us']:.1f} | {r['roofline_us']:.1f} | "
+            name = r["name"] + (f" (of {r['launch_shapes']})" if r.get("launch_shapes", 1) > 1 else "")
+            lines.append(f"| {shape} | {rpe} | {name} | {r['us']:.1f} | {r['roofline_us']:.1f} | "
                          f"{r['weight_gbs']:.0f} | {r['tflops']:.2f} | {xla / r['us']:.2f}x | {best_bf16 / r['us']:.2f}x |")
+    if result.get("failures"):
+        lines += ["", "Candidates that did not run (not timed):", ""]
+        lines += [f"- {f['shape']}, {f['rows_per_expert']} rows/expert, {f['name']}: {f['error']}" for f in result["failures"]]
     return "\n".join(lines) + "\n"
 
 

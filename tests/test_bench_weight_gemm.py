@@ -15,27 +15,44 @@ def tiny_shape(monkeypatch):
     monkeypatch.setitem(bench.SHAPES, "tiny", (2, 64, 32))
     calls = iter(range(1, 10_000))
     monkeypatch.setattr(bench, "median_seconds", lambda fn, *args, iters: (fn(*args), next(calls) * 1e-6)[1])
-    return bench.WeightGemmBenchConfig(shapes=("tiny",), rows_per_expert=(20,), block_n=(16, 32), block_k=(32,),
-                                       iters=1, interpret=True)
+    return bench.WeightGemmBenchConfig(shapes=("tiny",), rows_per_expert=(20,), block_m=(16, 32, 64), block_n=(16,),
+                                       block_k=(32,), iters=1, interpret=True)
 
 
 def test_every_candidate_is_checked_then_the_fastest_launch_shape_kept(tiny_shape):
     result = bench.run(tiny_shape)
     names = [r["name"] for r in result["rows"]]
     # the stub's times grow with each call: the first launch shape tried is the fastest;
-    # 20 rows per expert: block_m 32
-    assert names == ["xla bf16", "mosaic bf16", "emulated nvfp4 (xla)", "triton bf16 [32x16x32]",
-                     "triton nvfp4 packed [32x16x32]"]
+    # 20 rows per expert: row tiles of 16 and 32 (64 only computes padding)
+    assert names == ["xla bf16", "mosaic bf16", "emulated nvfp4 (xla)", "triton bf16 [16x16x32]",
+                     "triton nvfp4 packed [16x16x32]"]
+    assert [r.get("launch_shapes") for r in result["rows"]][3:] == [2, 2] and not result["failures"]
     assert all(r["rel_error"] < 1e-5 and r["rows_per_expert"] == 20 for r in result["rows"])
     table = bench.to_markdown(result)
-    assert table.count("| tiny |") == 5 and "1.00x" in table
+    assert table.count("| tiny |") == 5 and "1.00x" in table and "(of 2)" in table
+
+
+def test_a_launch_shape_that_does_not_run_is_reported_not_timed(tiny_shape, monkeypatch):
+    exact = bench.grouped_matmul_bf16
+
+    def bf16_without_tall_tiles(*args, tiles, **kwargs):
+        if tiles.block_m == 32:
+            raise RuntimeError("out of resources: shared memory\nmore detail")
+        return exact(*args, tiles=tiles, **kwargs)
+
+    monkeypatch.setattr(bench, "grouped_matmul_bf16", bf16_without_tall_tiles)
+    result = bench.run(tiny_shape)
+    assert [f["name"] for f in result["failures"]] == ["triton bf16 [32x16x32]"]
+    assert result["failures"][0]["error"] == "RuntimeError: out of resources: shared memory"
+    assert [r.get("launch_shapes") for r in result["rows"] if r["name"].startswith("triton bf16")] == [1]
+    assert "did not run (not timed)" in bench.to_markdown(result)
 
 
 def test_a_wrong_kernel_stops_the_benchmark(tiny_shape, monkeypatch):
     exact = bench.grouped_matmul_nvfp4
     monkeypatch.setattr(bench, "grouped_matmul_nvfp4", lambda *a, **k: exact(*a, **k) * 1.001)
     with pytest.raises(AssertionError, match="triton nvfp4 packed .* relative error"):
-        bench.run(dataclasses.replace(tiny_shape, rows_per_expert=(1,), block_n=(16,)))
+        bench.run(dataclasses.replace(tiny_shape, rows_per_expert=(1,)))
 
 
 def test_unknown_shape_names_the_valid_ones():
