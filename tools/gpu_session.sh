@@ -150,7 +150,7 @@ case "$mode" in
     ;;
   decode)
     # decode throughput per recipe, then one profiled call each: where a decode step's time goes
-    step bench_decode "${BENCH_SECONDS:-300}" python -m experiments.bench_decode --recipes=bf16,full \
+    step bench_decode "${DECODE_SECONDS:-500}" python -m experiments.bench_decode --recipes=bf16,full \
       --expert_gemms="${DECODE_GEMMS:-xla,mosaic,packed}" --profile=runs/decode_trace ${BENCH_ARGS:-}
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
