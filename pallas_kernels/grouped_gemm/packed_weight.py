@@ -11,17 +11,18 @@ stays an epilogue of the caller, as in `fp4rl.qlinear`. Rows past sum(sizes) are
 Why: on Hopper (no FP4 tensor cores) the emulated forward writes W's bf16 copy to HBM and reads
 it back at every call. A decode step reads each expert's weight once for a handful of rows, so
 that copy, not the FLOPs, is the step's cost. Here each program loads its [block_n, block_k]
-tile of packed codes (half a byte per element) and E4M3 scales (1/16 byte), decodes it in
-registers and feeds the tensor cores in bf16: 3.6x fewer weight bytes than bf16 and nothing
-written back. The bf16-weight form shares the kernel, so the benchmark compares like with like.
+tile of packed codes (half a byte per element, read as 32-bit words of 8 codes) and E4M3 scales
+(1/16 byte), decodes it in registers and feeds the tensor cores in bf16: 3.6x fewer weight bytes
+than bf16 and nothing written back. The bf16-weight form shares the kernel, so the benchmark compares like with like.
 
 Schedule: rows are cut into `block_m` tiles that never straddle two groups (a group of s rows
 has ceil(s / block_m) tiles); the tile list, computed with XLA ops (`tile_schedule`), has the
 static length ceil(R / block_m) + E, and programs past the real tiles exit at once. The grid is
 (tile, column block); every program walks K in `block_k` steps with an f32 accumulator.
 
-Numerics: the dequantized tile equals `nvfp4.scaled_operand` bit for bit (the decode helpers of
-`nvfp4_quant.block_math`, products of at most 6 significant bits: exact in bf16); products of
+Numerics: the dequantized tile equals `nvfp4.scaled_operand` bit for bit (codes by moving their
+bits into an f16, `_codes_times_2_pow_minus_14`; scales by `block_math.e4m3_decode`; products of
+at most 6 significant bits: exact in bf16; checked for every code and scale byte); products of
 two bf16 are exact in f32, so the result differs from the XLA reference only by the order of
 the f32 sums (tests compare inputs whose sums are exact bit for bit, others to f32 tolerance).
 
@@ -57,7 +58,8 @@ def _is_power_of_two(value: int) -> bool:
 class PackedGemmTiles:
     """Launch shape: block_m x block_n output tiles, K in block_k steps (Triton needs powers of
     two, and 16 or more for a tensor-core dot), `num_warps` per program, `num_stages` of
-    software pipelining. Defaults: decode batches (1-64 rows per expert) of the h200 model."""
+    software pipelining. The defaults are a starting point for decode batches (1-64 rows per
+    expert), not tuned on a GPU yet; `experiments.bench_weight_gemm` times the alternatives."""
 
     block_m: int = 16
     block_n: int = 64
