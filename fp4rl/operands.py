@@ -9,6 +9,7 @@ reference or a Pallas kernel) is chosen explicitly; a kernel that cannot run rai
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -91,8 +92,25 @@ def quantize(x, site: SiteConfig, role: str, impl: str = "auto", *, sr_key=None,
     return nvfp4_quantize(x, config, impl, sr_key=sr_key)
 
 
+@dataclasses.dataclass(frozen=True)
+class ScaledWeight:
+    """A quantized weight's GEMM operand formed ahead of its GEMMs: `values` the exact bf16
+    dec(q) * sf, `scale` the global decode factor (per expert for a stack). The sampler forms it
+    once per rollout instead of once per decode step (XLA does not hoist an op whose output is
+    larger than its input, such as this 4-bit -> 16-bit expansion, out of a `while` loop);
+    `qdot` consumes it as it consumes the packed weight, with the same values."""
+
+    values: jax.Array
+    scale: jax.Array
+
+
+jax.tree_util.register_dataclass(ScaledWeight, data_fields=["values", "scale"], meta_fields=[])
+
+
 def gemm_operand(packed, dtype=jnp.bfloat16):
     """(values, scale): `values * scale` is the dequantized tensor; values exact in bf16."""
+    if isinstance(packed, ScaledWeight):
+        return packed.values.astype(dtype), packed.scale
     if isinstance(packed, mx.MXTensor):
         return mx.dequantize(packed, dtype), jnp.float32(1)
     return nvfp4.scaled_operand(packed, dtype)

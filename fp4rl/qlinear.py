@@ -82,12 +82,19 @@ def _swap(m):
     return jnp.swapaxes(m, -1, -2)
 
 
-def _weight_ndim(wq) -> int:
+def _weight_array(wq):
+    """The array whose shape is the weight's: codes / elements / values of a quantized weight."""
     if isinstance(wq, nvfp4.NVFP4Tensor):
-        return wq.codes.ndim
+        return wq.codes
     if isinstance(wq, mx.MXTensor):
-        return wq.elements.ndim
-    return wq.ndim
+        return wq.elements
+    if isinstance(wq, operands.ScaledWeight):
+        return wq.values
+    return wq
+
+
+def _weight_ndim(wq) -> int:
+    return _weight_array(wq).ndim
 
 
 def _per_weight(fn, wq, *args):
@@ -237,8 +244,18 @@ def _quantized_backward(x_TxK, w, key, g_TxN, group_sizes, site: SiteConfig, imp
 
 
 # ---------------------------------------------------------------- public entry point
-def _is_quantized_weight(w) -> bool:
-    return isinstance(w, (nvfp4.NVFP4Tensor, mx.MXTensor))
+def is_quantized_weight(w) -> bool:
+    """A weight pre-quantized by `quantize_weight` (weight sync) or formed ahead (`operand_ahead`)."""
+    return isinstance(w, (nvfp4.NVFP4Tensor, mx.MXTensor, operands.ScaledWeight))
+
+
+def operand_ahead(wq):
+    """A pre-quantized weight's GEMM operand as a `ScaledWeight` (one tensor per expert for a
+    stack); `qdot` then skips forming it. Anything else is returned as it is."""
+    if not isinstance(wq, (nvfp4.NVFP4Tensor, mx.MXTensor)):
+        return wq
+    values, scale = _per_weight(operands.gemm_operand, wq)
+    return operands.ScaledWeight(values=values, scale=scale)
 
 
 def _concrete(value):
@@ -291,7 +308,7 @@ def qdot(x, w, site: SiteConfig, *, key=None, group_sizes=None, impl: str = "aut
     """
     operands.check_impl(impl)
     grouped.check_gemm(gemm)
-    prequantized = _is_quantized_weight(w)
+    prequantized = is_quantized_weight(w)
     w_ndim = _weight_ndim(w)
     if w_ndim not in (2, 3):
         raise ValueError(f"w must be [K, N] or [E, K, N], got {w_ndim} dims")
@@ -301,7 +318,7 @@ def qdot(x, w, site: SiteConfig, *, key=None, group_sizes=None, impl: str = "aut
         raise ValueError(f"group_sizes needs x [R, K] and w [E, K, N]; got x {x.shape}, w with {w_ndim} dims")
     row_ok = None
     if group_sizes is not None:
-        num_groups = (w.codes if isinstance(w, nvfp4.NVFP4Tensor) else w.elements if isinstance(w, mx.MXTensor) else w).shape[0]
+        num_groups = _weight_array(w).shape[0]
         row_ok = _check_group_sizes(group_sizes, x.shape[0], num_groups, padding_rows)
 
     if prequantized and not site.quantized:

@@ -33,6 +33,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from fp4rl import qlinear
+from fp4rl.formats import nvfp4
+from fp4rl.grouped import PACKED_GEMMS
 from fp4rl.model.transformer import resolve_recipe, forward, init_cache
 
 F32 = jnp.float32
@@ -115,10 +118,27 @@ def generate(graphdef, qparams, prompt_BxP, recipe, sampler: SamplerConfig, *, k
                      sampler.eos_id, sampler.pad_id)
 
 
+def operands_ahead(qparams, config):
+    """Every synced weight's GEMM operand formed once per call, before the decode loop
+    (`qlinear.operand_ahead`): XLA does not hoist the 4-bit -> 16-bit expansion out of a `while`,
+    so the emulated forward would form it again at every step. The same values, so the same
+    tokens and log-probs. With a packed-weight expert GEMM (`expert_gemm="packed"`) the expert
+    stacks stay packed: its kernel reads them so."""
+    keep_packed = config.expert_gemm in PACKED_GEMMS
+
+    def ahead(w):
+        if keep_packed and isinstance(w, nvfp4.NVFP4Tensor) and w.codes.ndim == 3:
+            return w
+        return qlinear.operand_ahead(w)
+
+    return jax.tree.map(ahead, qparams, is_leaf=qlinear.is_quantized_weight)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _generate(graphdef, recipe, impl, T, qparams, prompt_BxP, prompt_lengths_B, key, temperature, top_p,
               eos_id, pad_id) -> SampleOutput:
     config = nnx.merge(graphdef, qparams).config
+    qparams = operands_ahead(qparams, config)
     B, P = prompt_BxP.shape
     prompt_valid_BxP = jnp.arange(P)[None, :] >= (P - prompt_lengths_B[:, None])
     # Slots: the prompt, then new tokens 0..T-2 fed back (the last sampled token is never fed).

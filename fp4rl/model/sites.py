@@ -15,7 +15,6 @@ from typing import Any
 import jax
 
 from fp4rl import qlinear
-from fp4rl.formats import mx, nvfp4
 from fp4rl.recipe import PrecisionRecipe, SiteConfig
 
 # A fixed slot per linear of a layer, folded into the key: the keys of two sites never collide
@@ -82,10 +81,6 @@ class Ctx:
         return jax.random.fold_in(key, SLOTS[name])
 
 
-def is_quantized_weight(w) -> bool:
-    return isinstance(w, (nvfp4.NVFP4Tensor, mx.MXTensor))
-
-
 def site_dot(x, w, ctx: Ctx, kind: str, layer: int | None, name: str, *, group_sizes=None, padding_rows: bool = False,
              gemm: str = "xla"):
     """`x @ w` through the recipe's site `kind` of `layer` (None: the LM head).
@@ -95,7 +90,7 @@ def site_dot(x, w, ctx: Ctx, kind: str, layer: int | None, name: str, *, group_s
     `gemm`: the ragged layout's grouped-GEMM backend (`ModelConfig.expert_gemm`).
     """
     site = ctx.site(kind, layer)
-    prequantized = is_quantized_weight(w)
+    prequantized = qlinear.is_quantized_weight(w)
     for log in _RECORDERS:
         log.append(SiteRecord(kind, layer, name, site, prequantized))
     key = None

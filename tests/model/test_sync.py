@@ -1,11 +1,16 @@
 """Weight sync: forward(qparams) is bitwise forward(params); the map-4 metric."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
 from fp4rl.formats import nvfp4
 from fp4rl.model import sync_weights_jit
+from fp4rl.model.sampler import operands_ahead
+from fp4rl.operands import ScaledWeight
+from fp4rl.qlinear import is_quantized_weight
 from fp4rl.recipe import PrecisionRecipe, SiteConfig
 from tests.model.common import TINY, fwd, model, tokens
 
@@ -25,6 +30,25 @@ def test_forward_of_synced_weights_is_bitwise_equal(name):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     expected = np.mean(np.concatenate([np.asarray(t.map4).reshape(-1) for t in quantized]))
     np.testing.assert_array_equal(np.asarray(metrics["quant/map4_frac"]), np.float32(expected))
+
+
+@pytest.mark.parametrize("name", ["full", "mxfp8"])
+def test_operands_formed_ahead_give_the_same_forward(name):
+    """The sampler forms every synced weight's GEMM operand once, before its decode loop
+    (`sampler.operands_ahead`): the forward is bitwise the forward of the synced weights."""
+    recipe = PrecisionRecipe.from_name(name)
+    graphdef, params = model()
+    qparams, _ = sync_weights_jit(params, TINY, recipe, "reference")
+    ahead = operands_ahead(qparams, TINY)
+    kinds = {type(x) for x in jax.tree.leaves(ahead, is_leaf=is_quantized_weight) if is_quantized_weight(x)}
+    assert kinds == {ScaledWeight}
+    seqs = tokens(2)
+    synced, formed_ahead = (jax.tree.leaves(fwd(graphdef, p, seqs, recipe)) for p in (qparams, ahead))
+    for a, b in zip(synced, formed_ahead):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    packed = operands_ahead(qparams, dataclasses.replace(TINY, expert_gemm="packed_interpret"))
+    stacks = [x for x in jax.tree.leaves(packed, is_leaf=is_quantized_weight) if isinstance(x, nvfp4.NVFP4Tensor)]
+    assert (len(stacks) > 0) == (name == "full") and all(t.codes.ndim == 3 for t in stacks)  # packed expert stacks stay
 
 
 def test_map4_fraction_counts_the_chosen_blocks():
