@@ -44,14 +44,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu_triton
 
 from pallas_kernels.nvfp4_quant import block_math as bm
+from pallas_kernels.nvfp4_quant.tunables import is_power_of_two
 from pallas_kernels.nvfp4_quant.wrappers import require_gpu
 
 KERNEL_NAME = "fp4rl_grouped_packed_weight_gemm"
 _DOT_NT = (((1,), (1,)), ((), ()))  # x [M, K] . w [N, K] -> [M, N]
-
-
-def _is_power_of_two(value: int) -> bool:
-    return value > 0 and value & (value - 1) == 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +67,7 @@ class PackedGemmTiles:
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
-            if value < 16 or not _is_power_of_two(value):
+            if value < 16 or not is_power_of_two(value):
                 raise ValueError(f"{name}={value} must be a power of two >= 16 (Triton tensor-core dot tiles)")
         if self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"num_warps={self.num_warps} and num_stages={self.num_stages} must be >= 1")
