@@ -22,7 +22,7 @@ from fp4rl.rl.ablation import RUNNER_SET, AblationConfig, field_default
 from fp4rl.rl.task import TaskConfig
 from fp4rl.serving.deployment_eval import ServeEvalConfig
 from fp4rl.serving.engine import EngineConfig
-from fp4rl.serving.server import ServeConfig
+from fp4rl.serving.serve_config import ServeConfig
 
 # ------------------------------------------------------------------------------------------ tasks
 

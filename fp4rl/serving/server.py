@@ -19,7 +19,6 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Literal
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -29,32 +28,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fp4rl.rl.sft import params_digest
 from fp4rl.serving import checkpoints, deployment
 from fp4rl.serving.batcher import Batcher, QueueFull
-from fp4rl.serving.engine import Engine, EngineConfig, RowRequest
+from fp4rl.serving.engine import Engine, RowRequest
 from fp4rl.serving.protocol import APIError, error_body, parse_request, completion_body
-
-
-@dataclasses.dataclass(frozen=True)
-class ServeConfig:
-    """checkpoint: a warm-up run, an RL arm directory or a Hugging Face directory (`checkpoints`).
-    quantization / recipe: the deployment (`deployment`: recipe None takes the documented default).
-    seed_index: which seed of an RL arm. model_name: the id clients send (None: the checkpoint
-    directory's name and the quantization, e.g. `sft-nvfp4_online`). engine: batch shapes.
-    max_wait_ms: how long the batcher holds a request for companions; max_queue: rows waiting
-    before requests are refused with 503. impl: the quantizer implementation (`auto`: Triton
-    kernels on a GPU, the jnp reference elsewhere)."""
-
-    checkpoint: str = "runs/cpu/sft"
-    quantization: Literal["bf16", "mxfp8", "nvfp4_online"] = "nvfp4_online"
-    recipe: str | None = None
-    seed_index: int = 0
-    model_name: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    engine: EngineConfig = EngineConfig()
-    max_wait_ms: float = 5.0
-    max_queue: int = 1024
-    impl: str = "auto"
-    log_level: str = "info"
+from fp4rl.serving.serve_config import ServeConfig
 
 
 @dataclasses.dataclass

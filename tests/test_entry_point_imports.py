@@ -1,0 +1,40 @@
+"""The training and benchmark entry points import without the HTTP serving stack.
+
+The GPU image used for training has no FastAPI/uvicorn; only `experiments.serve` (and the server
+module) may need them. A subprocess hides those packages and imports every other entry point.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVING_ONLY = ("serve",)
+ENTRY_POINTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.py")
+                      if p.stem not in SERVING_ONLY and not p.stem.startswith("_"))
+
+HIDE_HTTP_STACK = """
+import importlib.abc, sys
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("fastapi", "uvicorn", "starlette"):
+            raise ModuleNotFoundError(f"No module named {name!r} (hidden by the test)")
+        return None
+sys.meta_path.insert(0, Hide())
+"""
+
+
+def _run(code):
+    return subprocess.run([sys.executable, "-c", HIDE_HTTP_STACK + code], cwd=ROOT, capture_output=True, text=True,
+                          env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+
+
+def test_entry_points_import_without_fastapi_or_uvicorn():
+    # one process for all of them (each import of JAX costs seconds); the first failure names its module
+    result = _run("".join(f"import experiments.{module}\n" for module in ENTRY_POINTS))
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_hiding_works():
+    result = _run("import experiments.serve\n")
+    assert result.returncode != 0 and "hidden by the test" in result.stderr
