@@ -1,6 +1,7 @@
 """Benchmark of the grouped GEMM at decode sizes, with the weight read packed (NVFP4) or bf16.
 
     python -m experiments.bench_weight_gemm [--rows_per_expert=1,8,16,32,64 --shapes=experts128,h200_up,h200_down]
+    python -m experiments.bench_weight_gemm --shapes=experts128 --profile=runs/weight_gemm_trace  # + device time per kernel
 
 At decode a MoE layer multiplies a few rows per expert by every expert's weight: the time is
 the weight's HBM read. For each shape and rows per expert (equal groups), compared in one run,
@@ -15,7 +16,10 @@ The Triton rows take the fastest of a few launch shapes (`--block_m`, `--block_n
 row tile taller than the rows per expert need), named in the table; a launch shape the device
 cannot run (e.g. too much shared memory) is listed as such, not timed. The roofline
 column is the weight bytes over the copy bandwidth measured in the same run (a jitted elementwise
-pass over a tensor of the bf16 weight's size, reading and writing it once).
+pass over a tensor of the bf16 weight's size, reading and writing it once). `--profile DIR`: one
+more call of each kernel's fastest form under the JAX profiler (traces in DIR), summarized per
+device kernel (`fp4rl.analysis.trace_summary`): whether a row's time is its GEMM kernel or the
+XLA ops around it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import jax.numpy as jnp
 
 from experiments.gpu_bench import bench_main, median_seconds
 from fp4rl import grouped
+from fp4rl.analysis import trace_summary
 from fp4rl.formats import nvfp4
 from pallas_kernels.grouped_gemm import PackedGemmTiles, grouped_matmul, grouped_matmul_bf16, grouped_matmul_nvfp4
 
@@ -48,6 +53,7 @@ class WeightGemmBenchConfig:
     iters: int = 20
     interpret: bool = False  # kernels in their CPU interpreters: the tests' plumbing check, not a benchmark
     out: str = "benchmarks"
+    profile: str = ""  # a directory: profile one more call of each kernel's fastest form there ("": no profile)
 
     def __post_init__(self):
         unknown = [s for s in self.shapes if s not in SHAPES]
@@ -125,7 +131,24 @@ def _case(config: WeightGemmBenchConfig, shape: str, rows_per_expert: int, bandw
         results.append({"shape": shape, "rows_per_expert": rows_per_expert, "name": name, "us": seconds * 1e6,
                         "tflops": flops / seconds / 1e12, "weight_gbs": weight_bytes / seconds / 1e9,
                         "roofline_us": weight_bytes / bandwidth * 1e6, "rel_error": rel})
-    return _best_per_kernel(results), failures
+    best = _best_per_kernel(results)
+    if config.profile:
+        calls = {name: (fn, args) for name, fn, args, _ in candidates}
+        for row in best:
+            fn, args = calls[row["name"]]
+            row["trace"] = _profile(fn, args, f"{config.profile}/{shape}-{rows_per_expert}-{row['name'].split(' [')[0]}",
+                                    f"{shape}, {rows_per_expert} rows/expert, {row['name']}")
+    return best, failures
+
+
+def _profile(fn, args, log_dir: str, title: str) -> str:
+    """One call of `fn` under the profiler: the device time of each kernel it launched."""
+    log_dir = log_dir.replace(" ", "_")
+    with jax.profiler.trace(log_dir, create_perfetto_trace=True):
+        jax.block_until_ready(fn(*args))
+    prefix = "/device:" if jax.default_backend() == "gpu" else "/host:"  # on CPU (tests): the host thunks
+    summary = trace_summary.summarize(trace_summary.find_trace(log_dir), process_prefix=prefix)
+    return trace_summary.markdown(summary, top=8, title=f"Where one call's time goes: {title}")
 
 
 def _tiles_name(tiles: PackedGemmTiles) -> str:
@@ -176,6 +199,9 @@ def to_markdown(result) -> str:
             name = r["name"] + (f" (of {r['launch_shapes']})" if r.get("launch_shapes", 1) > 1 else "")
             lines.append(f"| {shape} | {rpe} | {name} | {r['us']:.1f} | {r['roofline_us']:.1f} | "
                          f"{r['weight_gbs']:.0f} | {r['tflops']:.2f} | {xla / r['us']:.2f}x | {best_bf16 / r['us']:.2f}x |")
+    for row in result["rows"]:
+        if row.get("trace"):
+            lines += ["", row["trace"]]
     if result.get("failures"):
         lines += ["", "Candidates that did not run (not timed):", ""]
         lines += [f"- {f['shape']}, {f['rows_per_expert']} rows/expert, {f['name']}: {f['error']}" for f in result["failures"]]

@@ -52,7 +52,7 @@ def _layout(group_sizes_E, rows: int, t: int):
     padded_starts = padded_ends - padded
     q = jnp.arange(nb * t, dtype=jnp.int32)
     # past the last group's blocks: the last group, at an offset past its size (padding)
-    q_group = jnp.minimum(jnp.searchsorted(padded_ends, q, side="right"), groups - 1)
+    q_group = jnp.minimum(jnp.searchsorted(padded_ends, q, side="right", method="compare_all"), groups - 1)
     offset = q - padded_starts[q_group]
     src = jnp.where(offset < sizes[q_group], starts[q_group] + offset, rows)
     r = jnp.arange(rows, dtype=jnp.int32)

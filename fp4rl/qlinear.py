@@ -74,7 +74,9 @@ def _per_row(weight_scale, group_sizes, num_rows):
     if group_sizes is None or jnp.ndim(weight_scale) == 0:
         return weight_scale
     ends = jnp.cumsum(group_sizes)
-    row_group = jnp.searchsorted(ends, jnp.arange(num_rows), side="right")
+    # compare_all: one fused compare-and-count; the default binary search is a while loop, whose
+    # condition the GPU hands back to the host at every iteration (a sync per iteration, per call)
+    row_group = jnp.searchsorted(ends, jnp.arange(num_rows), side="right", method="compare_all")
     return weight_scale.reshape(-1)[jnp.minimum(row_group, weight_scale.size - 1)][:, None]
 
 

@@ -58,3 +58,11 @@ def test_a_wrong_kernel_stops_the_benchmark(tiny_shape, monkeypatch):
 def test_unknown_shape_names_the_valid_ones():
     with pytest.raises(ValueError, match="valid options"):
         bench.WeightGemmBenchConfig(shapes=("nope",))
+
+
+def test_profile_adds_each_kernels_trace_summary(tiny_shape, tmp_path):
+    config = dataclasses.replace(tiny_shape, block_m=(16,), profile=str(tmp_path / "traces"))
+    result = bench.run(config)
+    assert all(r["trace"].startswith("## Where one call's time goes: tiny, 20 rows/expert, ") for r in result["rows"])
+    table = bench.to_markdown(result)
+    assert table.count("## Where one call's time goes") == 5 and "| event |" in table

@@ -489,3 +489,13 @@ def test_reference_quantizer_trace_is_keyed_by_the_division_mode():
     assert "divide" not in text.replace("shift_right", "")  # the integer division has no float divide
     for field in ("codes", "scales", "amax", "map4"):  # normal inputs: both divisions are IEEE on the CPU
         np.testing.assert_array_equal(np.asarray(getattr(plain, field)), np.asarray(getattr(forced, field)))
+
+
+def test_per_row_weight_scale_is_each_rows_expert_without_a_while_loop():
+    """`_per_row` runs at every quantized MoE call (every decode step, every layer): straight-line
+    device code, since a GPU while loop returns its condition to the host at every iteration."""
+    sizes, scales = jnp.asarray([2, 0, 3, 1]), jnp.asarray([1.0, 2.0, 3.0, 4.0])
+    got = qlinear._per_row(scales, sizes, 7)[:, 0]
+    np.testing.assert_array_equal(np.asarray(got), [1, 1, 3, 3, 3, 4, 4])  # row 6: past the groups, the last expert's
+    text = jax.jit(qlinear._per_row, static_argnums=2).lower(scales, sizes, 7).as_text()
+    assert "while" not in text

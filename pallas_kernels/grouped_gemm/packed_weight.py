@@ -100,7 +100,9 @@ def tile_schedule(group_sizes_E, num_rows: int, block_m: int):
     row_end = jnp.cumsum(sizes)
     row_start = row_end - sizes
     t = jnp.arange(pl.cdiv(num_rows, block_m) + num_groups, dtype=jnp.int32)
-    group = jnp.minimum(jnp.searchsorted(tile_end, t, side="right"), num_groups - 1).astype(jnp.int32)
+    # compare_all: one fused op, not a binary-search while loop (a host round trip per iteration)
+    group = jnp.minimum(jnp.searchsorted(tile_end, t, side="right", method="compare_all"),
+                        num_groups - 1).astype(jnp.int32)
     first = row_start[group] + (t - (tile_end - tiles)[group]) * block_m
     valid = t < tile_end[-1]
     first = jnp.where(valid, first, 0)

@@ -177,3 +177,10 @@ def test_lowers_to_triton_ir_for_h200(monkeypatch):
                 text = jax.jit(lambda x, w, s: pw._grouped_call(x, w, s, tiles=tiles, interpret=False)).trace(
                     x, w, sizes).lower(lowering_platforms=("cuda",)).as_text()
                 assert f'name = "{pw.KERNEL_NAME}"' in text, (form, tiles)
+
+
+def test_tile_schedule_has_no_while_loop():
+    """A GPU while loop returns its condition to the host at every iteration: the schedule, run at
+    every call of the kernel, must be straight-line device code (searchsorted compare_all)."""
+    text = jax.jit(pw.tile_schedule, static_argnums=(1, 2)).lower(jnp.asarray([0, 5, 0, 20, 16]), 41, 8).as_text()
+    assert "while" not in text
