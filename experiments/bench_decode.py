@@ -72,22 +72,13 @@ def _rows_of_backend(config: DecodeBenchConfig, mc: ModelConfig) -> list[dict]:
                "tok_s": float(np.median(tokens)) / t, "batch": config.batch}
         if config.profile:
             label = f"{name}, expert_gemm={mc.expert_gemm}"
-            row["trace"] = _profile(gen, qparams, prompts, f"{config.profile}/{name}-{mc.expert_gemm}", config.new_tokens,
-                                    label)
+            log_dir = f"{config.profile}/{name}-{mc.expert_gemm}"
+            row["trace"] = trace_summary.profile_call(
+                gen, (qparams, prompts, jax.random.key(0)), log_dir, steps=config.new_tokens,
+                title=f"Where a `{label}` decode call's time goes (the prefill's share included; trace: {log_dir})")
         rows.append(row)
         print(row, flush=True)
     return rows
-
-
-def _profile(gen, qparams, prompts, log_dir: str, steps: int, name: str) -> str:
-    """One call of `gen` under the profiler: its device time per kernel and per decode step."""
-    with jax.profiler.trace(log_dir, create_perfetto_trace=True):
-        jax.block_until_ready(gen(qparams, prompts, jax.random.key(0)))
-    # a GPU's kernels are on its device process; on CPU (tests) the host thunks are what there is
-    prefix = "/device:" if jax.default_backend() == "gpu" else "/host:"
-    summary = trace_summary.summarize(trace_summary.find_trace(log_dir), process_prefix=prefix)
-    return trace_summary.markdown(summary, steps=steps, title=f"Where a `{name}` decode call's time goes "
-                                  f"(the prefill's share included; trace: {log_dir})")
 
 
 def to_markdown(result) -> str:

@@ -136,19 +136,10 @@ def _case(config: WeightGemmBenchConfig, shape: str, rows_per_expert: int, bandw
         calls = {name: (fn, args) for name, fn, args, _ in candidates}
         for row in best:
             fn, args = calls[row["name"]]
-            row["trace"] = _profile(fn, args, f"{config.profile}/{shape}-{rows_per_expert}-{row['name'].split(' [')[0]}",
-                                    f"{shape}, {rows_per_expert} rows/expert, {row['name']}")
+            log_dir = f"{config.profile}/{shape}-{rows_per_expert}-{row['name'].split(' [')[0]}".replace(" ", "_")
+            row["trace"] = trace_summary.profile_call(
+                fn, args, log_dir, top=8, title=f"Where one call's time goes: {shape}, {rows_per_expert} rows/expert, {row['name']}")
     return best, failures
-
-
-def _profile(fn, args, log_dir: str, title: str) -> str:
-    """One call of `fn` under the profiler: the device time of each kernel it launched."""
-    log_dir = log_dir.replace(" ", "_")
-    with jax.profiler.trace(log_dir, create_perfetto_trace=True):
-        jax.block_until_ready(fn(*args))
-    prefix = "/device:" if jax.default_backend() == "gpu" else "/host:"  # on CPU (tests): the host thunks
-    summary = trace_summary.summarize(trace_summary.find_trace(log_dir), process_prefix=prefix)
-    return trace_summary.markdown(summary, top=8, title=f"Where one call's time goes: {title}")
 
 
 def _tiles_name(tiles: PackedGemmTiles) -> str:

@@ -105,3 +105,14 @@ def markdown(summary: TraceSummary, steps: int = 1, top: int = 20, title: str = 
         lines.append(f"| ({len(rest)} more names) | {sum(r.count for r in rest) / steps:.1f} | "
                      f"{sum(r.total_us for r in rest) / steps:.1f} | | {100 * sum(r.busy_share for r in rest):.1f}% |")
     return "\n".join(lines) + "\n"
+
+
+def profile_call(fn, args, log_dir: str, title: str, steps: int = 1, top: int = 20) -> str:
+    """Run `fn(*args)` once under the JAX profiler (trace in `log_dir`) and return `markdown` of its
+    summary: the GPU's kernels on a GPU; on the CPU (tests) the host thunks, which are what there is."""
+    import jax  # only the profiling entry point needs JAX; the summary reads plain JSON
+
+    with jax.profiler.trace(log_dir, create_perfetto_trace=True):
+        jax.block_until_ready(fn(*args))
+    prefix = "/device:" if jax.default_backend() == "gpu" else "/host:"
+    return markdown(summarize(find_trace(log_dir), process_prefix=prefix), steps=steps, top=top, title=title)
