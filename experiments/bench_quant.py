@@ -3,8 +3,10 @@
     python -m experiments.bench_quant [--backends=triton,triton-tiled,mosaic,xla] [--iters=20] [--out=benchmarks]
 
 It times the path the model runs: `fp4rl.operands.nvfp4_quantize` with `impl` = the backend
-("xla" is the jnp reference), on activations [tokens, hidden] and, as
-`fp4rl.qlinear.quantize_weight` does, on each expert's transposed weight [N, K] under `jax.vmap`.
+("xla" is the jnp reference) on activations [tokens, hidden], and
+`fp4rl.operands.nvfp4_quantize_experts` on the expert stack [E, K, N] as
+`fp4rl.qlinear.quantize_weight` calls it (weight sync): each expert quantized along K, the
+kernels reading the stack as stored (K-major), the reference each expert's w^T under `jax.vmap`.
 "triton-tiled" is the Triton kernel with its tiled layout (a launch option, so it calls the
 kernel entry point on the same layout). Shapes (`pallas_kernels.nvfp4_quant.shapes`):
 activations tokens x hidden 8192x2048, 16384x4096, 32768x7168 (bf16, per-token amax, 1x16
@@ -90,6 +92,11 @@ def quantizer(backend: str, config: nvfp4.NVFP4Config, experts: bool, amax=None,
     impl = "reference" if backend == "xla" else backend
     if backend == "triton-tiled":  # the Triton kernel with its tiled [rows, blocks, 16] layout
         impl, options = "triton", {**options, "tunables": TritonQuantTunables(layout="tiled")}
+    if experts and amax is None:  # [E, K, N]: each expert along K, one tensor per expert
+        if not options:
+            return jax.jit(lambda w: operands.nvfp4_quantize_experts(w, config, impl, contraction_axis=1))
+        if impl != "reference":
+            return jax.jit(lambda w: pallas_kernels.quantize_experts(w, config, backend=impl, **options))
     if not options and amax is None:
         def quantize(x):
             return operands.nvfp4_quantize(x, config, impl)
@@ -99,7 +106,7 @@ def quantizer(backend: str, config: nvfp4.NVFP4Config, experts: bool, amax=None,
     else:
         def quantize(x):
             return pallas_kernels.quantize(x, config, backend=impl, amax=amax, **options)
-    if experts:  # [E, K, N] -> each expert's w^T [N, K], one tensor per expert (qlinear.quantize_weight)
+    if experts:  # [E, K, N] -> each expert's w^T [N, K], one tensor per expert
         return jax.jit(jax.vmap(lambda m: quantize(m.T)))
     return jax.jit(quantize)
 

@@ -5,7 +5,7 @@
 For each activation shape (bf16, per-token amax; `pallas_kernels.nvfp4_quant.shapes`) and
 variant, every candidate `TritonQuantTunables` is checked byte for byte against the CPU reference
 and timed on the model's layout (`bench_quant.quantizer`); the expert stack (16x16 blocks) sweeps
-`block_k_2d` and `num_warps`. Writes `<out>/tune_quant.{json,md}`: ms and % of the copy bandwidth
+`rows_2d`, `block_k_2d` and `num_warps`. Writes `<out>/tune_quant.{json,md}`: ms and % of the copy bandwidth
 per candidate, best marked. The kernel's default tunables are chosen from this table.
 """
 
@@ -29,8 +29,10 @@ from pallas_kernels.nvfp4_quant.tunables import TritonQuantTunables
 ACT_CANDIDATES = ((4, 512, 4, True, 1), (2, 1024, 4, True, 1), (1, 2048, 4, True, 1),
                   (1, 8192, 8, True, 1), (1, 8192, 8, True, 4), (1, 8192, 8, True, 16),
                   (1, 8192, 8, False, 4), (1, 8192, 4, True, 4), (2, 8192, 8, True, 4))
-# (block_k_2d, num_warps) for one 16-row tile row per program
-EXPERT_CANDIDATES = ((128, 4), (256, 4), (256, 8), (512, 8), (1024, 8))
+# (rows_2d, block_k_2d, num_warps) of the expert stack read K-major: one or several 16-row tile rows
+# per program (contiguous runs of rows_2d elements per K row), K in chunks of block_k_2d
+EXPERT_CANDIDATES = ((16, 128, 4), (16, 256, 8), (32, 128, 4), (64, 64, 4), (64, 128, 4), (64, 128, 8),
+                     (128, 32, 4), (128, 64, 8))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +76,8 @@ def run(config: TuneConfig) -> dict:
     for variant in config.variants:
         qconfig = nvfp4.NVFP4Config(block_2d=True, **VARIANTS[variant])
         reference = cpu_reference(w, qconfig, True, 4)
-        for block_k_2d, num_warps in EXPERT_CANDIDATES:
-            tunables = dict(block_k_2d=block_k_2d, num_warps=num_warps)
+        for rows_2d, block_k_2d, num_warps in EXPERT_CANDIDATES:
+            tunables = dict(rows_2d=rows_2d, block_k_2d=block_k_2d, num_warps=num_warps)
             row = {"case": f"weights {config.experts}x{config.expert_shape}", "variant": variant,
                    **_measure(w, qconfig, True, tunables, reference, 4, config.iters, copy_bw)}
             print(row, flush=True)
@@ -87,15 +89,16 @@ def to_markdown(result: dict) -> str:
     lines = ["# Triton quantize launch-shape sweep", "",
              f"Device: {result['device']}. Command: `python -m experiments.tune_quant`. Every timed candidate "
              "matched the CPU reference byte for byte; **bold** = fastest of its case and variant.", "",
-             "| case | variant | rows_1d | block_k | block_k_2d | num_warps | prefetch | row_groups | ms | copy % |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| case | variant | rows_1d | block_k | rows_2d | block_k_2d | num_warps | prefetch | row_groups | ms | copy % |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     best = {}
     for r in result["rows"]:
         if "ms" in r and r["ms"] < best.get((r["case"], r["variant"]), float("inf")):
             best[(r["case"], r["variant"])] = r["ms"]
     for r in result["rows"]:
         t = r["tunables"]
-        shape = f"| {r['case']} | {r['variant']} | {t['rows_1d']} | {t['block_k']} | {t['block_k_2d']} | {t['num_warps']} | {t['prefetch']} | {t.get('row_groups', 1)} |"
+        shape = (f"| {r['case']} | {r['variant']} | {t['rows_1d']} | {t['block_k']} | {t.get('rows_2d', 16)} | "
+                 f"{t['block_k_2d']} | {t['num_warps']} | {t['prefetch']} | {t.get('row_groups', 1)} |")
         if "error" in r:
             lines.append(f"{shape} error: {r['error']} | |")
         elif not r["bit_exact"]:

@@ -77,6 +77,20 @@ def nvfp4_quantize(x, config: nvfp4.NVFP4Config, impl: str, *, sr_key=None) -> n
     )
 
 
+def nvfp4_quantize_experts(w, config: nvfp4.NVFP4Config, impl: str, *, contraction_axis: int) -> nvfp4.NVFP4Tensor:
+    """Each expert of a stack quantized on its own along its contraction axis: equal to
+    `jax.vmap(nvfp4_quantize)` of the stack laid out [E, N, K] (w is [E, K, N] with
+    contraction_axis=1, [E, N, K] with 2). The kernels read the stack as stored (K-major for
+    axis 1: no transposed copy of the weight is written; docs/design.md, weight sync)."""
+    impl = resolve_impl(impl)
+    if impl == "reference":
+        stack = jnp.swapaxes(w, 1, 2) if contraction_axis == 1 else w
+        return jax.vmap(lambda m: _reference_quantize(m, config, None, ieee.forced_division()))(stack)
+    import pallas_kernels
+
+    return pallas_kernels.quantize_experts(w, config, backend=impl, contraction_axis=contraction_axis)
+
+
 def quantize(x, site: SiteConfig, role: str, impl: str = "auto", *, sr_key=None, config=None):
     """Quantize `x` [..., K] along its last axis as operand `role` ("act" | "weight") of `site`.
 

@@ -117,12 +117,22 @@ def quantize_weight(w, site: SiteConfig, impl: str = "auto"):
     """
     if not site.quantized:
         return w
+    if _nvfp4_stack(w, site):
+        return operands.nvfp4_quantize_experts(w, site.weight_config(), impl, contraction_axis=1)
     return _per_weight(lambda m: operands.quantize(_swap(m), site, "weight", impl), w)
 
 
 def _weight_along_n(w, site: SiteConfig, impl: str):
     """Q(w) along N, the contraction dimension of dgrad ([K, N] / [E, K, N])."""
+    if _nvfp4_stack(w, site):
+        return operands.nvfp4_quantize_experts(w, site.weight_config(), impl, contraction_axis=2)
     return _per_weight(lambda m: operands.quantize(m, site, "weight", impl), w)
+
+
+def _nvfp4_stack(w, site: SiteConfig) -> bool:
+    """An NVFP4 expert stack: quantized by the stack kernels (each expert its own tensor, read in
+    its stored layout), with the bytes of quantizing one expert at a time."""
+    return site.format == "nvfp4" and jnp.ndim(w) == 3
 
 
 def _forward_from_quantized(x_TxK, wq, site: SiteConfig, group_sizes, impl: str, gemm: str):

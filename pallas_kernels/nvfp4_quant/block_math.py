@@ -12,6 +12,8 @@ result) is `wrappers`.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -222,12 +224,25 @@ def sequential_sum16(ar, e):
     return total.reshape(e.shape[:-1])
 
 
-def tree_sum16_rows(ar, r):
-    """Pairwise tree sum over axis 0 (size 16): r[0:8]+r[8:16], then 4, 2, 1 (§3, 2D)."""
+def tree_sum16_rows(ar, r, axis: int = 0):
+    """Pairwise tree sum over `axis` (size 16): r[0:8]+r[8:16], then 4, 2, 1 (§3, 2D)."""
     for half in (8, 4, 2, 1):
-        lo, hi = lax.split(r, (half, half), axis=0)
+        lo, hi = lax.split(r, (half, half), axis=axis)
         r = ar.add(lo, hi)
     return r
+
+
+def per_tile(reduce, a):
+    """A per-16x16-tile reduction of a per-row block quantity a [R, NB] (R = 16 t rows, t tiles).
+
+    `reduce(v, axis)` maps [.., 16, ..] to [.., 1, ..] along `axis`. One tile row gives [1, NB]
+    (callers broadcast it); several give [R, NB], each tile's value repeated on its 16 rows."""
+    rows, nb = a.shape
+    if rows == BLOCK:
+        return reduce(a, 0)
+    tiles = rows // BLOCK
+    r = reduce(a.reshape(tiles, BLOCK, nb), 1)
+    return jnp.broadcast_to(r, (tiles, BLOCK, nb)).reshape(rows, nb)
 
 
 def candidate_error(ar, xb, q, sf, amax, s_enc, config: ref.NVFP4Config):
@@ -245,7 +260,7 @@ def candidate_error(ar, xb, q, sf, amax, s_enc, config: ref.NVFP4Config):
 def quantize_blocks(ar, xb, amax, config: ref.NVFP4Config):
     """The whole per-block contract on one chunk of rows.
 
-    xb: f32 [R, NB, 16] (R rows, NB blocks of 16 along K); for 2D, R == 16 is one tile row.
+    xb: f32 [R, NB, 16] (R rows, NB blocks of 16 along K); for 2D, R is a multiple of 16 (tile rows).
     amax: f32 [R, 1] (the row's global A).
     Returns codes int32 [R, NB, 16], scale bytes int32 [R, NB], map4 bool [R, NB].
     """
@@ -253,7 +268,7 @@ def quantize_blocks(ar, xb, amax, config: ref.NVFP4Config):
     s_enc, s_dec = scales_from_amax(ar, amax, config.e4m3_bound)
     bmax = jnp.max(abs_bits(xb), axis=2)  # integer max: NaN-propagating, exact
     if config.block_2d:
-        bmax = jnp.max(bmax, axis=0, keepdims=True)  # one b per 16x16 tile: [1, NB]
+        bmax = per_tile(lambda v, axis: jnp.max(v, axis=axis, keepdims=True), bmax)  # one b per 16x16 tile
     b = from_bits(bmax)
     if config.four_over_six is None:
         sf, byte = block_scale(ar, b, s_enc)
@@ -267,7 +282,8 @@ def quantize_blocks(ar, xb, amax, config: ref.NVFP4Config):
     err6 = candidate_error(ar, xb, q6, sf6, amax, s_enc, config)
     err4 = candidate_error(ar, xb, q4, sf4, amax, s_enc, config)
     if config.block_2d:
-        err6, err4 = tree_sum16_rows(ar, err6), tree_sum16_rows(ar, err4)  # [1, NB]
+        tile_err = functools.partial(per_tile, lambda v, axis: tree_sum16_rows(ar, v, axis))
+        err6, err4 = tile_err(err6), tile_err(err4)  # one error per 16x16 tile
     map4 = jnp.broadcast_to(less_nonneg(err4, err6), (rows, nb))  # strict: ties go to map-6
     byte = jnp.where(map4, jnp.broadcast_to(byte4, (rows, nb)), jnp.broadcast_to(byte6, (rows, nb)))
     codes = jnp.where(map4[..., None], q4, q6)

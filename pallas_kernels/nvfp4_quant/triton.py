@@ -419,7 +419,11 @@ def _quantize_groups(x_g, amax, config, *, m, k, k_major, tunables, interpret):
         )
         return codes, sbytes, map4, row_amax
     if amax is None:  # per tensor: row maxima in Pallas, then a max over rows per group
-        row_amax = _row_amax_call(x_g, m=m, k=k, k_major=k_major, tunables=tunables, interpret=interpret)
+        # A group's max is over all its elements, whatever axis its blocks run along, so the rows
+        # are read as stored: a K-major stack [G, K, M] as K rows of M contiguous elements (read
+        # as [chunk, rows] tiles, its runs of `rows_1d` elements would use a fraction of each burst).
+        rows, width = (k, m) if k_major else (m, k)
+        row_amax = _row_amax_call(x_g, m=rows, k=width, k_major=False, tunables=tunables, interpret=interpret)
         # max over rows on the bits: NaN-propagating on every platform (XLA:CPU's vectorised
         # float max reductions have been seen to drop NaN)
         group_amax = bm.from_bits(jnp.max(bm.abs_bits(row_amax), axis=1))

@@ -27,10 +27,13 @@ def next_power_of_two(n: int) -> int:
 class TritonQuantTunables:
     """Launch shape of the Triton kernels (`triton.py`).
 
-    rows_1d: rows per program for 1x16 blocks (2D blocks always use one 16-row tile row).
+    rows_1d: rows per program for 1x16 blocks.
+    rows_2d: rows per program for 16x16 blocks: tile rows of 16, a power of two >= 16. An expert
+      stack read K-major loads `[chunk, rows_2d]` tiles, whose contiguous runs are rows_2d
+      elements long: wider tiles read whole DRAM bursts instead of 32-byte pieces.
     block_k: K columns per inner step for 1x16 blocks (and the amax/dequantize kernels);
       a power of two >= 16, capped at next_pow2(K).
-    block_k_2d: the same for 16x16 blocks, whose program holds 16 rows (so a smaller chunk
+    block_k_2d: the same for 16x16 blocks, whose program holds rows_2d rows (so a smaller chunk
       keeps the per-thread register footprint of the two 4/6 candidates comparable).
     num_warps, num_stages: Triton launch parameters.
     layout: how a program holds the 1x16 blocks of a row-major input. "planar": each thread
@@ -46,6 +49,7 @@ class TritonQuantTunables:
     """
 
     rows_1d: int = 4
+    rows_2d: int = BLOCK
     block_k: int = 512
     block_k_2d: int = 128
     num_warps: int = 4
@@ -58,6 +62,8 @@ class TritonQuantTunables:
         rows_1d, block = self.rows_1d, BLOCK
         if not is_power_of_two(rows_1d):
             raise ValueError(f"{rows_1d=} must be a power of two (Triton tensor sizes)")
+        if not is_power_of_two(self.rows_2d) or self.rows_2d < block:
+            raise ValueError(f"rows_2d={self.rows_2d} must be a power of two >= {block=} (whole 16x16 tiles)")
         for name, block_k in (("block_k", self.block_k), ("block_k_2d", self.block_k_2d)):
             if not is_power_of_two(block_k) or block_k % block:
                 raise ValueError(f"{name}={block_k} must be a power of two and a multiple of {block=}")
@@ -75,7 +81,7 @@ class TritonQuantTunables:
         return min(block_k, next_power_of_two(k))
 
     def rows(self, config: ref.NVFP4Config) -> int:
-        return BLOCK if config.block_2d else self.rows_1d
+        return self.rows_2d if config.block_2d else self.rows_1d
 
 
 DEFAULT_TUNABLES = TritonQuantTunables()

@@ -21,7 +21,9 @@ from tests.kernels.quant_suite import Impl, KernelQuantSuite, assert_tensor_equa
 
 # block_k=32 makes the sweep's K = 48 span two chunks (the second one masked) and rows_1d=4
 # leaves a masked row tail for M = 19: the chunk loop and both masks run at interpret sizes.
-SMALL = (("tunables", tq.TritonQuantTunables(rows_1d=4, block_k=32, block_k_2d=32)),)
+# rows_2d=32: a program holds two 16x16 tile rows (the expert stack's N = 32: both full; the
+# sweep's 16-row inputs: the second one masked). The defaults run in the shape tests.
+SMALL = (("tunables", tq.TritonQuantTunables(rows_1d=4, block_k=32, block_k_2d=32, rows_2d=32)),)
 
 
 class TestTritonInterpret(KernelQuantSuite):
@@ -87,16 +89,17 @@ def test_lowers_to_triton_ir_for_h200(monkeypatch, config):
     # JAX deprecates its Pallas Triton backend (docs/numerics.md §10 has the plan): the warning is
     # asserted here, so a JAX that drops it or the backend shows up in this test.
     with pytest.warns(DeprecationWarning, match="Pallas Triton backend is deprecated"):
-        for tun in (tq.DEFAULT_TUNABLES, tq.TritonQuantTunables(rows_1d=2, block_k=64, block_k_2d=32)):
+        for tun in (tq.DEFAULT_TUNABLES, tq.TritonQuantTunables(rows_1d=2, block_k=64, block_k_2d=32, rows_2d=32)):
             text = jax.jit(lambda x: tq._quantize_jit(x, None, config, False, tun)).trace(x).lower(
                 lowering_platforms=("cuda",)).as_text()
             assert f'name = "{tq.QUANT_NAME}"' in text
             # The inline PTX that pins each fl() is in the serialized Triton module.
             assert "div.rn.f32" in text and "mul.rn.f32" in text
         w = jnp.zeros((2, 48, 32), jnp.float32)
-        text = jax.jit(lambda w: tq._quantize_experts_jit(w, None, config, True, False, tq.DEFAULT_TUNABLES)).trace(
-            w).lower(lowering_platforms=("cuda",)).as_text()
-        assert f'name = "{tq.QUANT_NAME}"' in text
+        for tun in (tq.DEFAULT_TUNABLES, tq.TritonQuantTunables(rows_2d=32)):
+            text = jax.jit(lambda w: tq._quantize_experts_jit(w, None, config, True, False, tun)).trace(
+                w).lower(lowering_platforms=("cuda",)).as_text()
+            assert f'name = "{tq.QUANT_NAME}"' in text
         t = ref.quantize(jnp.ones((19, 48)), ref.NVFP4Config(scale="token"))
         text = jax.jit(lambda t: tq._dequantize_jit(t, jnp.dtype(jnp.bfloat16), False, tq.DEFAULT_TUNABLES)).trace(
             t).lower(lowering_platforms=("cuda",)).as_text()
@@ -171,6 +174,8 @@ def test_tunables_are_validated_before_tracing():
         tq.TritonQuantTunables(block_k=48)
     with pytest.raises(ValueError, match="block_k_2d=8 must be a power of two and a multiple of block=16"):
         tq.TritonQuantTunables(block_k_2d=8)
+    with pytest.raises(ValueError, match="rows_2d=8 must be a power of two >= block=16"):
+        tq.TritonQuantTunables(rows_2d=8)
     with pytest.raises(ValueError, match="rows_1d=3 must be a power of two"):
         tq.TritonQuantTunables(rows_1d=3)
     with pytest.raises(ValueError, match="k=40 must be a multiple of block=16"):
