@@ -11,7 +11,9 @@ each output checked against an f32 einsum before it is timed:
 - `triton bf16`: `pallas_kernels.grouped_gemm.grouped_matmul_bf16`, the packed kernel's twin;
 - `emulated nvfp4 (xla)`: what a quantized site computes today from a synced weight:
   `nvfp4.scaled_operand` (the bf16 copy of the weight, written to HBM) then `lax.ragged_dot`;
-- `triton nvfp4 packed`: `grouped_matmul_nvfp4`, dequantization fused (3.6x fewer weight bytes).
+- `triton nvfp4 packed bf16` / `f16`: `grouped_matmul_nvfp4`, dequantization fused (3.6x fewer weight
+  bytes), with x in bf16 (the weight tile formed in f32, rounded to bf16) or in f16 (the tile formed
+  in f16, the model's form: `fp4rl.grouped.ragged_matmul_nvfp4`).
 The Triton rows take the fastest of a few launch shapes (`--block_m`, `--block_n`, `--block_k`; no
 row tile taller than the rows per expert need), named in the table; a launch shape the device
 cannot run (e.g. too much shared memory) is listed as such, not timed. The roofline
@@ -113,9 +115,11 @@ def _case(config: WeightGemmBenchConfig, shape: str, rows_per_expert: int, bandw
         candidates.append((f"triton bf16 {_tiles_name(tiles)}", jax.jit(
             lambda x, w, s, tiles=tiles: grouped_matmul_bf16(x, w, s, tiles=tiles, interpret=interpret)),
             (x, wv, sizes), bf16_bytes))
-        candidates.append((f"triton nvfp4 packed {_tiles_name(tiles)}", jax.jit(
-            lambda x, c, sc, s, tiles=tiles: grouped_matmul_nvfp4(x, c, sc, s, tiles=tiles, interpret=interpret)),
-            (x, wq.codes, wq.scales, sizes), packed_bytes))
+        for x_form in (x, x.astype(jnp.float16)):  # x in f16: the weight tile formed in f16 (the model's form)
+            form = "f16" if x_form.dtype == jnp.float16 else "bf16"
+            candidates.append((f"triton nvfp4 packed {form} {_tiles_name(tiles)}", jax.jit(
+                lambda x, c, sc, s, tiles=tiles: grouped_matmul_nvfp4(x, c, sc, s, tiles=tiles, interpret=interpret)),
+                (x_form, wq.codes, wq.scales, sizes), packed_bytes))
     results, failures = [], []
     for name, fn, args, weight_bytes in candidates:
         try:

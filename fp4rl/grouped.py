@@ -226,10 +226,16 @@ def _packed_matmul_fn(interpret: bool):
 
 def ragged_matmul_nvfp4(a_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, gemm: str):
     """f32 [R, N]: rows of group e times (dec(codes[e]) * scales[e])^T, the bf16 operand of an NVFP4
-    weight w^T [E, N, K] read packed (`gemm` "packed" / "packed_interpret"); rows past the groups: 0."""
+    weight w^T [E, N, K] read packed (`gemm` "packed" / "packed_interpret"); rows past the groups: 0.
+
+    `a` holds the values of an NVFP4-quantized activation, dec(q) * sf: multiples of 2^-10 of at
+    most 6 significant bits, below 6 * 448, hence exact in f16. The kernel takes them as f16 and
+    forms the weight tile in f16 (`packed_weight.grouped_matmul_nvfp4`: fewer instructions per
+    weight element, the same products)."""
     if gemm not in PACKED_GEMMS:
         raise ValueError(f"ragged_matmul_nvfp4 runs on gemm in {tuple(PACKED_GEMMS)}, got {gemm!r}")
-    return _packed_matmul_fn(gemm == "packed_interpret")(a_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E)
+    return _packed_matmul_fn(gemm == "packed_interpret")(a_RxK.astype(jnp.float16), codes_ExNxK2, scales_ExNxK16,
+                                                         group_sizes_E)
 
 
 def ragged_matmul(a_RxK, b_ExKxN, group_sizes_E, *, gemm: str = "xla", transpose_rhs: bool = False):

@@ -74,15 +74,16 @@ def lower_to_ttir(variant: str, tunables, shape: tuple[int, int]) -> list[str]:
 
 def lower_packed_gemm_to_ttir(form: str, tiles, experts: int, k: int, n: int, rows: int) -> list[str]:
     """The Triton IR of the grouped GEMM of `pallas_kernels.grouped_gemm.packed_weight`, weight
-    read packed (form "nvfp4") or bf16, for x [rows, k] and `experts` weights [n, k]."""
+    read packed (form "nvfp4": x bf16; "nvfp4-f16": x f16, the f16 tile) or bf16, for x [rows, k] and
+    `experts` weights [n, k]."""
     import jax
     import jax.numpy as jnp
 
     from pallas_kernels.grouped_gemm import packed_weight as pw
 
-    x = jax.ShapeDtypeStruct((rows, k), jnp.bfloat16)
+    x = jax.ShapeDtypeStruct((rows, k), jnp.float16 if form == "nvfp4-f16" else jnp.bfloat16)
     sizes = jax.ShapeDtypeStruct((experts,), jnp.int32)
-    if form == "nvfp4":
+    if form.startswith("nvfp4"):
         weights = (jax.ShapeDtypeStruct((experts, n, k // 8), jnp.uint32), jax.ShapeDtypeStruct((experts, n, k // 16), jnp.uint8))
     else:
         weights = (jax.ShapeDtypeStruct((experts, n, k), jnp.bfloat16),)
@@ -156,7 +157,7 @@ def main(argv=None) -> None:
     parser.add_argument("--no-prefetch", action="store_true", help="planar: no software prefetch of chunk i+1")
     parser.add_argument("--shape", default=shapes.ACTIVATIONS[0], help="MxK of the bf16 activation")
     parser.add_argument("--out", default=None, help="folder for ttir/ttgir/ptx/sass (default: a temp folder)")
-    parser.add_argument("--kernel", choices=("quantize", "packed-nvfp4", "packed-bf16"), default="quantize",
+    parser.add_argument("--kernel", choices=("quantize", "packed-nvfp4", "packed-nvfp4-f16", "packed-bf16"), default="quantize",
                         help="the quantizer, or the grouped GEMM of grouped_gemm.packed_weight (weight packed or bf16)")
     parser.add_argument("--gemm", default="128x2048x768", help="packed-*: ExKxN of the expert weights")
     parser.add_argument("--gemm-rows", type=int, default=1024, help="packed-*: rows of x")

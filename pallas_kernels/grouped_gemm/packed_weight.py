@@ -111,6 +111,10 @@ def tile_schedule(group_sizes_E, num_rows: int, block_m: int):
 
 
 F16_CODE_FACTOR = 2.0**14  # an E2M1 code's 4 bits placed in f16 bits [15] and [11:9] read as value * 2^-14
+# The f16 form's weight tile is (dec(q) 2^-14) (sf 2^(14 - F16_TILE_SHIFT)) = dec(q) sf 2^-7:
+# sf 2^7 <= 448 * 128 = 57344 fits f16, and dec(q) * sf is a multiple of 2^-10 (dec: of 0.5, sf: of 2^-9) of at most 6 significant bits
+# and at most 6 * 448, so the tile, a multiple of 2^-17 below 21, is exact in f16 (step 2^-24).
+F16_TILE_SHIFT = 7
 
 
 def _shift(x, bits: int):
@@ -124,9 +128,15 @@ def _f16_to_f32(bits_u32):
     return lax.bitcast_convert_type(bits_u32.astype(jnp.uint16), jnp.float16).astype(jnp.float32)
 
 
-def _codes_times_2_pow_minus_14(words):
-    """uint32 [n, w] of packed E2M1 codes -> float32 [n, 8 w]: dec(q) * 2^-14 in element order
-    (nibble i of a little-endian word is element 8 j + i), exactly.
+def _f16_halves(pair):
+    """uint32 holding two f16 -> (low half, high half) as f16, by truncation (no conversion)."""
+    as_f16 = lambda bits: lax.bitcast_convert_type(bits.astype(jnp.uint16), jnp.float16)  # noqa: E731
+    return as_f16(pair & np.uint32(0xFFFF)), as_f16(lax.shift_right_logical(pair, np.uint32(16)))
+
+
+def _codes_times_2_pow_minus_14(words, dtype=jnp.float32):
+    """uint32 [n, w] of packed E2M1 codes -> `dtype` (float32 or float16) [n, 8 w]: dec(q) * 2^-14
+    in element order (nibble i of a little-endian word is element 8 j + i), exactly.
 
     Each code becomes an f16 by moving bits: the sign to f16 bit 15, the 3 magnitude bits to
     bits [11:9] (f16's low exponent bits and top mantissa bit). E2M1 has exponent bias 1 and
@@ -138,8 +148,12 @@ def _codes_times_2_pow_minus_14(words):
     lo, hi = [], []
     for i in range(4):
         pair = (_shift(words, 9 - 4 * i) & np.uint32(0x0E000E00)) | (_shift(words, 12 - 4 * i) & np.uint32(0x80008000))
-        lo.append(_f16_to_f32(pair))  # code i
-        hi.append(_f16_to_f32(lax.shift_right_logical(pair, np.uint32(16))))  # code i + 4
+        if dtype == jnp.float16:
+            code_i, code_i4 = _f16_halves(pair)
+        else:
+            code_i, code_i4 = _f16_to_f32(pair), _f16_to_f32(lax.shift_right_logical(pair, np.uint32(16)))
+        lo.append(code_i)
+        hi.append(code_i4)
 
     def interleave(planes):  # planes in element order -> [n, w, len(planes)], flattened
         if len(planes) == 1:
@@ -150,15 +164,22 @@ def _codes_times_2_pow_minus_14(words):
     return interleave(lo + hi).reshape(words.shape[0], 8 * words.shape[1])
 
 
-def dequantized_tile(code_words, scale_bytes):
+def dequantized_tile(code_words, scale_bytes, dtype=jnp.bfloat16):
     """Codes as uint32 words [n, k/8] (8 codes each, `codes_as_words`) and E4M3 scale bytes
-    uint8 [n, k/16] -> dec(q) * sf, bf16 [n, k] (exact: the bytes of `nvfp4.scaled_operand`; a
-    NaN scale gives NaN for its 16 elements). (dec(q) 2^-14) (sf 2^14) is exact in f32: both
-    factors are, and the product has at most 6 significant bits."""
+    uint8 [n, k/16] -> [n, k] of `dtype`, exactly:
+    - bfloat16: dec(q) * sf, the bytes of `nvfp4.scaled_operand` (a NaN scale gives NaN for its 16
+      elements). (dec(q) 2^-14) (sf 2^14) is exact in f32: both factors are, and the product has
+      at most 6 significant bits.
+    - float16: dec(q) * sf * 2^-F16_TILE_SHIFT, formed in f16 from the f16 bits of the codes
+      without a conversion (one f16 multiply per element; exact, see F16_TILE_SHIFT)."""
     n, words = code_words.shape
+    sf = bm.e4m3_decode(scale_bytes.astype(jnp.int32))
+    if dtype == jnp.float16:
+        dec = _codes_times_2_pow_minus_14(code_words, jnp.float16).reshape(n, words // 2, bm.BLOCK)
+        sf16 = (sf * np.float32(F16_CODE_FACTOR * 2.0**-F16_TILE_SHIFT)).astype(jnp.float16)  # sf 2^7: exact
+        return (dec * sf16[..., None]).reshape(n, 8 * words)
     dec = _codes_times_2_pow_minus_14(code_words).reshape(n, words // 2, bm.BLOCK)
-    sf = bm.e4m3_decode(scale_bytes.astype(jnp.int32)) * np.float32(F16_CODE_FACTOR)
-    return (dec * sf[..., None]).reshape(n, 8 * words).astype(jnp.bfloat16)
+    return (dec * (sf * np.float32(F16_CODE_FACTOR))[..., None]).reshape(n, 8 * words).astype(jnp.bfloat16)
 
 
 def codes_as_words(codes):
@@ -184,12 +205,15 @@ def _kernel(group_ref, first_ref, end_ref, x_ref, *refs, packed: bool, tiles: Pa
             if packed:
                 codes_ref, scales_ref = refs[0], refs[1]
                 w = dequantized_tile(codes_ref[group, pl.ds(n0, bn), pl.ds(k0 // 8, bk // 8)],
-                                     scales_ref[group, pl.ds(n0, bn), pl.ds(k0 // bm.BLOCK, bk // bm.BLOCK)])
+                                     scales_ref[group, pl.ds(n0, bn), pl.ds(k0 // bm.BLOCK, bk // bm.BLOCK)],
+                                     x_ref.dtype)
             else:
                 w = refs[0][group, pl.ds(n0, bn), pl.ds(k0, bk)]
             return acc + lax.dot_general(x, w, _DOT_NT, preferred_element_type=jnp.float32)
 
         acc = lax.fori_loop(0, k // bk, body, jnp.zeros((bm_, bn), jnp.float32))
+        if packed and x_ref.dtype == jnp.float16:
+            acc = acc * np.float32(2.0**F16_TILE_SHIFT)  # the f16 tile's 2^-7 back out (a power of two: exact)
         plgpu_triton.store(out_ref.at[pl.ds(first, bm_), pl.ds(n0, bn)], acc, mask=row_ok[:, None])
 
 
@@ -215,9 +239,11 @@ def _grouped_call(x_RxK, weights, group_sizes_E, *, tiles: PackedGemmTiles, inte
     return jnp.where(covered[:, None], out, jnp.float32(0))
 
 
-def _check(what: str, x_RxK, weight_shape, group_sizes_E, tiles: PackedGemmTiles, k: int, least_k: int):
-    if jnp.ndim(x_RxK) != 2 or jnp.result_type(x_RxK) != jnp.bfloat16:
-        raise TypeError(f"{what}: x must be bfloat16 [R, K], got {jnp.result_type(x_RxK)} {jnp.shape(x_RxK)}")
+def _check(what: str, x_RxK, weight_shape, group_sizes_E, tiles: PackedGemmTiles, k: int, least_k: int,
+           x_dtypes=(jnp.bfloat16,)):
+    if jnp.ndim(x_RxK) != 2 or jnp.result_type(x_RxK) not in tuple(map(jnp.dtype, x_dtypes)):
+        names = " or ".join(jnp.dtype(d).name for d in x_dtypes)
+        raise TypeError(f"{what}: x must be {names} [R, K], got {jnp.result_type(x_RxK)} {jnp.shape(x_RxK)}")
     if x_RxK.shape[1] != k:
         raise ValueError(f"{what}: x has K={x_RxK.shape[1]} but the weight has K={k}")
     num_groups, n = weight_shape[0], weight_shape[1]
@@ -238,7 +264,11 @@ def grouped_matmul_nvfp4(x_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, 
     """f32 [R, N]: rows of group e times (dec(codes[e]) * scales[e])^T; rows past the groups 0.
 
     codes: uint8 [E, N, K/2] (even element in the low nibble); scales: float8_e4m3fn (or its
-    bytes, uint8) [E, N, K/16]. sum(group_sizes) <= R is the caller's contract."""
+    bytes, uint8) [E, N, K/16]. sum(group_sizes) <= R is the caller's contract.
+    x: bfloat16, or float16: then the weight tile is formed in f16 (about half the instructions
+    per weight element: no f16 -> f32 -> bf16 conversions) and the tensor cores multiply f16. The
+    products are the same, so is the result (up to the f32 sums' order), wherever x is exact in
+    f16, as the bf16 values of an NVFP4-quantized activation are (`fp4rl.grouped.ragged_matmul_nvfp4`)."""
     if jnp.result_type(codes_ExNxK2) != jnp.uint8 or jnp.ndim(codes_ExNxK2) != 3:
         raise TypeError(f"grouped_matmul_nvfp4: codes must be uint8 [E, N, K/2], got "
                         f"{jnp.result_type(codes_ExNxK2)} {jnp.shape(codes_ExNxK2)}")
@@ -248,7 +278,8 @@ def grouped_matmul_nvfp4(x_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, 
                          f"{jnp.shape(scales_ExNxK16)}")
     if jnp.result_type(scales_ExNxK16) not in (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.uint8)):
         raise TypeError(f"grouped_matmul_nvfp4: scales must be float8_e4m3fn or uint8, got {jnp.result_type(scales_ExNxK16)}")
-    fitted = _check("grouped_matmul_nvfp4", x_RxK, (e, n), group_sizes_E, tiles or DEFAULT_TILES, 2 * half, 32)
+    fitted = _check("grouped_matmul_nvfp4", x_RxK, (e, n), group_sizes_E, tiles or DEFAULT_TILES, 2 * half, 32,
+                    x_dtypes=(jnp.bfloat16, jnp.float16))
     require_gpu(interpret, "grouped_matmul_nvfp4")
     scale_bytes = lax.bitcast_convert_type(scales_ExNxK16, jnp.uint8)
     return _grouped_call(x_RxK, (codes_as_words(codes_ExNxK2), scale_bytes), group_sizes_E, tiles=fitted, interpret=interpret)

@@ -69,6 +69,12 @@ def test_dequantized_tile_is_scaled_operand_for_every_code_and_scale_byte():
     nan = np.isnan(np.asarray(want, np.float32))
     assert np.array_equal(np.isnan(np.asarray(got, np.float32)), nan) and nan.sum() == 2 * 512  # bytes 0x7F, 0xFF
     assert np.array_equal(got_bits[~nan], want_bits[~nan])
+    # the f16 form: dec(q) sf 2^-7, exact in f16 for every code and finite scale byte
+    got16 = np.asarray(pw.dequantized_tile(pw.codes_as_words(codes), scale_bytes, jnp.float16))
+    assert got16.dtype == np.float16 and np.array_equal(np.isnan(got16), nan)
+    want32 = np.asarray(want, np.float32)[~nan] * np.float32(2.0**-pw.F16_TILE_SHIFT)
+    assert np.array_equal(got16[~nan].astype(np.float32), want32)
+    assert np.array_equal(np.signbit(got16[~nan]), np.signbit(want32))  # -0 codes stay -0
 
 
 def test_tile_schedule_cuts_each_group_into_its_own_tiles():
@@ -81,16 +87,22 @@ def test_tile_schedule_cuts_each_group_into_its_own_tiles():
     assert (first[~real] == end[~real]).all()
 
 
+X_FORMS = [pytest.param(jnp.bfloat16, id="x-bf16"), pytest.param(jnp.float16, id="x-f16")]
+
+
+@pytest.mark.parametrize("x_dtype", X_FORMS)
 @pytest.mark.parametrize("interpret", BACKENDS)
 @pytest.mark.parametrize("case", CASES)
-def test_nvfp4_weight_gemm_is_the_emulated_forward_bit_for_bit(case, interpret):
+def test_nvfp4_weight_gemm_is_the_emulated_forward_bit_for_bit(case, interpret, x_dtype):
+    """x in bf16 (the tile formed in bf16) or f16 (the tile formed in f16, scaled by 2^-7 and the
+    accumulator by 2^7): the same bits as the emulated forward where the f32 sums are exact."""
     rows, k, n, sizes = CASES[case]
     codes, scales = _weight(len(sizes), n, k, exact_sums=True)
     x = _activations(rows, k, exact_sums=True)
     group_sizes = jnp.asarray(sizes, jnp.int32)
     want = grouped.ragged_matmul(x, _operand(codes, scales), group_sizes, gemm="xla", transpose_rhs=True)
     for tiles in (SMALL_TILES, pw.DEFAULT_TILES):
-        got = pw.grouped_matmul_nvfp4(x, codes, scales, group_sizes, tiles=tiles, interpret=interpret)
+        got = pw.grouped_matmul_nvfp4(x.astype(x_dtype), codes, scales, group_sizes, tiles=tiles, interpret=interpret)
         assert got.dtype == jnp.float32 and got.shape == (rows, n)
         assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), tiles
     assert not np.asarray(got[sum(sizes):]).any()  # rows past the groups
@@ -109,6 +121,10 @@ def test_both_weight_forms_within_the_f32_accumulation_bound(case, interpret):
     group_sizes = jnp.asarray(sizes, jnp.int32)
     packed = pw.grouped_matmul_nvfp4(x, codes, scales, group_sizes, tiles=SMALL_TILES, interpret=interpret)
     assert_within(packed, exact, bound, f"nvfp4 weight {case}")
+    x16 = x.astype(jnp.float16)  # x's standard normal bf16 values: exact in f16 (checked)
+    assert np.array_equal(np.asarray(x16, np.float32), np.asarray(x, np.float32))
+    packed16 = pw.grouped_matmul_nvfp4(x16, codes, scales, group_sizes, tiles=SMALL_TILES, interpret=interpret)
+    assert_within(packed16, exact, bound, f"nvfp4 weight, x f16 {case}")
     plain = pw.grouped_matmul_bf16(x, w, group_sizes, tiles=SMALL_TILES, interpret=interpret)
     assert_within(plain, exact, bound, f"bf16 weight {case}")
 
@@ -136,7 +152,7 @@ def test_bad_operands_are_refused_with_what_is_valid():
     codes, scales = _weight(2, 32, 128, exact_sums=True)
     x = _activations(8, 128)
     sizes = jnp.asarray([4, 4], jnp.int32)
-    with pytest.raises(TypeError, match="x must be bfloat16"):
+    with pytest.raises(TypeError, match="x must be bfloat16 or float16"):
         pw.grouped_matmul_nvfp4(x.astype(jnp.float32), codes, scales, sizes, interpret=True)
     with pytest.raises(ValueError, match="x has K=32 but the weight has K=128"):
         pw.grouped_matmul_nvfp4(x[:, :32], codes, scales, sizes, interpret=True)
