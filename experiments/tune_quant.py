@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from experiments.bench_quant import VARIANTS, check_then_time, copy_bandwidth, cpu_reference, quantizer
 from experiments.gpu_bench import bench_main
+from fp4rl.analysis import trace_summary
 from fp4rl.formats import nvfp4
 from pallas_kernels.nvfp4_quant import shapes
 from pallas_kernels.nvfp4_quant.tunables import TritonQuantTunables
@@ -29,10 +30,12 @@ from pallas_kernels.nvfp4_quant.tunables import TritonQuantTunables
 ACT_CANDIDATES = ((4, 512, 4, True, 1), (2, 1024, 4, True, 1), (1, 2048, 4, True, 1),
                   (1, 8192, 8, True, 1), (1, 8192, 8, True, 4), (1, 8192, 8, True, 16),
                   (1, 8192, 8, False, 4), (1, 8192, 4, True, 4), (2, 8192, 8, True, 4))
-# (rows_2d, block_k_2d, num_warps) of the expert stack read K-major: one or several 16-row tile rows
-# per program (contiguous runs of rows_2d elements per K row), K in chunks of block_k_2d
-EXPERT_CANDIDATES = ((16, 128, 4), (16, 256, 8), (32, 128, 4), (64, 64, 4), (64, 128, 4), (64, 128, 8),
-                     (128, 32, 4), (128, 64, 8))
+# (rows_2d, block_k_2d, num_warps, prefetch) of the expert stack read K-major: one or several 16-row
+# tile rows per program (contiguous runs of rows_2d elements per K row), K in chunks of block_k_2d,
+# the next chunk loaded before the current one is quantized or not
+EXPERT_CANDIDATES = ((16, 128, 4, True), (16, 128, 4, False), (16, 256, 8, True), (32, 64, 4, True),
+                     (64, 32, 4, True), (128, 32, 4, True), (128, 32, 4, False), (128, 16, 4, True),
+                     (256, 16, 8, True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +47,7 @@ class TuneConfig:
     iters: int = 10
     check_rows: int = 256
     out: str = "benchmarks"
+    profile: str = ""  # a directory: profile one call of each variant's fastest expert-stack shape (kernel split)
 
 
 def _measure(x, qconfig, experts, tunables, reference, n, iters, copy_bw):
@@ -76,12 +80,20 @@ def run(config: TuneConfig) -> dict:
     for variant in config.variants:
         qconfig = nvfp4.NVFP4Config(block_2d=True, **VARIANTS[variant])
         reference = cpu_reference(w, qconfig, True, 4)
-        for rows_2d, block_k_2d, num_warps in EXPERT_CANDIDATES:
-            tunables = dict(rows_2d=rows_2d, block_k_2d=block_k_2d, num_warps=num_warps)
+        for rows_2d, block_k_2d, num_warps, prefetch in EXPERT_CANDIDATES:
+            tunables = dict(rows_2d=rows_2d, block_k_2d=block_k_2d, num_warps=num_warps, prefetch=prefetch)
             row = {"case": f"weights {config.experts}x{config.expert_shape}", "variant": variant,
                    **_measure(w, qconfig, True, tunables, reference, 4, config.iters, copy_bw)}
             print(row, flush=True)
             results.append(row)
+        timed = [r for r in results if r["variant"] == variant and r["case"].startswith("weights") and "ms" in r]
+        if config.profile and timed:  # where the fastest shape's time goes: the amax pass vs the quantize kernel
+            best = min(timed, key=lambda r: r["ms"])
+            fn = quantizer("triton", qconfig, True, tunables=TritonQuantTunables(**best["tunables"]))
+            best["trace"] = trace_summary.profile_call(
+                fn, (w,), f"{config.profile}/{variant.replace(' ', '_').replace('/', '')}", top=6,
+                title=f"Where one call's time goes: weights, {variant}, the fastest shape")
+            print(best["trace"], flush=True)
     return {"device": str(jax.devices()[0].device_kind), "rows": results}
 
 
@@ -106,6 +118,7 @@ def to_markdown(result: dict) -> str:
         else:
             mark = "**" if r["ms"] == best[(r["case"], r["variant"])] else ""
             lines.append(f"{shape} {mark}{r['ms']:.3f}{mark} | {100 * r['copy_frac']:.0f}% |")
+    lines += [f"\n{r['trace']}" for r in result["rows"] if "trace" in r]
     return "\n".join(lines) + "\n"
 
 

@@ -105,20 +105,26 @@ def _arith(interpret: bool):
 # ----------------------------------------------------------------------------------------
 
 
-def _load_rows(x_ref, g, r0, k0, *, rows, chunk, m, k, k_major):
-    """x[g, r0:r0+rows, k0:k0+chunk] as f32 [rows, chunk], zeros outside the array."""
+def _load_raw(x_ref, g, r0, k0, *, rows, chunk, m, k, k_major):
+    """x[g, r0:r0+rows, k0:k0+chunk] in its own dtype, [rows, chunk], zeros outside the array."""
     row_ok = (r0 + jnp.arange(rows)) < m
     col_ok = (k0 + jnp.arange(chunk)) < k
     if k_major:  # x is [G, K, M]: load [chunk, rows] and transpose in registers
         mask = col_ok[:, None] & row_ok[None, :]
-        x = plgpu_triton.load(x_ref.at[g, pl.ds(k0, chunk), pl.ds(r0, rows)], mask=mask, other=0)
-        x = x.T
-    else:
-        mask = row_ok[:, None] & col_ok[None, :]
-        x = plgpu_triton.load(x_ref.at[g, pl.ds(r0, rows), pl.ds(k0, chunk)], mask=mask, other=0)
+        return plgpu_triton.load(x_ref.at[g, pl.ds(k0, chunk), pl.ds(r0, rows)], mask=mask, other=0).T
+    mask = row_ok[:, None] & col_ok[None, :]
+    return plgpu_triton.load(x_ref.at[g, pl.ds(r0, rows), pl.ds(k0, chunk)], mask=mask, other=0)
+
+
+def _as_f32(x):
     if x.dtype == jnp.bfloat16:
         return bm.bf16_to_f32(x)  # on the bits: exact, subnormals kept whatever the FTZ mode
     return x.astype(jnp.float32)
+
+
+def _load_rows(x_ref, g, r0, k0, **kw):
+    """x[g, r0:r0+rows, k0:k0+chunk] as f32 [rows, chunk], zeros outside the array."""
+    return _as_f32(_load_raw(x_ref, g, r0, k0, **kw))
 
 
 def _row_amax_bits(load_chunk, n_chunks, rows):
@@ -150,7 +156,7 @@ def _quant_refs(refs, amax_given):
     return x_ref, None, codes_ref, scales_ref, map4_ref, amax_out_ref
 
 
-def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, interpret):
+def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, prefetch, interpret):
     x_ref, amax_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = _quant_refs(refs, amax_given)
     ar = _arith(interpret)
     g = pl.program_id(0)
@@ -159,8 +165,11 @@ def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, interpr
     nb = chunk // bm.BLOCK
     row_ok = (r0 + jnp.arange(rows)) < m
 
+    def load_raw(i):
+        return _load_raw(x_ref, g, r0, i * chunk, rows=rows, chunk=chunk, m=m, k=k, k_major=k_major)
+
     def load_chunk(i):
-        return _load_rows(x_ref, g, r0, i * chunk, rows=rows, chunk=chunk, m=m, k=k, k_major=k_major)
+        return _as_f32(load_raw(i))
 
     first = load_chunk(0) if n_chunks == 1 else None  # one chunk: load x once for both passes
     if amax_given:
@@ -170,8 +179,7 @@ def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, interpr
         plgpu_triton.store(amax_out_ref.at[g, pl.ds(r0, rows)], amax, mask=row_ok)
     amax = amax[:, None]  # [rows, 1]
 
-    def body(i, carry):
-        x = first if first is not None else load_chunk(i)
+    def quantize_chunk(i, x):
         codes, scale_bytes, map4 = bm.quantize_blocks(ar, x.reshape(rows, nb, bm.BLOCK), amax, config)
         k0 = i * chunk
         _store_cols(codes_ref, g, r0, k0 // 2, bm.pack_codes(codes.reshape(rows, chunk)),
@@ -179,12 +187,18 @@ def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, interpr
         _store_cols(scales_ref, g, r0, k0 // bm.BLOCK, scale_bytes.astype(jnp.uint8),
                     rows=rows, m=m, ncols=k // bm.BLOCK)
         _store_cols(map4_ref, g, r0, k0 // bm.BLOCK, map4, rows=rows, m=m, ncols=k // bm.BLOCK)
-        return carry
+
+    def prefetched(i, raw):  # chunk i + 1's loads issued before chunk i is quantized
+        following = load_raw(jnp.minimum(i + 1, n_chunks - 1))
+        quantize_chunk(i, _as_f32(raw))
+        return following
 
     if n_chunks == 1:
-        body(0, 0)
+        quantize_chunk(0, first)
+    elif prefetch:
+        lax.fori_loop(0, n_chunks, prefetched, load_raw(0))
     else:
-        lax.fori_loop(0, n_chunks, body, 0)
+        lax.fori_loop(0, n_chunks, lambda i, carry: (quantize_chunk(i, load_chunk(i)), carry)[1], 0)
 
 
 def _planar_quant_kernel(*refs, m, k, rows, nbc, groups, dtype, config, amax_given, prefetch, interpret):
@@ -387,7 +401,8 @@ def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
     else:
         rows = tunables.rows(config)
         kernel = functools.partial(_quant_kernel, m=m, k=k, rows=rows, chunk=tunables.chunk(k, config), config=config,
-                                   k_major=k_major, amax_given=amax_rows is not None, interpret=interpret)
+                                   k_major=k_major, amax_given=amax_rows is not None, prefetch=tunables.prefetch,
+                                   interpret=interpret)
         codes_shape, x_in = jax.ShapeDtypeStruct((groups, m, k // 2), jnp.uint8), x_g
     out_shape = [
         codes_shape,

@@ -40,8 +40,8 @@ class TritonQuantTunables:
       owns whole blocks, loaded as word planes (`triton_planar`); "tiled": a
       `[rows, blocks, 16]` tile spread over threads. 16x16 tiles and K-major expert stacks
       always use the tiled kernel.
-    prefetch: planar layout, K in several chunks (or several row groups): issue chunk i+1's
-      loads before chunk i is processed (software pipelining in registers; the compiler does not
+    prefetch: K in several chunks (or, planar, several row groups): issue chunk i+1's loads
+      before chunk i is processed (software pipelining in registers; the compiler does not
       move loads across loop iterations), so memory latency overlaps the per-block arithmetic.
     row_groups: planar layout, a row in one chunk (K <= block_k): each program quantizes this
       many consecutive groups of rows_1d rows, loading the next group while it processes one
