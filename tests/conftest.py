@@ -24,12 +24,15 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 # - the Mosaic GPU interpreter's tests of one parameter set (a config against the oracle and against
 #   the reference share one cached kernel result; the interpreter is the suite's slowest part);
 # - the modules whose module-scoped fixture is a whole smoke measurement;
-# - the tests of one recipe in `test_bf16_logprobs.py` (they share its cached rollout and programs).
+# - the tests of one recipe in `test_bf16_logprobs.py` (they share its cached rollout and programs);
+# - the formats modules that quantize through `tests.formats.harness.batched`, whose first call
+#   compiles every valid config per implementation ahead (~100 s of CPU each time a worker does it).
 # xdist turns the marks into groups by suffixing each node id with "@group"; pytest 9 builds node ids
 # differently and the suffix is silently lost (hence pytest<9 in pyproject.toml, and the check below).
 INTERPRET_CLASSES = ("TestMosaicInterpret",)
 ONE_WORKER_MODULES = ("test_gradients.py",)
 PER_RECIPE_MODULES = ("test_bf16_logprobs.py",)
+BATCHED_QUANTIZER_MODULES = ("test_nvfp4.py", "test_properties.py")
 
 
 def _params(item) -> dict:
@@ -43,6 +46,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(f"{item.cls.__name__}-{item.callspec.id}"))
         elif item.path.name in ONE_WORKER_MODULES:
             item.add_marker(pytest.mark.xdist_group(item.path.name))
+        elif item.path.parent.name == "formats" and item.path.name in BATCHED_QUANTIZER_MODULES:
+            item.add_marker(pytest.mark.xdist_group("formats-batched-quantizers"))
         elif item.path.name in PER_RECIPE_MODULES and "name" in _params(item):
             item.add_marker(pytest.mark.xdist_group(f"{item.path.stem}-{_params(item)['name']}"))
 

@@ -1,10 +1,10 @@
-"""The ablation runner on the smoke preset: four arms, the learning run, the report, and resume.
+"""The ablation runner on the smoke preset: three arms, the learning run, the report, and resume.
 
-Four of the nine arms, each a different combination (bf16; the dequantized backward alone; the
-full recipe; its quantized-backward variant): what the runner does (programs shared and compiled
-ahead, the report, resume) does not depend on how many arms it runs, and every arm's programs run
-in the trainer's tests (a golden step per forward class, `tests/rl/test_trainer.py`) and in the
-gradient measurements' smoke run; `--arms=all` runs the nine."""
+Three of the nine arms (bf16; the full recipe; its quantized-backward variant, which shares full's
+forward programs): what the runner does (programs shared and compiled ahead, the report, resume)
+does not depend on how many arms it runs, and every arm's programs run in the trainer's tests (a
+golden step per forward class, `tests/rl/test_trainer.py`) and in the gradient measurements' smoke
+run; `--arms=all` runs the nine."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 # that must not flake.
 
 
-ARMS = ("bf16", "+dq", "full", "full-dq")
+ARMS = ("bf16", "full", "full-dq")
 
 
 def test_smoke_ablation_runs_its_arms_reports_and_resumes(tmp_path, capsys):
