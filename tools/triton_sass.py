@@ -10,6 +10,7 @@ ptxas, and its cuobjdump lists the SASS.
     pip install triton==3.6.0          # once, into the same environment (not a dependency)
     JAX_PLATFORMS=cpu python tools/triton_sass.py --variant 4/6-fast [--layout planar] [--out DIR]
     JAX_PLATFORMS=cpu python tools/triton_sass.py --kernel packed-nvfp4 --tiles 16x64x128 --num-warps 4
+    JAX_PLATFORMS=cpu python tools/triton_sass.py --kernel quantize-experts --variant nvfp4 --rows-2d 128 --block-k-2d 32
 
 Prints the number of convert_layout ops in the TTGIR, shared memory, and SASS instruction
 counts (total, up to the first EXIT, and the most frequent opcodes). With a whole row in one chunk
@@ -70,6 +71,21 @@ def lower_to_ttir(variant: str, tunables, shape: tuple[int, int]) -> list[str]:
     x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
     return _capture_ttir(lambda: jax.jit(lambda x: tq._quantize_jit(x, None, config, False, tunables)).trace(x).lower(
         lowering_platforms=("cuda",)))
+
+
+def lower_experts_to_ttir(variant: str, tunables, experts: int, k: int, n: int) -> list[str]:
+    """The Triton IR of the expert-stack quantizer (16x16 blocks, per-expert amax) on w [E, K, N] read
+    K-major, as the weight sync runs it (`operands.nvfp4_quantize_experts`), lowered for an H200."""
+    import jax
+    import jax.numpy as jnp
+
+    from fp4rl.formats import nvfp4 as ref
+    from pallas_kernels.nvfp4_quant import triton as tq
+
+    config = ref.NVFP4Config(block_2d=True, **VARIANTS[variant])
+    w = jax.ShapeDtypeStruct((experts, k, n), jnp.bfloat16)
+    return _capture_ttir(lambda: jax.jit(lambda w: tq._quantize_experts_jit(w, None, config, True, False, tunables)).trace(
+        w).lower(lowering_platforms=("cuda",)))
 
 
 def lower_packed_gemm_to_ttir(form: str, tiles, experts: int, k: int, n: int, rows: int) -> list[str]:
@@ -154,24 +170,31 @@ def main(argv=None) -> None:
     parser.add_argument("--block-k", type=int, default=DEFAULT_TUNABLES.block_k)
     parser.add_argument("--num-warps", type=int, default=DEFAULT_TUNABLES.num_warps)
     parser.add_argument("--num-stages", type=int, default=DEFAULT_TUNABLES.num_stages)
-    parser.add_argument("--no-prefetch", action="store_true", help="planar: no software prefetch of chunk i+1")
+    parser.add_argument("--no-prefetch", action="store_true", help="no software prefetch of chunk i+1")
+    parser.add_argument("--rows-2d", type=int, default=DEFAULT_TUNABLES.rows_2d, help="quantize-experts: rows_2d")
+    parser.add_argument("--block-k-2d", type=int, default=DEFAULT_TUNABLES.block_k_2d, help="quantize-experts: block_k_2d")
     parser.add_argument("--shape", default=shapes.ACTIVATIONS[0], help="MxK of the bf16 activation")
     parser.add_argument("--out", default=None, help="folder for ttir/ttgir/ptx/sass (default: a temp folder)")
-    parser.add_argument("--kernel", choices=("quantize", "packed-nvfp4", "packed-nvfp4-f16", "packed-bf16"), default="quantize",
-                        help="the quantizer, or the grouped GEMM of grouped_gemm.packed_weight (weight packed or bf16)")
-    parser.add_argument("--gemm", default="128x2048x768", help="packed-*: ExKxN of the expert weights")
+    parser.add_argument("--kernel", choices=("quantize", "quantize-experts", "packed-nvfp4", "packed-nvfp4-f16", "packed-bf16"),
+                        default="quantize", help="the quantizer (activations, or an expert stack read K-major), or the "
+                        "grouped GEMM of grouped_gemm.packed_weight (weight packed or bf16)")
+    parser.add_argument("--gemm", default="128x2048x768", help="packed-*, quantize-experts: ExKxN of the expert weights")
     parser.add_argument("--gemm-rows", type=int, default=1024, help="packed-*: rows of x")
     parser.add_argument("--tiles", default="16x64x128", help="packed-*: block_m x block_n x block_k")
     args = parser.parse_args(argv)
     out = args.out or tempfile.mkdtemp(prefix="triton_sass_")
     os.makedirs(out, exist_ok=True)
-    if args.kernel != "quantize":
+    if args.kernel.startswith("packed-"):
         _packed_gemm_main(args, out)
         return
-    shape = shapes.parse(args.shape)
     tunables = dataclasses.replace(DEFAULT_TUNABLES, layout=args.layout, rows_1d=args.rows, block_k=args.block_k,
-                                   num_warps=args.num_warps, num_stages=args.num_stages, prefetch=not args.no_prefetch)
-    for i, text in enumerate(lower_to_ttir(args.variant, tunables, shape)):
+                                   num_warps=args.num_warps, num_stages=args.num_stages, prefetch=not args.no_prefetch,
+                                   rows_2d=args.rows_2d, block_k_2d=args.block_k_2d)
+    if args.kernel == "quantize-experts":
+        texts = lower_experts_to_ttir(args.variant, tunables, *(int(v) for v in args.gemm.split("x")))
+    else:
+        texts = lower_to_ttir(args.variant, tunables, shapes.parse(args.shape))
+    for i, text in enumerate(texts):
         path = os.path.join(out, f"kernel{i}.ttir")
         with open(path, "w") as f:
             f.write(text)
