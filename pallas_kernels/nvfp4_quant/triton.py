@@ -89,7 +89,7 @@ from pallas_kernels.nvfp4_quant import block_math as bm
 from pallas_kernels.nvfp4_quant import triton_planar as planar
 from pallas_kernels.nvfp4_quant import wrappers
 from pallas_kernels.nvfp4_quant.triton_arith import RoundedArith
-from pallas_kernels.nvfp4_quant.tunables import DEFAULT_TUNABLES, TritonQuantTunables, default_tunables
+from pallas_kernels.nvfp4_quant.tunables import DEFAULT_TUNABLES, TritonQuantTunables, default_tunables, next_power_of_two
 
 QUANT_NAME = "fp4rl_nvfp4_quant_triton"
 AMAX_NAME = "fp4rl_nvfp4_amax_triton"
@@ -199,6 +199,61 @@ def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, prefetc
         lax.fori_loop(0, n_chunks, prefetched, load_raw(0))
     else:
         lax.fori_loop(0, n_chunks, lambda i, carry: (quantize_chunk(i, load_chunk(i)), carry)[1], 0)
+
+
+def _kmajor_planar_kernel(x_ref, amax_ref, codes_ref, scales_ref, map4_ref, *, m, k, rows, nbc, config, prefetch,
+                          interpret):
+    """An expert stack read K-major ([G, K, M], blocks along K), as element planes (`triton_planar`).
+
+    Plane j of a chunk holds element j of each of its blocks: K row 16 b + j of the program's `rows`
+    stored columns. The chunk is loaded as one [16 nbc, rows] tile (runs of `rows` contiguous
+    elements) laid out so that a thread holds a block's 16 elements of one column, then split into
+    planes inside the thread (size-2 unstacks, as `unstack_quad`). Each column is a row of the quantized
+    [M, K] matrix, so the planes give each thread whole blocks as in the row-major planar kernel:
+    no transpose of the input, and a 16x16 tile (16 consecutive columns) reduces its max and error
+    across threads (`triton_planar.quantize_planes`). The amax is given (per tensor).
+    """
+    ar = _arith(interpret)
+    g = pl.program_id(0)
+    r0 = pl.program_id(1) * rows
+    nblocks = k // bm.BLOCK
+    n_chunks = pl.cdiv(nblocks, nbc)
+    row_ok = (r0 + jnp.arange(rows)) < m
+    amax = plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok, other=0.0)[:, None]
+
+    def mask(b0):  # [rows, nbc]
+        return row_ok[:, None] & ((b0 + jnp.arange(nbc)) < nblocks)[None, :]
+
+    def load_planes(i):  # [rows, nbc, 16]: a block's 16 elements in its thread (split into planes later)
+        b0 = i * nbc
+        k_ok = (b0 * bm.BLOCK + jnp.arange(nbc * bm.BLOCK)) < k
+        tile = plgpu_triton.load(x_ref.at[g, pl.ds(b0 * bm.BLOCK, nbc * bm.BLOCK), pl.ds(r0, rows)],
+                                 mask=k_ok[:, None] & row_ok[None, :], other=0)
+        return jnp.transpose(tile.reshape(nbc, bm.BLOCK, rows), (2, 0, 1))
+
+    def quantize_chunk(i, blocks):
+        b0 = i * nbc
+        xs = [_as_f32(p) for p in planar.unstack_last(blocks)]  # 16 planes [rows, nbc]
+        codes, scale_bytes, map4 = planar.quantize_planes(ar, xs, amax, config)
+        pair_ok = jnp.broadcast_to(mask(b0)[:, :, None], (rows, nbc, 2))
+        plgpu_triton.store(codes_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc), pl.ds(0, 2)],
+                           jnp.stack(codes, axis=-1), mask=pair_ok)
+        plgpu_triton.store(scales_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc)], scale_bytes.astype(jnp.uint8),
+                           mask=mask(b0))
+        plgpu_triton.store(map4_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc)], map4, mask=mask(b0))
+
+    def prefetched(i, planes):  # chunk i + 1's loads issued before chunk i is quantized
+        following = load_planes(jnp.minimum(i + 1, n_chunks - 1))
+        quantize_chunk(i, planes)
+        return following
+
+    zero = pl.program_id(0) * 0  # a traced index: the masked tail of a chunk is not bounds-checked
+    if n_chunks == 1:
+        quantize_chunk(zero, load_planes(zero))
+    elif prefetch:
+        lax.fori_loop(0, n_chunks, prefetched, load_planes(zero))
+    else:
+        lax.fori_loop(0, n_chunks, lambda i, carry: (quantize_chunk(i, load_planes(i)), carry)[1], 0)
 
 
 def _planar_quant_kernel(*refs, m, k, rows, nbc, groups, dtype, config, amax_given, prefetch, interpret):
@@ -388,8 +443,16 @@ def _row_amax_call(x_g, *, m, k, k_major, tunables, interpret):
 def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
     groups = x_g.shape[0]
     planar_layout = tunables.layout == "planar" and not k_major and not config.block_2d
+    kmajor_planar = tunables.layout == "planar" and k_major and amax_rows is not None
     row_groups = 1
-    if planar_layout:  # codes written as uint32 word pairs (one per block), read from the input's words
+    if kmajor_planar:  # element planes read along K; codes written as uint32 word pairs, as below
+        rows = tunables.rows_2d
+        kernel = functools.partial(_kmajor_planar_kernel, m=m, k=k, rows=rows,
+                                   nbc=min(tunables.block_k_2d, next_power_of_two(k)) // bm.BLOCK, config=config,
+                                   prefetch=tunables.prefetch, interpret=interpret)
+        x_in = x_g
+        codes_shape = jax.ShapeDtypeStruct((groups, m, k // bm.BLOCK, 2), jnp.uint32)
+    elif planar_layout:  # codes written as uint32 word pairs (one per block), read from the input's words
         rows = tunables.rows_1d
         row_groups = tunables.row_groups if tunables.chunk(k) >= k else 1
         kernel = functools.partial(_planar_quant_kernel, m=m, k=k, rows=rows, nbc=tunables.chunk(k) // bm.BLOCK,
@@ -420,7 +483,7 @@ def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
         interpret=interpret,
         name=QUANT_NAME,
     )(*args))
-    if planar_layout:
+    if planar_layout or kmajor_planar:
         outs[0] = lax.bitcast_convert_type(outs[0], jnp.uint8).reshape(groups, m, k // 2)
     return tuple(outs) if amax_rows is None else (*outs, None)
 

@@ -52,6 +52,15 @@ def unstack_quad(quad):
     return [w0, w1, w2, w3]
 
 
+def unstack_last(x):
+    """[..., n] (n a power of two) -> its n slices [...] in order, by size-2 unstacks of the last
+    axis (`tt.split` in Triton: no data leaves the thread that holds the axis)."""
+    if x.shape[-1] == 1:
+        return [x.reshape(x.shape[:-1])]
+    even, odd = lax.unstack(x.reshape(*x.shape[:-1], x.shape[-1] // 2, 2), axis=-1)
+    return [v for pair in zip(unstack_last(even), unstack_last(odd)) for v in pair]
+
+
 def elements_from_words(words, dtype):
     """The 16 f32 element planes of a block from its word planes (exact, subnormals kept).
 
@@ -171,17 +180,24 @@ def candidate_error(ar, abs_xs, abs_xs_scaled, dec, sf, amax, config):
     return total
 
 
+def tile_rows(reduce, per_row, config):
+    """16x16 tiles: a per-row block quantity [rows, blocks] reduced over each tile's 16 rows (rows a
+    multiple of 16) and repeated on them (`block_math.per_tile`); 1x16 blocks: as it is."""
+    if not config.block_2d:
+        return per_row
+    return jnp.broadcast_to(bm.per_tile(reduce, per_row), per_row.shape)
+
+
 def quantize_planes(ar, xs, amax, config):
-    """The per-block contract on element planes (1x16 blocks).
+    """The per-block contract on element planes (1x16 blocks, or 16x16 tiles of 16 consecutive rows:
+    the tile's max and its error, the tree sum of its rows' sequential errors, cross threads).
 
     xs: 16 f32 planes [rows, blocks]; amax: f32 [rows, 1] (the row's global A).
     Returns (2 uint32 code-word planes, scale bytes int32 [rows, blocks], map4 bool [rows, blocks]).
     """
-    if config.block_2d:
-        raise ValueError("the planar layout is for 1x16 blocks; 16x16 tiles use the tiled kernel")
     s_enc, s_dec = bm.scales_from_amax(ar, amax, config.e4m3_bound)
     abs_bits = [bm.abs_bits(x) for x in xs]
-    b = bm.from_bits(max_bits(abs_bits))
+    b = bm.from_bits(tile_rows(lambda v, axis: jnp.max(v, axis=axis, keepdims=True), max_bits(abs_bits), config))
     if config.four_over_six is None:
         sf, byte = bm.block_scale(ar, b, s_enc)
         inv, vs, mag_words, _ = candidate(ar, xs, sf, s_dec, with_values=False)
@@ -191,8 +207,9 @@ def quantize_planes(ar, xs, amax, config):
     abs_xs_scaled = [ar.mul(a, s_enc) for a in abs_xs] if config.fast_error else None
     inv6, vs6, mags6, dec6 = candidate(ar, xs, sf6, s_dec, with_values=True)
     _, _, mags4, dec4 = candidate(ar, xs, sf4, s_dec, with_values=True)
-    err6 = candidate_error(ar, abs_xs, abs_xs_scaled, dec6, sf6, amax, config)
-    err4 = candidate_error(ar, abs_xs, abs_xs_scaled, dec4, sf4, amax, config)
+    tile_error = lambda v, axis: bm.tree_sum16_rows(ar, v, axis)  # noqa: E731
+    err6 = tile_rows(tile_error, candidate_error(ar, abs_xs, abs_xs_scaled, dec6, sf6, amax, config), config)
+    err4 = tile_rows(tile_error, candidate_error(ar, abs_xs, abs_xs_scaled, dec4, sf4, amax, config), config)
     map4 = bm.less_nonneg(err4, err6)  # strict: ties go to map-6 (and NaN errors: map-6)
     mags = [jnp.where(map4, m4, m6) for m6, m4 in zip(mags6, mags4)]
     # Signs of candidate 6's fl(x * inv6): x's signs, and the NaN's sign in NaN blocks (map-6 there).
