@@ -33,8 +33,8 @@ ACT_CANDIDATES = ((4, 512, 4, True, 1), (2, 1024, 4, True, 1), (1, 2048, 4, True
 # (rows_2d, block_k_2d, num_warps, prefetch) of the expert stack read K-major: one or several 16-row
 # tile rows per program (contiguous runs of rows_2d elements per K row), K in chunks of block_k_2d,
 # the next chunk loaded before the current one is quantized or not
-EXPERT_CANDIDATES = ((16, 128, 4, True), (16, 128, 4, False), (32, 64, 4, True), (128, 32, 4, True),
-                     (128, 32, 4, False))
+EXPERT_CANDIDATES = ((16, 128, 4, True), (32, 64, 4, True), (32, 64, 4, False), (64, 32, 4, True), (64, 64, 8, True),
+                     (128, 32, 4, True))
 
 
 @dataclasses.dataclass(frozen=True)
