@@ -13,8 +13,7 @@ each output checked against an f32 einsum before it is timed:
   `nvfp4.scaled_operand` (the bf16 copy of the weight, written to HBM) then `lax.ragged_dot`;
 - `triton nvfp4 packed bf16` / `f16`: `grouped_matmul_nvfp4`, dequantization fused (3.6x fewer weight
   bytes), with x in bf16 (the weight tile formed in f32, rounded to bf16) or in f16 (the tile formed
-  in f16, the model's form: `fp4rl.grouped.ragged_matmul_nvfp4`), the latter also with the next K
-  step's codes and scales loaded before the current tile is decoded (`prefetch`).
+  in f16, the model's form: `fp4rl.grouped.ragged_matmul_nvfp4`).
 The Triton rows take the fastest of a few launch shapes (`--block_m`, `--block_n`, `--block_k`; no
 row tile taller than the rows per expert need), named in the table; a launch shape the device
 cannot run (e.g. too much shared memory) is listed as such, not timed. The roofline
@@ -116,11 +115,9 @@ def _case(config: WeightGemmBenchConfig, shape: str, rows_per_expert: int, bandw
         candidates.append((f"triton bf16 {_tiles_name(tiles)}", jax.jit(
             lambda x, w, s, tiles=tiles: grouped_matmul_bf16(x, w, s, tiles=tiles, interpret=interpret)),
             (x, wv, sizes), bf16_bytes))
-        # x in f16: the weight tile formed in f16 (the model's form), with or without prefetch
-        for form, x_form, variant in (("bf16", x, tiles), ("f16", x.astype(jnp.float16), tiles),
-                                      ("f16 prefetch", x.astype(jnp.float16), dataclasses.replace(tiles, prefetch=True))):
+        for form, x_form in (("bf16", x), ("f16", x.astype(jnp.float16))):  # x f16: the tile formed in f16 (the model's form)
             candidates.append((f"triton nvfp4 packed {form} {_tiles_name(tiles)}", jax.jit(
-                lambda x, c, sc, s, tiles=variant: grouped_matmul_nvfp4(x, c, sc, s, tiles=tiles, interpret=interpret)),
+                lambda x, c, sc, s, tiles=tiles: grouped_matmul_nvfp4(x, c, sc, s, tiles=tiles, interpret=interpret)),
                 (x_form, wq.codes, wq.scales, sizes), packed_bytes))
     results, failures = [], []
     for name, fn, args, weight_bytes in candidates:

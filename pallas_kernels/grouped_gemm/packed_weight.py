@@ -63,7 +63,6 @@ class PackedGemmTiles:
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 3
-    prefetch: bool = False  # packed weight: load step i + 1's codes and scales before decoding step i
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -203,38 +202,17 @@ def _kernel(group_ref, first_ref, end_ref, x_ref, *refs, packed: bool, tiles: Pa
         def load_x(k0):
             return plgpu_triton.load(x_ref.at[pl.ds(first, bm_), pl.ds(k0, bk)], mask=row_ok[:, None], other=0.0)
 
-        if packed and tiles.prefetch:
-            codes_ref, scales_ref = refs[0], refs[1]
-            steps = k // bk
+        def body(i, acc):
+            k0 = i * bk
+            if packed:
+                w = dequantized_tile(refs[0][group, pl.ds(n0, bn), pl.ds(k0 // 8, bk // 8)],
+                                     refs[1][group, pl.ds(n0, bn), pl.ds(k0 // bm.BLOCK, bk // bm.BLOCK)],
+                                     x_ref.dtype)
+            else:
+                w = refs[0][group, pl.ds(n0, bn), pl.ds(k0, bk)]
+            return acc + lax.dot_general(load_x(k0), w, _DOT_NT, preferred_element_type=jnp.float32)
 
-            def load_packed(i):
-                k0 = i * bk
-                return (codes_ref[group, pl.ds(n0, bn), pl.ds(k0 // 8, bk // 8)],
-                        scales_ref[group, pl.ds(n0, bn), pl.ds(k0 // bm.BLOCK, bk // bm.BLOCK)])
-
-            def body(i, carry):
-                # Step i + 1's codes and scales are loaded before step i's tile is decoded: the
-                # decode is register arithmetic that Triton's pipeliner (which stages a dot's
-                # operand loads through shared memory) does not overlap with the loads.
-                acc, words, scale_bytes = carry
-                following = load_packed(jnp.minimum(i + 1, steps - 1))
-                w = dequantized_tile(words, scale_bytes, x_ref.dtype)
-                acc = acc + lax.dot_general(load_x(i * bk), w, _DOT_NT, preferred_element_type=jnp.float32)
-                return (acc, *following)
-
-            acc = lax.fori_loop(0, steps, body, (jnp.zeros((bm_, bn), jnp.float32), *load_packed(0)))[0]
-        else:
-            def body(i, acc):
-                k0 = i * bk
-                if packed:
-                    w = dequantized_tile(refs[0][group, pl.ds(n0, bn), pl.ds(k0 // 8, bk // 8)],
-                                         refs[1][group, pl.ds(n0, bn), pl.ds(k0 // bm.BLOCK, bk // bm.BLOCK)],
-                                         x_ref.dtype)
-                else:
-                    w = refs[0][group, pl.ds(n0, bn), pl.ds(k0, bk)]
-                return acc + lax.dot_general(load_x(k0), w, _DOT_NT, preferred_element_type=jnp.float32)
-
-            acc = lax.fori_loop(0, k // bk, body, jnp.zeros((bm_, bn), jnp.float32))
+        acc = lax.fori_loop(0, k // bk, body, jnp.zeros((bm_, bn), jnp.float32))
         if packed and x_ref.dtype == jnp.float16:
             acc = acc * np.float32(2.0**F16_TILE_SHIFT)  # the f16 tile's 2^-7 back out (a power of two: exact)
         plgpu_triton.store(out_ref.at[pl.ds(first, bm_), pl.ds(n0, bn)], acc, mask=row_ok[:, None])
