@@ -37,10 +37,14 @@ sizes (see `TritonQuantTunables`).
   and the tile's error is the pairwise tree sum of the 16 row errors (docs/numerics.md §3).
   Scales and map4 are stored repeated on the 16 rows, as the reference stores them.
 * Expert stacks `[E, K, N]` (the qdot weight layout, contraction axis K in the middle):
-  `quantize_experts` reads the stack K-major (the kernel loads a `[chunk, rows]` tile and
-  transposes it in registers, so no transposed copy of the weight is written) and returns
-  exactly `jax.vmap(reference.quantize)(swapaxes(w, 1, 2))`: codes `[E, N, K/2]`, scales
-  and map4 `[E, N, K/16]`, amax `[E]` per expert (or `[E, N, 1]` per token).
+  `quantize_experts` reads the stack K-major, so no transposed copy of the weight is written, and
+  returns exactly `jax.vmap(reference.quantize)(swapaxes(w, 1, 2))`: codes `[E, N, K/2]`, scales
+  and map4 `[E, N, K/16]`, amax `[E]` per expert (or `[E, N, 1]` per token). With a per-tensor
+  amax (the weights) and the planar layout it loads `[16 nbc, rows_2d]` tiles whose columns are
+  the quantized rows, and splits them in the thread into element planes
+  (`_kmajor_planar_kernel`; 1x16 blocks and 16x16 tiles, whose max and error reduce across the
+  16 threads of a tile); otherwise the tiled kernel loads `[chunk, rows]` and transposes it in
+  registers. The per-tensor amax pass reads the stack as stored (K rows of N contiguous values).
 
 Bit-exactness on the GPU
 ------------------------
@@ -188,17 +192,27 @@ def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, prefetc
                     rows=rows, m=m, ncols=k // bm.BLOCK)
         _store_cols(map4_ref, g, r0, k0 // bm.BLOCK, map4, rows=rows, m=m, ncols=k // bm.BLOCK)
 
-    def prefetched(i, raw):  # chunk i + 1's loads issued before chunk i is quantized
-        following = load_raw(jnp.minimum(i + 1, n_chunks - 1))
-        quantize_chunk(i, _as_f32(raw))
-        return following
-
     if n_chunks == 1:
         quantize_chunk(0, first)
-    elif prefetch:
-        lax.fori_loop(0, n_chunks, prefetched, load_raw(0))
     else:
-        lax.fori_loop(0, n_chunks, lambda i, carry: (quantize_chunk(i, load_chunk(i)), carry)[1], 0)
+        _chunk_loop(n_chunks, load_raw, lambda i, raw: quantize_chunk(i, _as_f32(raw)), prefetch, 0)
+
+
+def _chunk_loop(n_chunks, load, process, prefetch, first_index):
+    """process(i, load(i)) for each chunk i. With `prefetch`, chunk i + 1's loads are issued before
+    chunk i is processed and carried by the loop (software pipelining in registers: the compiler
+    does not move loads across loop iterations), so memory latency overlaps the arithmetic."""
+    if n_chunks == 1:
+        process(first_index, load(first_index))
+    elif prefetch:
+        def body(i, item):
+            following = load(jnp.minimum(i + 1, n_chunks - 1))
+            process(i, item)
+            return following
+
+        lax.fori_loop(0, n_chunks, body, load(first_index))
+    else:
+        lax.fori_loop(0, n_chunks, lambda i, carry: (process(i, load(i)), carry)[1], 0)
 
 
 def _kmajor_planar_kernel(x_ref, amax_ref, codes_ref, scales_ref, map4_ref, *, m, k, rows, nbc, config, prefetch,
@@ -242,18 +256,8 @@ def _kmajor_planar_kernel(x_ref, amax_ref, codes_ref, scales_ref, map4_ref, *, m
                            mask=mask(b0))
         plgpu_triton.store(map4_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc)], map4, mask=mask(b0))
 
-    def prefetched(i, planes):  # chunk i + 1's loads issued before chunk i is quantized
-        following = load_planes(jnp.minimum(i + 1, n_chunks - 1))
-        quantize_chunk(i, planes)
-        return following
-
     zero = pl.program_id(0) * 0  # a traced index: the masked tail of a chunk is not bounds-checked
-    if n_chunks == 1:
-        quantize_chunk(zero, load_planes(zero))
-    elif prefetch:
-        lax.fori_loop(0, n_chunks, prefetched, load_planes(zero))
-    else:
-        lax.fori_loop(0, n_chunks, lambda i, carry: (quantize_chunk(i, load_planes(i)), carry)[1], 0)
+    _chunk_loop(n_chunks, load_planes, quantize_chunk, prefetch, zero)
 
 
 def _planar_quant_kernel(*refs, m, k, rows, nbc, groups, dtype, config, amax_given, prefetch, interpret):

@@ -200,6 +200,25 @@ def test_registry_refuses_unknown_and_unavailable_backends(monkeypatch):
 
 @pytest.mark.parametrize("interpret", [True, pytest.param(False, marks=pytest.mark.gpu)], ids=["interpret", "compiled"])
 @pytest.mark.parametrize("prefetch", [False, True], ids=["no-prefetch", "prefetch"])
+@pytest.mark.parametrize("layout", ["planar", "tiled"])
+def test_k_major_stack_loops_with_and_without_prefetch(interpret, prefetch, layout):
+    """An expert stack [E, K, N] read K-major, per-expert amax, 16x16 tiles with 4/6: K = 80 in
+    chunks of 32 (the last one half masked), N = 48 in programs of 32 columns (the second half
+    masked), by the element-plane kernel and by the tiled one; bytes equal the vmapped reference's."""
+    if not interpret and not gpu_present():
+        pytest.skip("needs a CUDA GPU")
+    tunables = tq.TritonQuantTunables(rows_2d=32, block_k_2d=32, prefetch=prefetch, layout=layout)
+    w = jnp.asarray(np.random.default_rng(5).standard_normal((2, 80, 48)) * [[[1e-3]], [[7.0]]], jnp.bfloat16)
+    config = ref.NVFP4Config(block_2d=True, four_over_six="mse", fast_error=True)
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu), ieee.native_division_for_cpu():
+        want = jax.vmap(lambda m: ref.quantize(m.T, config))(jax.device_put(w, cpu))
+    got = tq.quantize_experts_triton(w, config, contraction_axis=1, interpret=interpret, tunables=tunables)
+    assert_tensor_equal(got, want, f"{tunables}")
+
+
+@pytest.mark.parametrize("interpret", [True, pytest.param(False, marks=pytest.mark.gpu)], ids=["interpret", "compiled"])
+@pytest.mark.parametrize("prefetch", [False, True], ids=["no-prefetch", "prefetch"])
 @pytest.mark.parametrize("block_k,row_groups", [(32, 1), (128, 3)], ids=["chunks", "row-groups"])
 def test_planar_loops_with_and_without_prefetch(interpret, prefetch, block_k, row_groups):
     """The planar kernel's pipelined loops, with and without carrying the next item's loads:
