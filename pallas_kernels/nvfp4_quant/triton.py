@@ -567,18 +567,21 @@ def _quantize_jit(x, amax, config, interpret, tunables):
 
 def quantize_experts_triton(w, config: ref.NVFP4Config = ref.NVFP4Config(), *, contraction_axis: int = 1,
                             interpret: bool = False, amax=None,
-                            tunables: TritonQuantTunables = DEFAULT_TUNABLES) -> ref.NVFP4Tensor:
+                            tunables: TritonQuantTunables | None = None) -> ref.NVFP4Tensor:
     """Quantize an expert stack, each expert on its own: `jax.vmap(reference.quantize)`.
 
     w: [E, K, N] (contraction_axis=1, the qdot weight layout) or [E, N, K] (contraction_axis=2).
     Blocks run along K; the result is laid out [E, N, K/2] / [E, N, K/16], i.e. equal to
     `jax.vmap(lambda v: quantize(v, config))(w if K is last else swapaxes(w, 1, 2))`:
     amax `[E]` per expert (per tensor) or `[E, N, 1]` (per token). A K-major stack is read
-    transposed inside the kernel; no transposed copy of w is made.
+    as stored (module docstring); no transposed copy of w is made.
     amax: optional, `[E]` per tensor or `[E, N, 1]` per token.
+    tunables: launch shape; None = `default_tunables(config, K, k_major=contraction_axis == 1)`.
     """
     e, n, k = wrappers.expert_stack_dims(w, contraction_axis)
-    _validate(jax.ShapeDtypeStruct((n, k), jnp.result_type(w)), config, tunables)
+    _validate(jax.ShapeDtypeStruct((n, k), jnp.result_type(w)), config, DEFAULT_TUNABLES if tunables is None else tunables)
+    if tunables is None:
+        tunables = default_tunables(config, k, k_major=contraction_axis == 1)
     wrappers.require_gpu(interpret, QUANT_NAME)
     amax = None if amax is None else jnp.asarray(amax, jnp.float32)
     return _quantize_experts_jit(w, amax, config, contraction_axis == 1, interpret, tunables)

@@ -89,13 +89,22 @@ DEFAULT_TUNABLES = TritonQuantTunables()
 _WHOLE_ROW_MAX_K = 8192
 
 
-def default_tunables(config: ref.NVFP4Config, k: int) -> TritonQuantTunables:
-    """The launch shape `quantize_triton` uses when none is given, the fastest of the H200 sweep
-    (`benchmarks/tune_quant.md`). Plain NVFP4 (1x16 blocks, K <= 8192): one row per program in
+# An expert stack read K-major (the weight sync's 16x16 quantizer): 64 stored columns per program,
+# K in chunks of 64, 8 warps: the fastest or within 6% of it for plain, 4/6 fast and 4/6 exact in
+# the H200 sweep (`benchmarks/weight_sync/tune_quant.md`).
+K_MAJOR_TUNABLES = TritonQuantTunables(rows_2d=64, block_k_2d=64, num_warps=8)
+
+
+def default_tunables(config: ref.NVFP4Config, k: int, k_major: bool = False) -> TritonQuantTunables:
+    """The launch shape `quantize_triton` (and `quantize_experts_triton`) uses when none is given,
+    the fastest of the H200 sweeps (`benchmarks/tune_quant.md`, `benchmarks/weight_sync/`). Plain NVFP4 (1x16 blocks, K <= 8192): one row per program in
     one chunk, so each row is read once and its amax comes from registers, with up to 8 warps
     (one block per thread at K = 4096). 4/6 holds two candidates per block (about twice the
     registers per thread), so a whole row per program would hold several blocks per thread at
-    large K; it is fastest with rows of 4 in chunks of 512 (DEFAULT_TUNABLES)."""
+    large K; it is fastest with rows of 4 in chunks of 512 (DEFAULT_TUNABLES). A K-major expert
+    stack: K_MAJOR_TUNABLES."""
+    if k_major:
+        return K_MAJOR_TUNABLES
     if config.four_over_six is None and not config.block_2d and k <= _WHOLE_ROW_MAX_K:
         chunk = next_power_of_two(k)
         warps = max(1, min(8, chunk // BLOCK // 32))  # one block per thread up to 8 warps
