@@ -81,7 +81,7 @@ def nvfp4_quantize_experts(w, config: nvfp4.NVFP4Config, impl: str, *, contracti
     """Each expert of a stack quantized on its own along its contraction axis: equal to
     `jax.vmap(nvfp4_quantize)` of the stack laid out [E, N, K] (w is [E, K, N] with
     contraction_axis=1, [E, N, K] with 2). The kernels read the stack as stored (K-major for
-    axis 1: no transposed copy of the weight is written; docs/design.md, weight sync)."""
+    axis 1: no transposed copy of the weight is written; benchmarks/README.md, weight-sync quantizer)."""
     impl = resolve_impl(impl)
     if impl == "reference":
         stack = jnp.swapaxes(w, 1, 2) if contraction_axis == 1 else w
