@@ -13,7 +13,7 @@ bytes exactly (docs/numerics.md). The package:
     wrappers.py       validation, GPU guard, amax layout, result assembly (plain XLA)
     tunables.py       launch shapes: TritonQuantTunables, MosaicQuantTiling
     shapes.py         named shapes shared by the tests, the benchmark and the tuner
-    triton.py         the Pallas Triton kernels (+ triton_planar.py, triton_arith.py)
+    triton.py         the Pallas Triton kernels (+ triton_planar.py, triton_kmajor.py, triton_arith.py)
     mosaic.py         the Pallas Mosaic GPU kernels (+ mosaic_block.py)
 
 The tests are one shared suite (`tests/kernels/quant_suite.py`) run on the reference and on each

@@ -42,7 +42,7 @@ sizes (see `TritonQuantTunables`).
   and map4 `[E, N, K/16]`, amax `[E]` per expert (or `[E, N, 1]` per token). With a per-tensor
   amax (the weights) and the planar layout it loads `[16 nbc, rows_2d]` tiles whose columns are
   the quantized rows, and splits them in the thread into element planes
-  (`_kmajor_planar_kernel`; 1x16 blocks and 16x16 tiles, whose max and error reduce across the
+  (`triton_kmajor`; 1x16 blocks and 16x16 tiles, whose max and error reduce across the
   16 threads of a tile); otherwise the tiled kernel loads `[chunk, rows]` and transposes it in
   registers. The per-tensor amax pass reads the stack as stored (K rows of N contiguous values).
 
@@ -74,7 +74,8 @@ NVIDIA GPUs return the canonical +NaN), which is why the GPU tests use positive 
 
 Longer than ~400 lines because the tiled and planar kernels share one quantize builder, the
 wrappers and the launch code, which a split would duplicate; the planar block math is in
-`triton_planar`, the launch shapes in `tunables`, the PTX ops in `triton_arith`.
+`triton_planar`, the K-major expert-stack kernel and the shared chunk loop in `triton_kmajor`, the
+launch shapes in `tunables`, the PTX ops in `triton_arith`.
 """
 
 from __future__ import annotations
@@ -92,16 +93,12 @@ from fp4rl.formats import nvfp4 as ref
 from pallas_kernels.nvfp4_quant import block_math as bm
 from pallas_kernels.nvfp4_quant import triton_planar as planar
 from pallas_kernels.nvfp4_quant import wrappers
-from pallas_kernels.nvfp4_quant.triton_arith import RoundedArith
+from pallas_kernels.nvfp4_quant.triton_kmajor import arith, as_f32, chunk_loop, kmajor_planar_kernel
 from pallas_kernels.nvfp4_quant.tunables import DEFAULT_TUNABLES, TritonQuantTunables, default_tunables, next_power_of_two
 
 QUANT_NAME = "fp4rl_nvfp4_quant_triton"
 AMAX_NAME = "fp4rl_nvfp4_amax_triton"
 DEQUANT_NAME = "fp4rl_nvfp4_dequant_triton"
-
-
-def _arith(interpret: bool):
-    return bm.PlainArith if interpret else RoundedArith
 
 
 # ----------------------------------------------------------------------------------------
@@ -120,15 +117,9 @@ def _load_raw(x_ref, g, r0, k0, *, rows, chunk, m, k, k_major):
     return plgpu_triton.load(x_ref.at[g, pl.ds(r0, rows), pl.ds(k0, chunk)], mask=mask, other=0)
 
 
-def _as_f32(x):
-    if x.dtype == jnp.bfloat16:
-        return bm.bf16_to_f32(x)  # on the bits: exact, subnormals kept whatever the FTZ mode
-    return x.astype(jnp.float32)
-
-
 def _load_rows(x_ref, g, r0, k0, **kw):
     """x[g, r0:r0+rows, k0:k0+chunk] as f32 [rows, chunk], zeros outside the array."""
-    return _as_f32(_load_raw(x_ref, g, r0, k0, **kw))
+    return as_f32(_load_raw(x_ref, g, r0, k0, **kw))
 
 
 def _row_amax_bits(load_chunk, n_chunks, rows):
@@ -162,7 +153,7 @@ def _quant_refs(refs, amax_given):
 
 def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, prefetch, interpret):
     x_ref, amax_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = _quant_refs(refs, amax_given)
-    ar = _arith(interpret)
+    ar = arith(interpret)
     g = pl.program_id(0)
     r0 = pl.program_id(1) * rows
     n_chunks = pl.cdiv(k, chunk)
@@ -173,7 +164,7 @@ def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, prefetc
         return _load_raw(x_ref, g, r0, i * chunk, rows=rows, chunk=chunk, m=m, k=k, k_major=k_major)
 
     def load_chunk(i):
-        return _as_f32(load_raw(i))
+        return as_f32(load_raw(i))
 
     first = load_chunk(0) if n_chunks == 1 else None  # one chunk: load x once for both passes
     if amax_given:
@@ -195,69 +186,7 @@ def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, prefetc
     if n_chunks == 1:
         quantize_chunk(0, first)
     else:
-        _chunk_loop(n_chunks, load_raw, lambda i, raw: quantize_chunk(i, _as_f32(raw)), prefetch, 0)
-
-
-def _chunk_loop(n_chunks, load, process, prefetch, first_index):
-    """process(i, load(i)) for each chunk i. With `prefetch`, chunk i + 1's loads are issued before
-    chunk i is processed and carried by the loop (software pipelining in registers: the compiler
-    does not move loads across loop iterations), so memory latency overlaps the arithmetic."""
-    if n_chunks == 1:
-        process(first_index, load(first_index))
-    elif prefetch:
-        def body(i, item):
-            following = load(jnp.minimum(i + 1, n_chunks - 1))
-            process(i, item)
-            return following
-
-        lax.fori_loop(0, n_chunks, body, load(first_index))
-    else:
-        lax.fori_loop(0, n_chunks, lambda i, carry: (process(i, load(i)), carry)[1], 0)
-
-
-def _kmajor_planar_kernel(x_ref, amax_ref, codes_ref, scales_ref, map4_ref, *, m, k, rows, nbc, config, prefetch,
-                          interpret):
-    """An expert stack read K-major ([G, K, M], blocks along K), as element planes (`triton_planar`).
-
-    Plane j of a chunk holds element j of each of its blocks: K row 16 b + j of the program's `rows`
-    stored columns. The chunk is loaded as one [16 nbc, rows] tile (runs of `rows` contiguous
-    elements) laid out so that a thread holds a block's 16 elements of one column, then split into
-    planes inside the thread (size-2 unstacks, as `unstack_quad`). Each column is a row of the quantized
-    [M, K] matrix, so the planes give each thread whole blocks as in the row-major planar kernel:
-    no transpose of the input, and a 16x16 tile (16 consecutive columns) reduces its max and error
-    across threads (`triton_planar.quantize_planes`). The amax is given (per tensor).
-    """
-    ar = _arith(interpret)
-    g = pl.program_id(0)
-    r0 = pl.program_id(1) * rows
-    nblocks = k // bm.BLOCK
-    n_chunks = pl.cdiv(nblocks, nbc)
-    row_ok = (r0 + jnp.arange(rows)) < m
-    amax = plgpu_triton.load(amax_ref.at[g, pl.ds(r0, rows)], mask=row_ok, other=0.0)[:, None]
-
-    def mask(b0):  # [rows, nbc]
-        return row_ok[:, None] & ((b0 + jnp.arange(nbc)) < nblocks)[None, :]
-
-    def load_planes(i):  # [rows, nbc, 16]: a block's 16 elements in its thread (split into planes later)
-        b0 = i * nbc
-        k_ok = (b0 * bm.BLOCK + jnp.arange(nbc * bm.BLOCK)) < k
-        tile = plgpu_triton.load(x_ref.at[g, pl.ds(b0 * bm.BLOCK, nbc * bm.BLOCK), pl.ds(r0, rows)],
-                                 mask=k_ok[:, None] & row_ok[None, :], other=0)
-        return jnp.transpose(tile.reshape(nbc, bm.BLOCK, rows), (2, 0, 1))
-
-    def quantize_chunk(i, blocks):
-        b0 = i * nbc
-        xs = [_as_f32(p) for p in planar.unstack_last(blocks)]  # 16 planes [rows, nbc]
-        codes, scale_bytes, map4 = planar.quantize_planes(ar, xs, amax, config)
-        pair_ok = jnp.broadcast_to(mask(b0)[:, :, None], (rows, nbc, 2))
-        plgpu_triton.store(codes_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc), pl.ds(0, 2)],
-                           jnp.stack(codes, axis=-1), mask=pair_ok)
-        plgpu_triton.store(scales_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc)], scale_bytes.astype(jnp.uint8),
-                           mask=mask(b0))
-        plgpu_triton.store(map4_ref.at[g, pl.ds(r0, rows), pl.ds(b0, nbc)], map4, mask=mask(b0))
-
-    zero = pl.program_id(0) * 0  # a traced index: the masked tail of a chunk is not bounds-checked
-    _chunk_loop(n_chunks, load_planes, quantize_chunk, prefetch, zero)
+        chunk_loop(n_chunks, load_raw, lambda i, raw: quantize_chunk(i, as_f32(raw)), prefetch, 0)
 
 
 def _planar_quant_kernel(*refs, m, k, rows, nbc, groups, dtype, config, amax_given, prefetch, interpret):
@@ -271,7 +200,7 @@ def _planar_quant_kernel(*refs, m, k, rows, nbc, groups, dtype, config, amax_giv
     block. `groups` > 1 only when a row is one chunk (see `TritonQuantTunables.row_groups`).
     """
     x_ref, amax_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = _quant_refs(refs, amax_given)
-    ar = _arith(interpret)
+    ar = arith(interpret)
     g = pl.program_id(0)
     nblocks = k // bm.BLOCK
     n_chunks = pl.cdiv(nblocks, nbc)
@@ -386,7 +315,7 @@ def _amax_kernel(x_ref, out_ref, *, m, k, rows, chunk, k_major):
 
 
 def _dequant_kernel(codes_ref, scales_ref, amax_ref, out_ref, *, m, k, rows, chunk, e4m3_bound, interpret):
-    ar = _arith(interpret)
+    ar = arith(interpret)
     g = pl.program_id(0)
     r0 = pl.program_id(1) * rows
     row_ok = (r0 + jnp.arange(rows)) < m
@@ -451,7 +380,7 @@ def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
     row_groups = 1
     if kmajor_planar:  # element planes read along K; codes written as uint32 word pairs, as below
         rows = tunables.rows_2d
-        kernel = functools.partial(_kmajor_planar_kernel, m=m, k=k, rows=rows,
+        kernel = functools.partial(kmajor_planar_kernel, m=m, k=k, rows=rows,
                                    nbc=min(tunables.block_k_2d, next_power_of_two(k)) // bm.BLOCK, config=config,
                                    prefetch=tunables.prefetch, interpret=interpret)
         x_in = x_g
