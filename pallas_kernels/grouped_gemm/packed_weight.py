@@ -266,8 +266,8 @@ def grouped_matmul_nvfp4(x_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, 
 
     codes: uint8 [E, N, K/2] (even element in the low nibble); scales: float8_e4m3fn (or its
     bytes, uint8) [E, N, K/16]. sum(group_sizes) <= R is the caller's contract.
-    x: bfloat16, or float16: then the weight tile is formed in f16 (about half the instructions
-    per weight element: no f16 -> f32 -> bf16 conversions) and the tensor cores multiply f16. The
+    x: bfloat16, or float16: then the weight tile is formed in f16 (no f16 -> f32 -> bf16
+    conversions: 17% fewer instructions in the K loop) and the tensor cores multiply f16. The
     products are the same, so is the result (up to the f32 sums' order), wherever x is exact in
     f16, as the bf16 values of an NVFP4-quantized activation are (`fp4rl.grouped.ragged_matmul_nvfp4`)."""
     if jnp.result_type(codes_ExNxK2) != jnp.uint8 or jnp.ndim(codes_ExNxK2) != 3:

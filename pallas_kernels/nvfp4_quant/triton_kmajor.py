@@ -42,7 +42,7 @@ def chunk_loop(n_chunks, load, process, prefetch, first_index):
 
 
 def kmajor_planar_kernel(x_ref, amax_ref, codes_ref, scales_ref, map4_ref, *, m, k, rows, nbc, config, prefetch,
-                          interpret):
+                         interpret):
     """An expert stack read K-major ([G, K, M], blocks along K), as element planes (`triton_planar`).
 
     Plane j of a chunk holds element j of each of its blocks: K row 16 b + j of the program's `rows`

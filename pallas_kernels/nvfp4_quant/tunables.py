@@ -28,9 +28,9 @@ class TritonQuantTunables:
     """Launch shape of the Triton kernels (`triton.py`).
 
     rows_1d: rows per program for 1x16 blocks.
-    rows_2d: rows per program for 16x16 blocks: tile rows of 16, a power of two >= 16. An expert
-      stack read K-major loads `[chunk, rows_2d]` tiles, whose contiguous runs are rows_2d
-      elements long: wider tiles read whole DRAM bursts instead of 32-byte pieces.
+    rows_2d: rows per program for 16x16 blocks (tile rows of 16, a power of two >= 16), and for
+      any expert stack read K-major: its tiles are `[K chunk, rows_2d]`, whose contiguous runs are
+      rows_2d elements long (wider tiles read whole DRAM bursts instead of 32-byte pieces).
     block_k: K columns per inner step for 1x16 blocks (and the amax/dequantize kernels);
       a power of two >= 16, capped at next_pow2(K).
     block_k_2d: the same for 16x16 blocks, whose program holds rows_2d rows (so a smaller chunk
