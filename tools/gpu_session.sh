@@ -290,7 +290,7 @@ PY
     # RL step time per arm x grouped-GEMM backend from the h200 warm-up, one run after the other
     warmup || exit 1
     step rl_step_time "${RLSTEP_SECONDS:-540}" python tools/rl_step_time.py --preset h200 --init runs/h200/sft \
-      --arms "${ARMS:-bf16,full}" --seeds "${SEEDS:-2}" --gemms "${GEMMS:-xla,mosaic,packed}" --steps "${STEPS:-6}"
+      --arms "${ARMS:-bf16,full}" --seeds "${SEEDS:-2}" --gemms "${GEMMS:-xla,mosaic,packed}" --steps "${STEPS:-6}" --out benchmarks
     mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_rl_step_time.log
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import tempfile
 import time
@@ -65,6 +66,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6, help="steps per run; the first (compiling) one is not timed")
     parser.add_argument("--init", default="", help="warm-up directory (default: the preset's)")
+    parser.add_argument("--out", default="", help="write rl_step_time.json/.md into this directory (default: print only)")
     args = parser.parse_args(argv)
     gemms = args.gemms.split(",")
     for gemm in gemms:
@@ -78,12 +80,26 @@ def main(argv=None) -> None:
         for gemm in gemms:
             rows.append(measure(args.preset, arm, gemm, args.seeds, args.steps, warmup))
             print(rows[-1], flush=True)
-    print("\n| arm | expert GEMM | step s | rollout s | rest s | vs first backend | first step s | reward step 0 |")
-    print("|---|---|---|---|---|---|---|---|")
+    table = to_markdown(rows)
+    print("\n" + table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        run = {"preset": args.preset, "seeds": args.seeds, "steps": args.steps, "init": source, "rows": rows}
+        (out / "rl_step_time.json").write_text(json.dumps(run, indent=2))
+        (out / "rl_step_time.md").write_text(table)
+
+
+def to_markdown(rows: list[dict]) -> str:
+    """One line per (arm, backend); "vs first backend" is the arm's first backend's step time over this one's."""
+    lines = ["| arm | expert GEMM | step s | rollout s | rest s | vs first backend | first step s | reward step 0 |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         base = next(r for r in rows if r["arm"] == row["arm"])
-        print(f"| {row['arm']} | {row['gemm']} | {row['step_s']:.2f} | {row['rollout_s']:.2f} | {row['rest_s']:.2f} | "
-              f"{base['step_s'] / row['step_s']:.2f}x | {row['first_step_s']:.1f} | {row['reward_step0']:.3f} |")
+        lines.append(f"| {row['arm']} | {row['gemm']} | {row['step_s']:.2f} | {row['rollout_s']:.2f} | "
+                     f"{row['rest_s']:.2f} | {base['step_s'] / row['step_s']:.2f}x | {row['first_step_s']:.1f} | "
+                     f"{row['reward_step0']:.3f} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
