@@ -40,8 +40,13 @@ def bench_main(name: str, config_cls, run: Callable, to_markdown: Callable, argv
     if jax.default_backend() != "gpu":
         raise SystemExit(f"{name} measures the GPU; no GPU here (CPU numbers are not performance numbers)")
     result = run(config)
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(result, indent=2))
-    (out / f"{name}.md").write_text(to_markdown(result))
+    write_results(config.out, name, result, to_markdown(result))
     print(to_markdown(result))
+
+
+def write_results(out: str, name: str, result: dict, markdown: str) -> None:
+    """`<out>/<name>.json` (the numbers) and `<out>/<name>.md` (the table), the benchmarks' file pair."""
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / f"{name}.json").write_text(json.dumps(result, indent=2))
+    (path / f"{name}.md").write_text(markdown)

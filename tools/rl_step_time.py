@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from experiments.gpu_bench import write_results  # noqa: E402
 from fp4rl import configs  # noqa: E402
 from fp4rl.grouped import check_gemm  # noqa: E402
 from fp4rl.model import init  # noqa: E402
@@ -83,11 +83,8 @@ def main(argv=None) -> None:
     table = to_markdown(rows)
     print("\n" + table)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         run = {"preset": args.preset, "seeds": args.seeds, "steps": args.steps, "init": source, "rows": rows}
-        (out / "rl_step_time.json").write_text(json.dumps(run, indent=2))
-        (out / "rl_step_time.md").write_text(table)
+        write_results(args.out, "rl_step_time", run, table)
 
 
 def to_markdown(rows: list[dict]) -> str:
