@@ -53,9 +53,10 @@ def main(argv=None) -> None:
     if not any(a == "--preset" or a.startswith("--preset=") for a in argv):
         argv = ["--preset", "cpu", *argv]
     config = cli(AblationConfig, configs.ABLATION_PRESETS, argv)
-    # Arms that differ only in their backward mode (nvfp4/+dq, +46/full-hp, +hp/full-46,
-    # full/full-dq) share their forward programs (sync, sampler, log-probs) in one process; the
-    # persistent compilation cache is for reruns: a resumed run recompiles nothing it has seen.
+    # Arms that differ only in their backward mode (nvfp4/nvfp4-pt/+dq, +46/full-hp, +hp/full-46,
+    # full/full-dq, mxfp8-q/mxfp8/mxfp8+dq) share their forward programs (sync, sampler, log-probs)
+    # in one process; the persistent compilation cache is for reruns: a resumed run recompiles
+    # nothing it has seen.
     # JAX_COMPILATION_CACHE_DIR, when set, wins (e.g. one cache shared by an LR sweep's runs).
     if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         jax.config.update("jax_compilation_cache_dir", str(Path(config.out) / ".jax_cache"))

@@ -8,12 +8,14 @@ accumulation; Hopper has no FP4 tensor cores, so we emulate it.
 
 Backward modes (docs/numerics.md §7), a plain `jax.custom_vjp` over arrays:
 - "bf16":        dx = g @ w^T,              dw = x^T @ g              (raw operands)
+  quantized forward, BF16 backward: the paper's baseline (arms nvfp4, +46, +hp, full-dq, mxfp8).
 - "dequantized": dx = g @ DQ(Q(w))^T,       dw = DQ(Q(x))^T @ g       (intervention 1)
   residuals are the packed codes + scales + amax only (no bf16 copies, no raw x).
 - "quantized":   dx = Q_sr(g) @ Q(w)^T,     dw = Q_rht(x)^T @ Q_rht,sr(g)
-  the NVFP4 pretraining recipe: g quantized with stochastic rounding, operands re-quantized
+  the NVFP4 pretraining recipe (arm nvfp4-pt): g quantized with stochastic rounding, operands re-quantized
   along the contraction dimension of each backward GEMM with per-tensor scales, a random
   Hadamard transform along tokens on both wgrad operands. The key is an explicit argument.
+  With MXFP8 (arm mxfp8-q) the backward operands are re-quantized to MXFP8, no SR, no RHT.
 A BF16 site (format "bf16") goes through the same custom_vjp with no quantization at all:
 y = x @ w in x's dtype and the exact gradient, so every site shares the grouped-GEMM code.
 Backward GEMMs accumulate in f32. Quantized operands enter them as the forward's do: the exact

@@ -144,7 +144,9 @@ class PrecisionRecipe:
         A forward never depends on the backward mode, but a "quantized" backward makes the
         forward derive per-site keys; programs that only run the forward (weight sync, sampler,
         log-probs) use this view. The views of arms that differ only in their backward are
-        equal, name included, so such arms share one jitted program (one trace, one compile).
+        equal, name included, so such arms share one jitted program (one trace, one compile):
+        nvfp4 / nvfp4-pt / +dq, +46 / full-hp, +hp / full-46, full / full-dq, and
+        mxfp8-q / mxfp8 / mxfp8+dq.
         """
         sites = {k: dataclasses.replace(getattr(self, k), backward="dequantized") if getattr(self, k).quantized
                  else getattr(self, k) for k in SITE_KINDS}
@@ -170,21 +172,25 @@ class PrecisionRecipe:
         return tuple(PRESETS)
 
 
-def _arm(name: str, *, dq: bool, four_over_six: bool, high_precision: bool, fmt: str = "nvfp4",
-         attention: bool = False) -> PrecisionRecipe:
-    """One ablation arm of docs/rl.md: the MoE linears in NVFP4 (routed experts, and the shared expert
-    unless intervention 3 keeps it BF16); attention, dense MLPs, router, embeddings and head stay
-    BF16, as in the seed. `attention=True` also quantizes attention (q|k|v, o) and the dense MLPs:
-    the named extra variants `*+attn`, not part of the nine arms.
+def _arm(name: str, *, backward: Literal["bf16", "dequantized", "quantized"], four_over_six: bool,
+         high_precision: bool, fmt: str = "nvfp4", attention: bool = False) -> PrecisionRecipe:
+    """One arm of docs/rl.md "The ablation matrix": the MoE linears in `fmt` (routed experts, and the
+    shared expert unless intervention 3 keeps it BF16) with the backward `backward`; attention,
+    dense MLPs, router, embeddings and head stay BF16, as in the paper. `attention=True` also
+    quantizes attention (q|k|v, o) and the dense MLPs: the named extra variants `*+attn`, not part
+    of the nine arms.
 
-    Without the dequantized backward, the baseline is the NVFP4 pretraining recipe's
-    quantized backward (SR gradients, RHT on wgrad, 16x16 weight blocks); for the MXFP8
-    validation arms "quantized" re-quantizes the backward operands to MXFP8 (no SR/RHT). Per-token FP32
-    activation scales are part of every NVFP4 arm.
+    backward (docs/numerics.md §7), stated by every arm:
+    - "bf16": quantized forward, BF16 backward on the raw weight and activation: the paper's
+      baseline, and every arm without the dequantized backward (nvfp4, +46, +hp, full-dq, mxfp8);
+    - "dequantized": intervention 1 (+dq, full, full-46, full-hp, mxfp8+dq);
+    - "quantized": the NVFP4 pretraining recipe's quantized backward (SR gradients, RHT on wgrad,
+      16x16 weight blocks: `nvfp4-pt`); with MXFP8 the backward operands re-quantized to MXFP8
+      (no SR/RHT: `mxfp8-q`).
+    Every NVFP4 arm has per-token FP32 activation scales and 16x16 weight blocks.
     """
     metric = "mae" if four_over_six else None
-    backward = "dequantized" if dq else "quantized"
-    quantized = SiteConfig(format=fmt, weight_46=metric, act_46=metric, backward=backward)
+    quantized = SiteConfig(format=fmt, weight_46=metric, act_46=metric, weight_block="2d", backward=backward)
     return PrecisionRecipe(
         name=name,
         routed_experts=quantized,
@@ -197,19 +203,26 @@ def _arm(name: str, *, dq: bool, four_over_six: bool, high_precision: bool, fmt:
 
 PRESETS: dict[str, PrecisionRecipe] = {
     "bf16": PrecisionRecipe(name="bf16"),
-    "nvfp4": _arm("nvfp4", dq=False, four_over_six=False, high_precision=False),
-    "+dq": _arm("+dq", dq=True, four_over_six=False, high_precision=False),
-    "+46": _arm("+46", dq=False, four_over_six=True, high_precision=False),
-    "+hp": _arm("+hp", dq=False, four_over_six=False, high_precision=True),
-    "full": _arm("full", dq=True, four_over_six=True, high_precision=True),
-    "full-dq": _arm("full-dq", dq=False, four_over_six=True, high_precision=True),
-    "full-46": _arm("full-46", dq=True, four_over_six=False, high_precision=True),
-    "full-hp": _arm("full-hp", dq=True, four_over_six=True, high_precision=False),
-    "mxfp8": _arm("mxfp8", dq=False, four_over_six=False, high_precision=False, fmt="mxfp8"),
-    "mxfp8+dq": _arm("mxfp8+dq", dq=True, four_over_six=False, high_precision=False, fmt="mxfp8"),
-    # Extra variants: attention and dense MLPs quantized too (beyond the seed's recipe).
-    "nvfp4+attn": _arm("nvfp4+attn", dq=False, four_over_six=False, high_precision=False, attention=True),
-    "full+attn": _arm("full+attn", dq=True, four_over_six=True, high_precision=True, attention=True),
+    # The nine arms of the ablation matrix: {dq} x {4/6} x {selective high precision}.
+    "nvfp4": _arm("nvfp4", backward="bf16", four_over_six=False, high_precision=False),
+    "+dq": _arm("+dq", backward="dequantized", four_over_six=False, high_precision=False),
+    "+46": _arm("+46", backward="bf16", four_over_six=True, high_precision=False),
+    "+hp": _arm("+hp", backward="bf16", four_over_six=False, high_precision=True),
+    "full": _arm("full", backward="dequantized", four_over_six=True, high_precision=True),
+    "full-dq": _arm("full-dq", backward="bf16", four_over_six=True, high_precision=True),
+    "full-46": _arm("full-46", backward="dequantized", four_over_six=False, high_precision=True),
+    "full-hp": _arm("full-hp", backward="dequantized", four_over_six=True, high_precision=False),
+    # The other baselines the paper discusses: the NVFP4 pretraining recipe (its claim: not
+    # sufficient for RL) and the MXFP8 validation's three recipes (MXFP8, BF16, dequantized backward).
+    "nvfp4-pt": _arm("nvfp4-pt", backward="quantized", four_over_six=False, high_precision=False),
+    "mxfp8-q": _arm("mxfp8-q", backward="quantized", four_over_six=False, high_precision=False, fmt="mxfp8"),
+    "mxfp8": _arm("mxfp8", backward="bf16", four_over_six=False, high_precision=False, fmt="mxfp8"),
+    "mxfp8+dq": _arm("mxfp8+dq", backward="dequantized", four_over_six=False, high_precision=False, fmt="mxfp8"),
+    # Extra variants: attention and dense MLPs quantized too (beyond the paper's recipe).
+    "nvfp4+attn": _arm("nvfp4+attn", backward="bf16", four_over_six=False, high_precision=False, attention=True),
+    "full+attn": _arm("full+attn", backward="dequantized", four_over_six=True, high_precision=True, attention=True),
 }
 
 ABLATION_ARMS = ("bf16", "nvfp4", "+dq", "+46", "+hp", "full", "full-dq", "full-46", "full-hp")
+# The baselines beside the nine arms: the pretraining recipe and the MXFP8 validation recipes.
+BASELINE_ARMS = ("nvfp4-pt", "mxfp8-q", "mxfp8", "mxfp8+dq")

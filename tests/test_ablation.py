@@ -1,6 +1,6 @@
 """The ablation runner on the smoke preset: three arms, the learning run, the report, and resume.
 
-Three of the nine arms (bf16; the full recipe; its quantized-backward variant, which shares full's
+Three of the nine arms (bf16; the full recipe; full-dq, its BF16-backward variant, which shares full's
 forward programs): what the runner does (programs shared and compiled ahead, the report, resume)
 does not depend on how many arms it runs, and every arm's programs run in the trainer's tests (a
 golden step per forward class, `tests/rl/test_trainer.py`) and in the gradient measurements' smoke

@@ -105,8 +105,8 @@ cells = [
     md(
         "## The report: per-arm table\n\n"
         "Rendered by the report's own code from the same summaries, so the numbers are report.md's: "
-        "each arm's recipe, seeds and judged steps, spike rate and severe spikes (per update), collapse, "
-        "population-reward gap to BF16 with its interval, final held-out greedy and sampled accuracy with "
+        "each arm's recipe, seeds and judged steps, spike rate and severe spikes (spiking steps: a step spikes when any of its updates does), collapse, "
+        "population-reward gap to BF16 (paired by seed) with its bootstrap and t intervals, final held-out greedy and sampled accuracy with "
         "hierarchical bootstrap intervals (seeds, then each seed's binomial evaluation error; `n/a` without "
         "evaluations), the change of sampled accuracy, sampler vs trainer k3 KL, and the verdict: PASS, "
         "**FAIL**, or UNDECIDED when the runs lack the declared power (the reasons follow the table)."
@@ -152,7 +152,7 @@ cells = [
     code(SCATTER),
     md(
         "### Sensitivity of the spike criterion\n\n"
-        "docs/rl.md declares a spike at 3x the median of the previous 50 measurements. The table re-runs the whole "
+        "docs/rl.md declares a spike at 3x the median of the previous 10 measurements. The table re-runs the whole "
         "judgement with other spike factors (`SPIKE_FACTORS`): spike rate, spike criterion and verdict per "
         "arm, and the claim. A claim that flips between 2x and 5x rests on the threshold, not on the runs."
     ),

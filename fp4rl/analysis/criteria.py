@@ -2,12 +2,13 @@
 report per arm)") and the power every verdict needs.
 
 The definitions, per arm:
-- spike: pre-clip grad norm > 3x the median of the previous 50 steps (after step 20);
-  severe spike: > 10x; reported as spikes per 100 steps per seed;
+- spike: pre-clip grad norm > 3x the median of the previous 10 measurements (after step 20);
+  severe spike: > 10x; reported as spiking steps per 100 judged steps per seed;
 - collapse: any non-finite value, a grad norm > 100x the early median, or reward falling
   more than 0.5 below its running best without recovering within 50 steps;
-- reward tracking: mean gap to the BF16 median reward over the run, and the final held-out
-  (greedy) accuracy with a bootstrap confidence interval over seeds;
+- reward tracking: mean gap to BF16's reward over the run, paired by seed (seed k of every arm
+  sees the same prompts), and the final held-out accuracy, each with a bootstrap interval over
+  seeds and a Student t interval beside it;
 - mismatch: k3 KL per token between sampler and trainer.
 
 The definitions alone fix no pass threshold for the spike rate or the reward gap, and no
@@ -30,7 +31,14 @@ class StabilityCriteria:
         measurement > spike_factor x the median of the previous `window` finite measurements,
         at a step >= warmup_steps; severe: > severe_factor x. A measurement is one non-empty
         mini-batch update (updates.jsonl): the clip acts on each update, and a per-step mean
-        over updates dilutes a spike in one of them.
+        over updates dilutes a spike in one of them. The window is short (10 measurements, 5
+        steps at 2 updates per step) so that the baseline follows the grad norm's trend: a
+        median lags its window's centre, and over a long window a rising grad norm (it rises
+        4x in the first 20 steps of RL and keeps moving over a long run) exceeds 3x its own
+        lagging median without any excursion. See `detectors.detect_spikes`.
+        A step spikes when any of its updates does: spikes are counted in steps (the rates,
+        the severe count and the BF16 comparison), since the updates of one step share their
+        rollouts and are not independent measurements.
     collapse_grad_factor: collapse when a grad norm measurement exceeds this multiple of the
         *early median*, the median of the finite measurements at steps < warmup_steps.
     reward_drop, recovery_steps: collapse when the population reward falls more than
@@ -38,19 +46,26 @@ class StabilityCriteria:
         of that best within `recovery_steps` steps.
 
     Declared pass thresholds:
-    max_spikes_per_100: every judged seed has at most this many spikes (severe ones
+    max_spikes_per_100: every judged seed has at most this many spiking steps (severe ones
         included) per 100 judged steps.
-    max_severe_spikes: at most this many severe spikes per arm (judged seeds together).
-    reward_gap_tolerance: the arm's mean population-reward gap to the BF16 median is
-        >= -reward_gap_tolerance, judged on its confidence interval: PASS when the whole
-        interval is above -tolerance, FAIL when it is entirely below, else UNDECIDED.
-        Reward is +1/-1 (docs/rl.md "Task"), so 0.1 of reward is 5 points of accuracy.
+    max_severe_spikes: at most this many steps with a severe spike per arm (judged seeds
+        together).
+    reward_gap_tolerance: the arm's mean population-reward gap to BF16, paired by seed (seed
+        k minus BF16's seed k at each step: the arms share each seed's prompt stream, so the
+        prompts' difficulty cancels), is >= -reward_gap_tolerance, judged on its bootstrap
+        interval: PASS when the whole interval is above -tolerance, FAIL when it is entirely
+        below, else UNDECIDED. Reward is +1/-1 (docs/rl.md "Task"), so 0.1 of reward is 5
+        points of accuracy.
 
     Power (below it a criterion is UNDECIDED, never FAIL; a non-finite value needs none):
     min_judged_steps: a seed is judged only with at least this many judged steps: steps
         >= warmup_steps with at least one grad-norm measurement.
     min_seeds: a criterion passes only with at least this many judged seeds; the reward
         criterion also needs them to fail (its interval is over seeds).
+    few_seeds: a decided verdict resting on fewer judged seeds than this is flagged "few
+        seeds" in the report: with 2 seeds a bootstrap over seeds has 3 distinct resamples
+        and its interval is the seeds' [min, max], so every seed-level interval also comes
+        with a Student t interval over seeds (n - 1 degrees of freedom).
     idle_grad_norm, max_idle_frac: a seed is degenerate (not judged) when more than
         `max_idle_frac` of its steps >= warmup_steps applied no update (every group dropped
         by dynamic sampling, so every mini-batch was empty or skipped) or had every grad
@@ -61,8 +76,8 @@ class StabilityCriteria:
     Calibration against the run's BF16 arm (the claim is "as stable as BF16"):
     reference_spike_alpha: when BF16 itself fails the absolute spike threshold, an arm that
         fails it too FAILs the spike criterion only when it spikes more often than BF16, a
-        one-sided Fisher exact test on spiking / judged measurements pooled over judged seeds
-        at this level (or has severe spikes where BF16 has none); otherwise it is UNDECIDED.
+        one-sided Fisher exact test on spiking / judged steps pooled over judged seeds at this
+        level (or has severe spikes where BF16 has none); otherwise it is UNDECIDED.
     reference_spike_power: the report states the spike rate that comparison detects at this power.
 
     Statistics:
@@ -74,7 +89,7 @@ class StabilityCriteria:
 
     spike_factor: float = 3.0
     severe_factor: float = 10.0
-    window: int = 50
+    window: int = 10
     warmup_steps: int = 20
     collapse_grad_factor: float = 100.0
     reward_drop: float = 0.5
@@ -86,6 +101,7 @@ class StabilityCriteria:
     reference_spike_power: float = 0.8
     min_judged_steps: int = 50
     min_seeds: int = 2
+    few_seeds: int = 4
     idle_grad_norm: float = 1e-8
     max_idle_frac: float = 0.5
     saturated_accuracy: float = 0.02
@@ -104,8 +120,8 @@ class StabilityCriteria:
             raise ValueError(f"{self.collapse_grad_factor=} must be > 1 and {self.reward_drop=} > 0")
         if self.max_spikes_per_100 < 0 or self.max_severe_spikes < 0 or self.reward_gap_tolerance < 0:
             raise ValueError("pass thresholds (max_spikes_per_100, max_severe_spikes, reward_gap_tolerance) must be >= 0")
-        if self.min_judged_steps < 1 or self.min_seeds < 1:
-            raise ValueError(f"{self.min_judged_steps=} and {self.min_seeds=} must be >= 1")
+        if self.min_judged_steps < 1 or self.min_seeds < 1 or self.few_seeds < 1:
+            raise ValueError(f"{self.min_judged_steps=}, {self.min_seeds=} and {self.few_seeds=} must be >= 1")
         if self.idle_grad_norm < 0 or not 0.0 <= self.max_idle_frac < 1.0 or not 0.0 <= self.saturated_accuracy < 0.5:
             raise ValueError(f"need {self.idle_grad_norm=} >= 0, 0 <= {self.max_idle_frac=} < 1, "
                              f"0 <= {self.saturated_accuracy=} < 0.5")
@@ -120,13 +136,15 @@ class StabilityCriteria:
         c = self
         return [
             f"spike: a pre-clip global grad norm measurement > {c.spike_factor:g}x the median of the previous "
-            f"{c.window} finite measurements, at steps >= {c.warmup_steps}; severe: > {c.severe_factor:g}x. "
-            "A measurement is one non-empty mini-batch update (updates.jsonl; a seed without it falls back to "
-            "the per-step mean grad_norm/global, noted below). Empty mini-batches are not measurements.",
-            f"spike criterion passes: <= {c.max_spikes_per_100:g} spikes per 100 judged steps in every judged "
-            f"seed and <= {c.max_severe_spikes} severe spikes in the arm's judged seeds. Calibration: when the "
-            "run's BF16 arm fails this threshold itself, an arm that fails it FAILs only if it spikes more often "
-            f"than BF16 (one-sided Fisher exact test on spiking / judged measurements, pooled over judged seeds, "
+            f"{c.window} finite measurements (a short window, so that the baseline follows the grad norm's trend), "
+            f"at steps >= {c.warmup_steps}; severe: > {c.severe_factor:g}x. A measurement is one non-empty mini-batch "
+            "update (updates.jsonl; a seed without it falls back to the per-step mean grad_norm/global, noted below). "
+            "Empty mini-batches are not measurements. A step spikes when any of its updates does; spikes are "
+            "counted in steps (the updates of one step share their rollouts).",
+            f"spike criterion passes: <= {c.max_spikes_per_100:g} spiking steps per 100 judged steps in every judged "
+            f"seed and <= {c.max_severe_spikes} steps with a severe spike in the arm's judged seeds. Calibration: when "
+            "the run's BF16 arm fails this threshold itself, an arm that fails it FAILs only if it spikes more often "
+            "than BF16 (one-sided Fisher exact test on spiking / judged steps, pooled over judged seeds, "
             f"p < {c.reference_spike_alpha:g}) or has severe spikes where BF16 has none; otherwise UNDECIDED "
             f"(with the rate the test detects at {c.reference_spike_power:.0%} power).",
             f"collapse: any non-finite logged value; a grad norm > {c.collapse_grad_factor:g}x the early median "
@@ -135,9 +153,11 @@ class StabilityCriteria:
             f"{c.recovery_steps} steps (only decided once {c.recovery_steps} steps were observed after the drop). "
             "Passes when no seed collapses.",
             f"reward: mean over seeds of the per-seed mean gap of population/reward_mean (every sampled "
-            f"response) to the BF16 median, with a {c.ci_level:.0%} two-level bootstrap interval (seeds, then "
-            f"blocks of {c.reward_block_steps} steps); passes when the interval is above -{c.reward_gap_tolerance:g}, "
-            "fails when it is below, undecided when it straddles it.",
+            "response) to BF16's, paired by seed (seed k minus BF16's seed k at each step: the arms share each "
+            f"seed's prompts), with a {c.ci_level:.0%} two-level bootstrap interval (seeds, then blocks of "
+            f"{c.reward_block_steps} steps); passes when the interval is above -{c.reward_gap_tolerance:g}, "
+            "fails when it is below, undecided when it straddles it. A Student t interval over the seeds' mean "
+            "gaps is reported beside it.",
             f"power: a seed is judged when it has >= {c.min_judged_steps} judged steps (steps >= {c.warmup_steps} "
             f"with a grad-norm measurement) and is not degenerate: more than {c.max_idle_frac:.0%} of its steps "
             f">= {c.warmup_steps} applying no update or with grad norm <= {c.idle_grad_norm:g} (every group "
@@ -149,4 +169,7 @@ class StabilityCriteria:
             "interval (seeds resampled, then each seed's evaluation error: Jeffreys posterior of k of eval/n), and the "
             "change of sampled accuracy from the first evaluation to the last; mismatch (sampler vs trainer "
             "k3 KL per token): reported, not judged.",
+            f"few seeds: every interval over seeds also has a {c.ci_level:.0%} Student t interval (n - 1 degrees of "
+            "freedom; with 2 seeds the bootstrap's interval is the two seeds' [min, max]), and a decided verdict "
+            f"resting on fewer than {c.few_seeds} judged seeds is marked (few seeds).",
         ]

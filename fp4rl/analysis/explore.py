@@ -288,8 +288,8 @@ def with_spike_factor(criteria: StabilityCriteria, factor: float) -> StabilityCr
 
 
 def sensitivity_table(run: RunData, criteria: StabilityCriteria, factors: Sequence[float]) -> Table:
-    """The whole judgement re-run per spike factor: per arm the mean spike rate (count), the
-    spike criterion and the verdict; a last row with the claim."""
+    """The whole judgement re-run per spike factor: per arm the mean spike rate (count of
+    spiking steps), the spike criterion and the verdict; a last row with the claim."""
     judged = {f: judge(run, with_spike_factor(criteria, f)) for f in factors}
     rows = []
     for arm in run.arms:
@@ -297,7 +297,7 @@ def sensitivity_table(run: RunData, criteria: StabilityCriteria, factors: Sequen
         for f in factors:
             s, v, _ = judged[f]
             rates = [x.spikes_per_100 for x in s[arm].seeds if np.isfinite(x.spikes_per_100)]
-            count = sum(len(x.spike_steps) for x in s[arm].seeds)
+            count = sum(x.spikes.spiking_steps for x in s[arm].seeds)  # steps, as the criterion counts
             rate = f"{np.mean(rates):.2f}" if rates else "n/a"
             row.append(f"{rate} ({count}); {_MARK[v[arm].spike.passed]}; {_MARK[v[arm].passed]}")
         rows.append(row)
@@ -307,11 +307,12 @@ def sensitivity_table(run: RunData, criteria: StabilityCriteria, factors: Sequen
 
 def sensitivity_note(criteria: StabilityCriteria) -> str:
     return (f"Severe spikes stay at > {criteria.severe_factor:g}x (or the spike factor if larger); "
-            f"pass threshold {criteria.max_spikes_per_100:g} spikes/100 steps per seed.")
+            f"pass threshold {criteria.max_spikes_per_100:g} spiking steps per 100 judged steps per seed "
+            "(a step spikes when any of its updates does).")
 
 
 def spike_rate_curve(seeds: Iterable[SeedRun], criteria: StabilityCriteria, factors: Sequence[float]) -> np.ndarray:
-    """float [F]: per spike factor, the mean over seeds of spikes per 100 judged steps (NaN
+    """float [F]: per spike factor, the mean over seeds of spiking steps per 100 judged steps (NaN
     where no seed has a judged step)."""
     series = [grad_norm_measurements(sr) for sr in seeds]
     curve = []

@@ -284,12 +284,12 @@ def plot_summary(
 
     ax_s.axhline(criteria.max_spikes_per_100, color="0.3", linestyle="--", linewidth=1)
     ax_s.set_ylim(bottom=-0.05 * max(1.0, ax_s.get_ylim()[1]))
-    ax_s.set_ylabel("spikes per 100 steps (one dot per seed)")
+    ax_s.set_ylabel("spiking steps per 100 judged steps (one dot per seed)")
     ax_s.set_title(f"Spike rate per seed (X: has a severe spike)\ndashed: pass threshold {criteria.max_spikes_per_100:g}/100", fontsize=10)
     ax_g.axhline(0.0, color="0.5", linewidth=0.8)
     ax_g.axhline(-criteria.reward_gap_tolerance, color="0.3", linestyle="--", linewidth=1)
-    ax_g.set_ylabel("mean population-reward gap to BF16 median")
-    ax_g.set_title(f"Population-reward gap to BF16 (dots: seeds, bar: mean,\nwhisker: {criteria.ci_level:.0%} CI "
+    ax_g.set_ylabel("mean population-reward gap to BF16's same seed")
+    ax_g.set_title(f"Population-reward gap to BF16, paired by seed (dots: seeds, bar: mean,\nwhisker: {criteria.ci_level:.0%} CI "
                    f"over judged seeds); dashed: pass threshold -{criteria.reward_gap_tolerance:g}", fontsize=10)
     ax_a.set_ylabel("final held-out accuracy (greedy)")
     kinds = sorted({s.final_accuracy.kind for s in summaries.values() if s.final_accuracy is not None})

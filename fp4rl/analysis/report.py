@@ -24,7 +24,7 @@ from fp4rl.analysis.criteria import StabilityCriteria
 from fp4rl.analysis.runs import REFERENCE_ARM, UPDATES_FILE, RunData, load_run
 from fp4rl.analysis.statistics import BootstrapCI
 from fp4rl.analysis.summary import ArmSummary, summarize_run
-from fp4rl.analysis.verdicts import ArmVerdict, ClaimResult, claim_reproduced, run_verdicts
+from fp4rl.analysis.verdicts import ArmVerdict, ClaimResult, CriterionResult, claim_reproduced, run_verdicts
 
 
 class ReportPaths(NamedTuple):
@@ -60,14 +60,36 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _mark(passed: bool | None) -> str:
-    return {True: "PASS", False: "**FAIL**", None: "UNDECIDED"}[passed]
+def _mark(passed: bool | None, few_seeds: int | None = None) -> str:
+    mark = {True: "PASS", False: "**FAIL**", None: "UNDECIDED"}[passed]
+    return mark if passed is None or few_seeds is None else f"{mark} (few seeds: {few_seeds})"
+
+
+def _criterion_mark(c: CriterionResult) -> str:
+    return _mark(c.passed, c.few_seeds)
+
+
+def _verdict_mark(v: ArmVerdict) -> str:
+    """The arm's verdict, marked "few seeds" when what decides it does: a pass rests on every
+    criterion's, a failure on its failing criteria's when each of them is flagged."""
+    if v.passed is True:
+        flagged = [c.few_seeds for c in v.criteria if c.few_seeds is not None]
+    elif v.passed is False:
+        failing = [c for c in v.criteria if c.passed is False]
+        flagged = [c.few_seeds for c in failing] if all(c.few_seeds is not None for c in failing) else []
+    else:
+        flagged = []
+    return _mark(v.passed, min(flagged) if flagged else None)
 
 
 def _ci(ci: BootstrapCI | None, fmt: str = ".3f") -> str:
+    """mean [bootstrap interval] (what it resamples), then the t interval over seeds where there is one."""
     if ci is None:
         return "n/a"
-    return f"{ci.mean:{fmt}} [{ci.low:{fmt}}, {ci.high:{fmt}}] ({ci.kind})"
+    text = f"{ci.mean:{fmt}} [{ci.low:{fmt}}, {ci.high:{fmt}}] ({ci.kind})"
+    if ci.t_interval is not None:
+        text += f"; t [{ci.t_interval[0]:{fmt}}, {ci.t_interval[1]:{fmt}}]"
+    return text
 
 
 def _span(values: Sequence[int]) -> str:
@@ -77,8 +99,9 @@ def _span(values: Sequence[int]) -> str:
 def _arm_table(run: RunData, summaries: Mapping[str, ArmSummary], verdicts: Mapping[str, ArmVerdict]) -> list[str]:
     head = ("arm", "recipe", "seeds (judged)", "steps (min-max)", "judged steps (updates) per seed",
             "spikes/100 steps (mean; max)", "spikes/100 updates (max)", "severe spikes", "spike",
-            "collapsed seeds", "collapse", "reward gap to BF16, population (mean [CI])", "reward",
-            "final greedy acc (mean [CI])", "final sampled acc (mean [CI])", "sampled acc change first-last (mean [CI])",
+            "collapsed seeds", "collapse", "reward gap to BF16, population, paired by seed (mean [CI]; t [CI])",
+            "reward", "final greedy acc (mean [CI]; t [CI])", "final sampled acc (mean [CI]; t [CI])",
+            "sampled acc change first-last (mean [CI]; t [CI])",
             "k3 KL/token (sampler vs trainer)", "routing flip", "verdict")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, s in summaries.items():
@@ -94,11 +117,11 @@ def _arm_table(run: RunData, summaries: Mapping[str, ArmSummary], verdicts: Mapp
         row = (f"`{arm}`", recipe_summary(run.configs.get(arm)), f"{len(s.seeds)} ({len(s.judged_seeds)})",
                _span(steps), f"{_span(judged)} ({_span(updates)})", rate,
                "n/a" if not per_update else f"{max(per_update):.2f}",
-               str(sum(len(x.severe_steps) for x in s.seeds)), _mark(v.spike.passed),
-               f"{sum(x.collapse.collapsed for x in s.seeds)}/{len(s.seeds)}", _mark(v.collapse.passed),
-               gap, _mark(v.reward.passed), _ci(s.final_accuracy), _ci(s.final_sampled_accuracy),
+               str(sum(x.spikes.severe_spiking_steps for x in s.seeds)), _criterion_mark(v.spike),
+               f"{sum(x.collapse.collapsed for x in s.seeds)}/{len(s.seeds)}", _criterion_mark(v.collapse),
+               gap, _criterion_mark(v.reward), _ci(s.final_accuracy), _ci(s.final_sampled_accuracy),
                _ci(s.sampled_accuracy_change, "+.3f"), _num(s.mismatch.kl_k3), _num(s.mismatch.routing_flip),
-               _mark(v.passed))
+               _verdict_mark(v))
         lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
     return lines
 
@@ -169,6 +192,7 @@ def render_report(
         "",
         *[f"- `{arm}`: {text}" for arm, text in claim.details.items()],
         "",
+        *_few_seeds_lines(verdicts, criteria),
         *[f"{section.rstrip()}\n" for section in sections],
         "## Criteria (declared before the run)",
         "",
@@ -181,6 +205,7 @@ def render_report(
         "Failing criteria in detail:",
         "",
         *([f"- `{arm}` {c.name}: {c.value} (threshold {c.threshold})"
+           + (f" (few seeds: {c.few_seeds})" if c.few_seeds is not None else "")
            for arm, v in verdicts.items() for c in v.criteria if c.passed is False] or ["- none"]),
         "",
         "Undecided criteria and why:",
@@ -202,6 +227,18 @@ def render_report(
         *_configuration_and_commands(config_text, commands),
     ]
     return "\n".join(out)
+
+
+def _few_seeds_lines(verdicts: Mapping[str, ArmVerdict], criteria: StabilityCriteria) -> list[str]:
+    """The decided verdicts that rest on fewer than `few_seeds` judged seeds, named."""
+    flagged = {arm: [c.name for c in v.criteria if c.few_seeds is not None] for arm, v in verdicts.items()}
+    flagged = {arm: names for arm, names in flagged.items() if names}
+    if not flagged:
+        return []
+    listed = "; ".join(f"`{arm}` {', '.join(names)}" for arm, names in flagged.items())
+    return [f"Few seeds: these decided verdicts rest on fewer than {criteria.few_seeds} judged seeds, where an interval "
+            "over seeds is weak (with 2 seeds the bootstrap's interval is the two seeds' [min, max]; the t interval "
+            f"beside it is the honest width) and more seeds could overturn them: {listed}.", ""]
 
 
 def _configuration_and_commands(config_text: str, commands: Sequence[str]) -> list[str]:

@@ -1,26 +1,32 @@
 """Statistics of the reward and accuracy criteria (docs/rl.md "reward tracking") and mismatch.
 
-- `reward_gap_to_reference`: each seed's population-reward gap to the BF16 median, per step;
+- `reward_gap_to_reference`: each seed's population-reward gap to BF16's seed of the same number,
+  per step (paired: seed k of every arm sees the same prompts);
 - `reward_gap_ci`: a two-level bootstrap interval of the mean gap (seeds, then blocks of steps);
 - `bootstrap_ci`: percentile bootstrap of a mean over seeds;
+- `student_t_interval`: the t interval over seeds that every seed-level interval carries beside its
+  bootstrap (with 2 seeds a bootstrap over seeds has 3 distinct resamples: its interval is the
+  seeds' [min, max], far narrower than what 2 values can say);
 - `accuracy_ci` / `accuracy_change_ci`: hierarchical bootstrap of held-out accuracy: seeds
   resampled with replacement, then each resampled seed's accuracy redrawn from its evaluation's
   Jeffreys posterior Beta(k + 1/2, n_eval - k + 1/2), so a few seeds evaluated on few problems get
   an interval that carries both errors;
 - `mismatch_summary`: trainer/sampler mismatch over a run;
 - `fisher_exact_greater` / `detectable_rate`: the one-sided comparison of two spike rates that
-  calibrates the spike criterion against BF16, and the rate it detects at a given power.
+  calibrates the spike criterion against BF16, and the rate it detects at a given power (the
+  units are judged steps: a step spikes when any of its updates does, since the updates of one
+  step share their rollouts and their spikes are not independent).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 from scipy.stats import binom, hypergeom
+from scipy.stats import t as student_t
 
 Series = tuple[np.ndarray, np.ndarray]  # (steps [T], values [T])
 
@@ -32,6 +38,8 @@ class BootstrapCI:
     kind: what the interval resamples: "seeds", "seeds+binomial", "binomial" (one seed),
     "seeds+steps", "steps" (one seed), or "none" (one value and nothing to resample:
     `degenerate`, low == high == mean). note: what the interval leaves out, in words.
+    t_interval: (low, high) of the Student t interval over the seeds' values at the same level
+    (`student_t_interval`); None with one seed.
     """
 
     mean: float
@@ -42,10 +50,26 @@ class BootstrapCI:
     degenerate: bool
     note: str | None = None
     kind: str = "seeds"
+    t_interval: tuple[float, float] | None = None
 
     @property
     def width(self) -> float:
         return self.high - self.low
+
+
+def student_t_interval(values, ci: float = 0.95) -> tuple[float, float] | None:
+    """The two-sided Student t interval of the mean of `values` (one per seed; n - 1 degrees of
+    freedom): mean +- t_{(1+ci)/2, n-1} x sd / sqrt(n). None for fewer than 2 values.
+
+    The seeds' values (a seed's mean reward gap, its final accuracy) already carry each
+    seed's step-to-step or evaluation error, so their spread is the whole error of their mean."""
+    x = np.asarray(values, dtype=np.float64).ravel()
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"student_t_interval needs finite values, got {x}")
+    if x.size < 2:
+        return None
+    half = float(student_t.ppf((1.0 + ci) / 2.0, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return float(x.mean()) - half, float(x.mean()) + half
 
 
 def _check(n_boot: int, ci: float) -> None:
@@ -76,7 +100,7 @@ def bootstrap_ci(values, n_boot: int = 10_000, ci: float = 0.95, seed: int = 0) 
         return BootstrapCI(mean, mean, mean, 1, ci, True, "one seed: no confidence interval (degenerate)", "none")
     rng = np.random.default_rng(seed)
     means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
-    return BootstrapCI(mean, *_interval(means, ci), int(x.size), ci, False)
+    return BootstrapCI(mean, *_interval(means, ci), int(x.size), ci, False, t_interval=student_t_interval(x, ci))
 
 
 # --------------------------------------------------------------------------- accuracy
@@ -130,7 +154,8 @@ def _hierarchical(point: np.ndarray, draw, sizes: np.ndarray, n_boot: int, ci: f
     else:
         kind = "seeds"
         notes.append("no eval/n logged: the interval is over seeds only (evaluation error not included)")
-    return BootstrapCI(mean, *_interval(replicates, ci), s, ci, False, "; ".join(notes) or None, kind)
+    return BootstrapCI(mean, *_interval(replicates, ci), s, ci, False, "; ".join(notes) or None, kind,
+                       student_t_interval(point, ci))
 
 
 def accuracy_ci(p, n=None, n_boot: int = 10_000, ci: float = 0.95, seed: int = 0) -> BootstrapCI:
@@ -160,46 +185,51 @@ def accuracy_change_ci(p_first, n_first, p_last, n_last, n_boot: int = 10_000, c
 
 @dataclasses.dataclass(frozen=True)
 class RewardGap:
-    """per_seed[seed]: mean over the run of (reward - BF16 median reward); mean: over seeds.
-    series[seed]: the finite per-step gaps that mean is taken over."""
+    """per_seed[seed]: mean over the run of (reward - BF16's reward of the same seed); mean: over
+    seeds. series[seed]: the finite per-step gaps that mean is taken over. unpaired: the seeds
+    with no BF16 seed of the same number (NaN gap, empty series)."""
 
     per_seed: Mapping[int, float]
     mean: float
     series: Mapping[int, np.ndarray] = dataclasses.field(default_factory=dict)
+    unpaired: tuple[int, ...] = ()
+
+
+def paired_gap_series(steps, values, reference_steps, reference_values) -> np.ndarray:
+    """values - reference_values at the steps both logged with finite values, in step order."""
+    s, v = np.asarray(steps), np.asarray(values, np.float64)
+    rs, rv = np.asarray(reference_steps), np.asarray(reference_values, np.float64)
+    _, i, j = np.intersect1d(s, rs, return_indices=True)  # first occurrence of each common step
+    gap = v[i] - rv[j]
+    return gap[np.isfinite(gap)]
 
 
 def reward_gap_to_reference(
     reward_by_seed: Mapping[int, Series], reference_reward_by_seed: Mapping[int, Series]
 ) -> RewardGap:
-    """docs/rl.md "reward tracking": mean gap to the BF16 median reward over the run.
+    """docs/rl.md "reward tracking": mean gap to BF16's reward over the run, paired by seed.
 
-    The reference curve is the median over reference seeds at each step (seeds that did not
-    log a step, or logged a non-finite reward there, are left out of that step's median). A
-    seed's gap is the mean of reward - reference over the steps both have finite values for
-    (NaN if none); `mean` averages the finite per-seed gaps.
+    Seed k of every arm samples the same prompt stream, so seed k's gap is taken to BF16's seed
+    k, step by step (`paired_gap_series`): the prompts' difficulty, which moves each seed's
+    reward together in every arm, cancels. Against a median over BF16's seeds it would stay
+    in every gap, with the sign of the seed (2 seeds of results/matrix_h200: every seed-0 gap
+    >= 0, every seed-1 gap < 0). A seed's gap is the mean over the steps both logged with finite
+    values (NaN if none, or if BF16 has no seed k: `unpaired`); `mean` averages the finite
+    per-seed gaps.
     """
-    ref_steps = np.unique(np.concatenate([np.asarray(s) for s, _ in reference_reward_by_seed.values()])) \
-        if reference_reward_by_seed else np.zeros(0, np.int64)
-    ref = np.full((len(reference_reward_by_seed), ref_steps.size), np.nan)
-    for i, (s, v) in enumerate(reference_reward_by_seed.values()):
-        v = np.asarray(v, dtype=np.float64)
-        ref[i, np.searchsorted(ref_steps, s)] = np.where(np.isfinite(v), v, np.nan)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        ref_median = np.nanmedian(ref, axis=0) if ref.size else np.zeros(0)
     per_seed: dict[int, float] = {}
     series: dict[int, np.ndarray] = {}
+    unpaired = []
     for seed, (s, v) in reward_by_seed.items():
-        s, v = np.asarray(s), np.asarray(v, dtype=np.float64)
-        idx = np.searchsorted(ref_steps, s)
-        idx_ok = idx < ref_steps.size
-        common = idx_ok.copy()
-        common[idx_ok] = ref_steps[idx[idx_ok]] == s[idx_ok]
-        gap = v[common] - ref_median[idx[common]]
-        series[seed] = gap[np.isfinite(gap)]
+        if seed not in reference_reward_by_seed:
+            unpaired.append(seed)
+            series[seed] = np.zeros(0)
+        else:
+            series[seed] = paired_gap_series(s, v, *reference_reward_by_seed[seed])
         per_seed[seed] = float(series[seed].mean()) if series[seed].size else float("nan")
     gaps = np.array([x for x in per_seed.values() if np.isfinite(x)])
-    return RewardGap(per_seed=per_seed, mean=float(gaps.mean()) if gaps.size else float("nan"), series=series)
+    return RewardGap(per_seed=per_seed, mean=float(gaps.mean()) if gaps.size else float("nan"), series=series,
+                     unpaired=tuple(unpaired))
 
 
 def _block_means(x: np.ndarray, block: int, n_boot: int, rng) -> np.ndarray:
@@ -234,7 +264,7 @@ def reward_gap_ci(
     one = len(xs) == 1
     note = "one seed: the interval is the step-to-step error only (no seed-to-seed spread)" if one else None
     return BootstrapCI(float(point.mean()), *_interval(replicates, ci), len(xs), ci, False, note,
-                       "steps" if one else "seeds+steps")
+                       "steps" if one else "seeds+steps", student_t_interval(point, ci))
 
 
 # --------------------------------------------------------------------------- mismatch
@@ -287,8 +317,9 @@ def _binomial_support(n: int, p: float, tail: float = 1e-10) -> np.ndarray:
 
 
 def fisher_power(n: int, rate: float, n_ref: int, rate_ref: float, alpha: float) -> float:
-    """P(one-sided Fisher p < alpha) when n measurements spike at `rate` and n_ref at `rate_ref`
-    (exact sum over both binomial counts, tails below 1e-10 left out)."""
+    """P(one-sided Fisher p < alpha) when n units spike at `rate` and n_ref at `rate_ref`
+    (exact sum over both binomial counts, tails below 1e-10 left out). The units must be
+    independent: judged steps, not the updates of one step."""
     k = _binomial_support(n, rate)[:, None]
     k_ref = _binomial_support(n_ref, rate_ref)[None, :]
     weight = binom.pmf(k, n, rate) * binom.pmf(k_ref, n_ref, rate_ref)
@@ -297,15 +328,23 @@ def fisher_power(n: int, rate: float, n_ref: int, rate_ref: float, alpha: float)
 
 
 def detectable_rate(n: int, k_ref: int, n_ref: int, alpha: float = 0.05, power: float = 0.8) -> float:
-    """The smallest spike rate (per measurement) of an arm with n measurements that the one-sided
+    """The smallest spike rate (per judged unit) of an arm with n units that the one-sided
     Fisher test against a reference with k_ref of n_ref detects at `power` (the reference's
-    rate taken as measured); bisection to 1e-4."""
+    rate taken as measured)."""
     if n < 1 or not 0 <= k_ref <= n_ref or n_ref < 1:
         raise ValueError(f"need n >= 1 and 0 <= k_ref <= n_ref >= 1, not {n=} {k_ref=} {n_ref=}")
-    rate_ref = k_ref / n_ref
+    return detectable_rate_at(n, n_ref, k_ref / n_ref, alpha, power)
+
+
+def detectable_rate_at(n: int, n_ref: int, rate_ref: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest rate of an arm with n units that the one-sided Fisher test against a
+    reference of n_ref units spiking at `rate_ref` detects at `power`; bisection to 1e-4. inf
+    when even a rate of 1 is not detected at that power (too few units)."""
+    if n < 1 or n_ref < 1 or not 0.0 <= rate_ref < 1.0:
+        raise ValueError(f"need n >= 1, n_ref >= 1 and 0 <= rate_ref < 1, not {n=} {n_ref=} {rate_ref=}")
     low, high = rate_ref, 1.0
     if fisher_power(n, high, n_ref, rate_ref, alpha) < power:
-        return math.inf  # too few measurements to detect even a rate of 1
+        return math.inf  # too few units to detect even a rate of 1
     while high - low > 1e-4:
         mid = (low + high) / 2
         low, high = (low, mid) if fisher_power(n, mid, n_ref, rate_ref, alpha) >= power else (mid, high)

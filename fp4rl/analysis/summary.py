@@ -3,7 +3,7 @@
 `summarize_seed` feeds one (arm, seed) run to the detectors (`fp4rl.analysis.detectors`):
 spikes on its grad-norm measurements (per update from updates.jsonl, per step without it),
 collapse, its power, and its held-out evaluations. `summarize_arm` adds the population-reward
-gap to the BF16 arm with its interval, and the accuracy intervals over seeds
+gap to the BF16 arm, paired by seed, with its intervals, and the accuracy intervals over seeds
 (`fp4rl.analysis.statistics`); `summarize_run` does every arm of a loaded run directory.
 The resulting `ArmSummary` is what `fp4rl.analysis.verdicts.verdict` judges.
 """
@@ -94,7 +94,7 @@ class SeedSummary:
 class ArmSummary:
     """One arm over its seeds.
 
-    reward_gap_mean: mean of every seed's gap (NaN when `has_reference` is False);
+    reward_gap_mean: mean of every seed's gap, paired by seed (NaN when `has_reference` is False);
     reward_gap_ci: the interval over the judged seeds (None when no judged seed has a gap).
     reference_judged: judged seeds of the reference arm. final_accuracy (greedy),
     final_sampled_accuracy, sampled_accuracy_change: intervals over seeds (None when no seed
@@ -222,15 +222,18 @@ def summarize_arm(
     """Summarise one arm's seeds; `reference_runs` are the BF16 arm's seeds (None if absent).
     reference_judged: how many of them are judged (computed here when not given)."""
     c = criteria
+    notes: list[str] = []
     gaps: Mapping[int, float] = {}
     gap_mean, series = float("nan"), {}
     if reference_runs:
         rg = reward_gap_to_reference(_reward_series(runs), _reward_series(reference_runs))
         gaps, gap_mean, series = rg.per_seed, rg.mean, rg.series
+        if rg.unpaired:
+            notes.append(f"reward gap: seed(s) {', '.join(map(str, rg.unpaired))} have no reference-arm seed of the "
+                         "same number to pair with and are left out")
         if reference_judged is None:
             reference_judged = sum(_power(r, grad_norm_measurements(r), c).judged for r in reference_runs.values())
     seeds = tuple(summarize_seed(r, c, gaps.get(s, float("nan"))) for s, r in runs.items())
-    notes: list[str] = []
     judged_gaps = [series[s.seed] for s in seeds if s.power.judged and series.get(s.seed, np.zeros(0)).size]
     gap_ci = reward_gap_ci(judged_gaps, c.reward_block_steps, c.bootstrap_samples, c.ci_level) if judged_gaps else None
     greedy = _accuracy_interval([s.final_greedy for s in seeds], len(seeds), "final greedy accuracy", c, notes)

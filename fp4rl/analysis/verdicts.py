@@ -12,14 +12,18 @@ arm passing every one), and UNDECIDED when the runs cannot tell.
   needs `min_seeds` judged seeds. Calibration: the claim is "as stable as BF16", so when the
   run's BF16 arm fails the same absolute threshold, the threshold cannot separate an arm from
   BF16; a failing arm then FAILs only if it spikes more often than BF16 (one-sided Fisher exact
-  test on spiking / judged measurements, pooled over judged seeds, p < reference_spike_alpha),
+  test on spiking / judged steps, pooled over judged seeds, p < reference_spike_alpha),
   or has severe spikes where BF16 has none, and is UNDECIDED otherwise.
 - collapse: a collapse event is decided in any seed (a non-finite value needs no power, the
   reward rule is only confirmed after `recovery_steps` observed steps, the grad-norm rule is
   an event against a non-zero early median); a PASS needs `min_seeds` judged seeds without
   an unconfirmed reward drop.
-- reward: the interval of the mean population-reward gap over the judged seeds, against
-  -reward_gap_tolerance; both PASS and FAIL need `min_seeds` judged seeds and a judged BF16 seed.
+- reward: the bootstrap interval of the mean population-reward gap, paired by seed, over the
+  judged seeds, against -reward_gap_tolerance; both PASS and FAIL need `min_seeds` judged seeds
+  and a judged BF16 seed.
+
+A decided verdict that more seeds could overturn (a pass, a comparison with BF16, an interval)
+and that rests on fewer than `few_seeds` judged seeds carries `few_seeds` (the report marks it).
 """
 
 from __future__ import annotations
@@ -35,13 +39,27 @@ from fp4rl.analysis.summary import ArmSummary, SeedSummary
 
 @dataclasses.dataclass(frozen=True)
 class CriterionResult:
-    """passed: True (PASS), False (FAIL) or None (UNDECIDED, `reason` says why)."""
+    """passed: True (PASS), False (FAIL) or None (UNDECIDED, `reason` says why).
+
+    few_seeds: the number of judged seeds when the decided verdict rests on fewer than
+    `StabilityCriteria.few_seeds` of them and more seeds could overturn it (a pass, a
+    comparison, an interval); None otherwise. An observed event (a collapse, a seed above the
+    spike rate) is a failure at any number of seeds and is not flagged.
+    """
 
     name: str
     passed: bool | None
     value: str
     threshold: str
     reason: str | None = None
+    few_seeds: int | None = None
+
+
+def _rests_on(result: CriterionResult, n_seeds: int, c: StabilityCriteria) -> CriterionResult:
+    """`result` flagged "few seeds" when it is decided on fewer than `c.few_seeds` judged seeds."""
+    if result.passed is None or n_seeds >= c.few_seeds:
+        return result
+    return dataclasses.replace(result, few_seeds=n_seeds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,10 +99,13 @@ def _too_few(n: int, c: StabilityCriteria, seeds: tuple[SeedSummary, ...]) -> st
 
 
 def spike_counts(s: ArmSummary) -> tuple[int, int, int]:
-    """(spiking measurements, judged measurements, severe spikes) over the arm's judged seeds."""
+    """(spiking steps, judged steps, steps with a severe spike) over the arm's judged seeds.
+
+    Steps, not updates: the updates of one step share their rollouts, so a spike in one makes
+    one in the other likelier, and the Fisher test and its power assume independent units."""
     judged = s.judged_seeds
-    return (sum(len(x.spike_steps) for x in judged), sum(x.spikes.judged_updates for x in judged),
-            sum(len(x.severe_steps) for x in judged))
+    return (sum(x.spikes.spiking_steps for x in judged), sum(x.spikes.judged_steps for x in judged),
+            sum(x.spikes.severe_spiking_steps for x in judged))
 
 
 def spike_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria(),
@@ -96,17 +117,19 @@ def spike_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria(),
         return absolute
     k, n, severe = spike_counts(s)
     k_ref, n_ref, severe_ref = spike_counts(reference)
-    why = (f"the BF16 reference fails the same absolute threshold ({k_ref} spikes in {n_ref} judged measurements, "
+    why = (f"the BF16 reference fails the same absolute threshold ({k_ref} spiking step(s) in {n_ref} judged steps, "
            f"{severe_ref} severe), so it cannot separate an arm from BF16")
     if s.arm == reference.arm:
         return dataclasses.replace(absolute, passed=None, reason=why)
     p = fisher_exact_greater(k, n, k_ref, n_ref)
     detectable = detectable_rate(n, k_ref, n_ref, c.reference_spike_alpha, c.reference_spike_power)
-    value = (f"{absolute.value}; vs BF16: {k}/{n} vs {k_ref}/{n_ref} spiking measurements, one-sided Fisher p = {p:.3g}; "
+    value = (f"{absolute.value}; vs BF16: {k}/{n} vs {k_ref}/{n_ref} spiking steps, one-sided Fisher p = {p:.3g}; "
              f"at {c.reference_spike_power:.0%} power this test detects a rate >= {detectable:.1%} (BF16 {k_ref / n_ref:.1%})")
     threshold = f"{absolute.threshold}; BF16 fails it too: more spikes than BF16 at p < {c.reference_spike_alpha:g}"
     if p < c.reference_spike_alpha or (severe > c.max_severe_spikes and severe_ref <= c.max_severe_spikes):
-        return CriterionResult("spike", False, value, threshold)
+        # A comparison with BF16: more seeds of either arm could overturn it.
+        return _rests_on(CriterionResult("spike", False, value, threshold), min(len(s.judged_seeds),
+                                                                                len(reference.judged_seeds)), c)
     return CriterionResult("spike", None, value, threshold,
                            f"{why}; this arm does not spike more often than BF16 (p = {p:.3g} >= {c.reference_spike_alpha:g})")
 
@@ -115,18 +138,18 @@ def _absolute_spike_criterion(s: ArmSummary, c: StabilityCriteria) -> CriterionR
     """Spikes per 100 judged steps in every judged seed, and severe spikes in the arm."""
     threshold = f"<= {c.max_spikes_per_100:g}/100 steps per seed; <= {c.max_severe_spikes} severe; >= {c.min_seeds} seeds"
     judged = s.judged_seeds
-    others = sum(len(x.spike_steps) for x in s.seeds if not x.power.judged)
-    extra = f"; {others} spike(s) in seeds not judged" if others else ""
+    others = sum(x.spikes.spiking_steps for x in s.seeds if not x.power.judged)
+    extra = f"; {others} spiking step(s) in seeds not judged" if others else ""
     if not judged:
         return CriterionResult("spike", None, "no judged seed" + extra, threshold, _too_few(0, c, s.seeds))
     max_rate = max(x.spikes.per_100_steps for x in judged)
-    n_severe = sum(len(x.severe_steps) for x in judged)
-    value = f"max {max_rate:.2f}/100 steps over {len(judged)} judged seed(s); {n_severe} severe" + extra
+    n_severe = sum(x.spikes.severe_spiking_steps for x in judged)
+    value = f"max {max_rate:.2f} spiking steps/100 over {len(judged)} judged seed(s); {n_severe} severe" + extra
     if max_rate > c.max_spikes_per_100 or n_severe > c.max_severe_spikes:
         return CriterionResult("spike", False, value, threshold)
     if len(judged) < c.min_seeds:
         return CriterionResult("spike", None, value, threshold, _too_few(len(judged), c, s.seeds))
-    return CriterionResult("spike", True, value, threshold)
+    return _rests_on(CriterionResult("spike", True, value, threshold), len(judged), c)
 
 
 def collapse_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria()) -> CriterionResult:
@@ -138,7 +161,7 @@ def collapse_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria()
                                threshold)
     clear = [x for x in s.judged_seeds if not x.collapse.reward_drop_unconfirmed]
     if len(clear) >= c.min_seeds:
-        return CriterionResult("collapse", True, "none", threshold)
+        return _rests_on(CriterionResult("collapse", True, "none", threshold), len(clear), c)
     pending = [f"seed{x.seed}: {x.collapse.note}" for x in s.judged_seeds if x.collapse.reward_drop_unconfirmed]
     counted = "judged seed(s) without an unconfirmed reward drop" if pending else "judged seed(s)"
     reason = "; ".join([f"{len(clear)} {counted}, {c.min_seeds} needed", *_not_judged(s.seeds), *pending])
@@ -157,12 +180,14 @@ def reward_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria()) 
         return CriterionResult("reward", None, "n/a", threshold, "; ".join(
             ["no judged seed with a population reward on steps the BF16 reference logged", *_not_judged(s.seeds)]))
     value = f"{ci.mean:+.3f} [{ci.low:+.3f}, {ci.high:+.3f}] over {ci.n} judged seed(s)"
+    if ci.t_interval is not None:
+        value += f"; t interval [{ci.t_interval[0]:+.3f}, {ci.t_interval[1]:+.3f}]"
     if ci.n < c.min_seeds:
         return CriterionResult("reward", None, value, threshold, _too_few(ci.n, c, s.seeds))
     if ci.low >= -c.reward_gap_tolerance:
-        return CriterionResult("reward", True, value, threshold)
+        return _rests_on(CriterionResult("reward", True, value, threshold), ci.n, c)
     if ci.high < -c.reward_gap_tolerance:
-        return CriterionResult("reward", False, value, threshold)
+        return _rests_on(CriterionResult("reward", False, value, threshold), ci.n, c)
     return CriterionResult("reward", None, value, threshold,
                            f"the {ci.ci:.0%} interval straddles -{c.reward_gap_tolerance:g}")
 

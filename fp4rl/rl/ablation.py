@@ -32,7 +32,7 @@ from pathlib import Path
 from fp4rl.analysis import gradient_report, learning
 from fp4rl.analysis.report import write_report, write_sections_report
 from fp4rl.analysis.runs import has_arm_metrics
-from fp4rl.recipe import ABLATION_ARMS, PrecisionRecipe
+from fp4rl.recipe import ABLATION_ARMS, BASELINE_ARMS, PrecisionRecipe
 from fp4rl.rl import gradients, merge_seeds, resume, sft, trainer
 from fp4rl.rl.run_dir import prepare_out, read_json
 
@@ -56,8 +56,10 @@ def field_default(cls, name: str):
 
 @dataclasses.dataclass(frozen=True)
 class AblationConfig:
-    """arms: which arms to run (docs/rl.md's nine by default; "all": those nine; empty: none, the
-    warm-up, gradient measurements and learning run alone); seeds: per arm, run in one program.
+    """arms: which arms to run (docs/rl.md's nine by default; "all": those nine; "baselines":
+    `BASELINE_ARMS`, nvfp4-pt, mxfp8-q, mxfp8, mxfp8+dq, so "all,baselines" is the whole matrix;
+    any recipe name; empty: none, the warm-up, gradient measurements and learning run alone);
+    seeds: per arm, run in one program.
     compile_workers: threads that compile the arms' programs ahead of their turn (0: every program
     compiles on its first call, in the training thread). The CPU presets use 2, as compiling is
     most of their time; off by default because on a GPU it would autotune kernels while an arm
@@ -85,8 +87,9 @@ class AblationConfig:
     out: str = "runs/ablation"
 
     def __post_init__(self):
-        if self.arms == ("all",):
-            object.__setattr__(self, "arms", ABLATION_ARMS)
+        groups = {"all": ABLATION_ARMS, "baselines": BASELINE_ARMS}
+        arms = [a for arm in self.arms for a in groups.get(arm, (arm,))]
+        object.__setattr__(self, "arms", tuple(dict.fromkeys(arms)))  # in order, each arm once
         for arm in self.arms:
             PrecisionRecipe.from_name(arm)  # a typo names the valid arms
         if self.seeds < 1 or (self.arm_seeds is not None and self.arm_seeds < 1):

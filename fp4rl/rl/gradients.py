@@ -5,9 +5,12 @@ At the warm-up parameters, `batches` rollout batches are drawn once with the BF1
 (dynamic sampling as in the trainer) and reused for every recipe. Per recipe and batch: the
 gradient of the trainer's loss (`policy.make_loss_fn`) on-policy (`on_policy`: the old log-probs
 are the gradient program's own forward, so the ratio is exactly 1), drawn under `sr_keys`
-stochastic-rounding / Hadamard keys when the recipe has a quantized backward (one key otherwise: nothing else is random), and compared at the
-same batch with two references: the BF16 gradient and the straight-through gradient of the
-recipe's own quantized forward (`straight_through`). Per batch the mean over keys is also
+stochastic-rounding / Hadamard keys when the recipe has a quantized NVFP4 backward (one key
+otherwise: nothing else is random), and compared at the same batch with two references: the BF16
+gradient and the straight-through gradient of the recipe's own quantized forward
+(`straight_through`: its forward with a BF16 backward). A recipe whose backward is already BF16 (the
+paper's baseline: nvfp4, +46, +hp, full-dq, mxfp8) is its own straight-through gradient: its
+comparison with it is exactly 0. Per batch the mean over keys is also
 projected (`Projection`) so that the cross-batch Gram matrices give the error of the mean
 gradient and the batch-to-batch noise of BF16 (the RL noise floor). Also measured: the policy
 change KL(old || new) of one AdamW update per learning rate, and the sampler/trainer k3 KL per
@@ -43,14 +46,14 @@ from fp4rl.analysis import gradient_report
 from fp4rl.model import sync as model_sync
 from fp4rl.model.config import DTYPES, ModelConfig
 from fp4rl.model.transformer import graphdef_of
-from fp4rl.recipe import ABLATION_ARMS, SITE_KINDS, PrecisionRecipe
+from fp4rl.recipe import ABLATION_ARMS, BASELINE_ARMS, SITE_KINDS, PrecisionRecipe
 from fp4rl.rl import dapo, data, evaluation, gradient_store, policy, rollout, sft
 from fp4rl.rl.gradient_programs import GROUPS, Programs, Projection, group_dots, group_sums, leaf_groups
 from fp4rl.rl.task import TaskConfig, make_problem
 from fp4rl.rl.trainer import OptimConfig, RLConfig
 
 REFERENCE = "bf16"
-DEFAULT_RECIPES = ABLATION_ARMS + ("mxfp8", "mxfp8+dq")
+DEFAULT_RECIPES = ABLATION_ARMS + BASELINE_ARMS
 F32 = jnp.float32
 
 
@@ -90,7 +93,7 @@ class UpdateConfig:
 @dataclasses.dataclass(frozen=True)
 class GradientsConfig:
     """batches: B rollout batches (prompts_per_step x group_size rows each), shared by every recipe.
-    sr_keys: keys per batch for recipes with a quantized backward (the others are deterministic).
+    sr_keys: keys per batch for recipes with a quantized NVFP4 backward (the others are deterministic).
     recipes: `PrecisionRecipe` names; "bf16" (the reference) is always measured.
     impl: quantizer implementation of the gradient programs (operands.IMPLS).
     mismatch_batches / impls / dtypes: the sampler/trainer KL per forward class on the first
@@ -160,13 +163,20 @@ def from_rl_config(rl: RLConfig, **overrides) -> GradientsConfig:
 
 # ---------------------------------------------------------------------------------- recipes
 def straight_through(recipe: PrecisionRecipe) -> PrecisionRecipe:
-    """The recipe's quantized forward with a BF16 backward on raw operands (straight-through);
-    arms with the same forward get equal views, and a recipe without quantized sites is itself."""
+    """The recipe's quantized forward with a BF16 backward on raw operands (straight-through), named
+    "straight-through"; arms with the same forward get equal views, and a recipe without quantized
+    sites is itself. A recipe with a BF16 backward differs from its view in its name only
+    (`is_straight_through`)."""
     quantized = [k for k in SITE_KINDS if getattr(recipe, k).quantized]
     if not quantized:
         return recipe
     sites = {k: dataclasses.replace(getattr(recipe, k), backward="bf16") for k in quantized}
     return dataclasses.replace(recipe, name="straight-through", **sites)
+
+
+def is_straight_through(recipe: PrecisionRecipe) -> bool:
+    """Whether the recipe's gradient is its own straight-through gradient (every backward BF16)."""
+    return straight_through(recipe) in (recipe, dataclasses.replace(recipe, name="straight-through"))
 
 
 def draws_keys(recipe: PrecisionRecipe) -> bool:
@@ -195,8 +205,10 @@ class Session:
     """The warm-up, the recipes (name -> PrecisionRecipe, named or not) and their programs.
 
     Gradient sources, each computed once per batch: BF16, the straight-through view of each
-    forward (named "ste:<first recipe>"), then every recipe not already among them. A recipe is
-    compared with "bf16" and with its straight-through view ("ste"); a view with "bf16" only.
+    forward (named after the first recipe that is its own view, e.g. "nvfp4", else
+    "ste:<first recipe>"), then every recipe not already among them. A recipe is compared with
+    "bf16" and with its straight-through view ("ste"; itself for a recipe with a BF16 backward,
+    an error of exactly 0); a view that is no recipe with "bf16" only.
     Every program is registered (and, with compile workers, starts compiling) at construction.
     `rollouts()`, then `gradients(batches)` and `mismatch(batches)` return the raw arrays that
     `fp4rl.analysis.gradient_report.analyze` reads.
@@ -215,10 +227,17 @@ class Session:
         self.root = jax.random.key(config.seed)
         bf16 = PrecisionRecipe.from_name(REFERENCE)
         self.sources = {bf16: REFERENCE}
+        for name, recipe in self.recipes.items():  # a BF16-backward recipe is its view's source, under its name
+            if is_straight_through(recipe):
+                self.sources.setdefault(straight_through(recipe), name)
         for name, recipe in self.recipes.items():
             self.sources.setdefault(straight_through(recipe), f"ste:{name}")
         for name, recipe in self.recipes.items():
-            self.sources.setdefault(recipe, name)
+            if not is_straight_through(recipe):
+                self.sources.setdefault(recipe, name)
+        missing = [name for name in self.recipes if name not in self.sources.values()]
+        if missing:
+            raise ValueError(f"recipes {missing} compute the gradient of an earlier recipe: measure each gradient once")
         self.refs_of = {src: {"bf16": REFERENCE} for src in self.sources.values()}
         for name, recipe in self.recipes.items():
             self.refs_of[name] = {"bf16": REFERENCE, "ste": self.sources[straight_through(recipe)]}

@@ -222,8 +222,9 @@ def _apply_flag(apply: bool):
 def _forward_programs(graphdef, model_config: ModelConfig, recipe: PrecisionRecipe, sampler, impl: str):
     """(sync, sample): the programs that run the forward only, jitted and vmapped over a leading
     seed axis. `recipe` is a `forward_only()` view, so arms that differ only in their backward
-    (nvfp4/+dq, +46/full-hp, +hp/full-46, full/full-dq) get the same jitted functions: in one
-    process the second arm of such a pair traces, lowers and compiles neither of them."""
+    (nvfp4/nvfp4-pt/+dq, +46/full-hp, +hp/full-46, full/full-dq, mxfp8-q/mxfp8/mxfp8+dq) get the same
+    jitted functions: in one process a later arm of such a group traces, lowers and compiles neither
+    of them."""
     sample_one = evaluation.sample_fn(graphdef, recipe, sampler, impl)
 
     def sync(params):

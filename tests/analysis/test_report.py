@@ -206,3 +206,16 @@ def test_report_cli_rewrites_a_gathered_run_directory(tmp_path, capsys):
     assert "[report]" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         report.main([str(tmp_path / "missing")])
+
+
+def test_report_marks_verdicts_on_few_seeds_and_gives_the_t_intervals(tmp_path):
+    two = make_synthetic_run(tmp_path / "two", LOO, seeds=2, steps=80, spiky_arms=("full-dq",))
+    text = write_report(two).report_md.read_text()
+    rows = table_rows(text)
+    assert "PASS (few seeds: 2)" in rows["full"] and rows["full"].count("; t [") == 4  # gap, 2 accuracies, change
+    assert "**FAIL** (few seeds: 2)" in rows["full-dq"]  # its reward interval; its spike failure is an event
+    assert "Few seeds: these decided verdicts rest on fewer than 4 judged seeds" in text
+    assert "`full` spike, collapse, reward" in text
+    four = make_synthetic_run(tmp_path / "four", LOO, seeds=4, steps=80)
+    text = write_report(four).report_md.read_text()
+    assert "few seeds" not in table_rows(text)["full"] and "Few seeds:" not in text

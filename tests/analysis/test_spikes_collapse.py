@@ -18,9 +18,9 @@ def flat(n=100, level=0.5):
 
 
 def test_criteria_defaults_are_rl_md_thresholds_and_declared_power():
-    assert (C.spike_factor, C.severe_factor, C.window, C.warmup_steps) == (3.0, 10.0, 50, 20)
+    assert (C.spike_factor, C.severe_factor, C.window, C.warmup_steps) == (3.0, 10.0, 10, 20)
     assert (C.collapse_grad_factor, C.reward_drop, C.recovery_steps) == (100.0, 0.5, 50)
-    assert (C.min_judged_steps, C.min_seeds) == (50, 2)
+    assert (C.min_judged_steps, C.min_seeds, C.few_seeds) == (50, 2, 4)
     text = " ".join(C.describe())
     assert "50 judged steps" in text and ">= 2 judged seeds" in text and "UNDECIDED" in text
 
@@ -52,15 +52,45 @@ def test_injected_spikes_flagged_exactly_and_warmup_ignored():
     assert spikes_per_100_steps(severe, steps, C) == pytest.approx(1.25)
 
 
-def test_window_is_previous_50_values_not_whole_history():
+def test_window_is_the_previous_10_values_not_whole_history():
     # A sustained 4x level shift at step 60 keeps being a spike until more than half of the
-    # previous 50 values are at the new level: the median of x[t-50:t] is still 1 for t <= 84
-    # (26+ ones in the window), and (1+4)/2 = 2.5 at t = 85, where 4 < 3 x 2.5.
+    # previous 10 values are at the new level: the median of x[t-10:t] is still 1 for t <= 64
+    # (6+ ones in the window), and (1+4)/2 = 2.5 at t = 65, where 4 < 3 x 2.5.
     steps = np.arange(150)
     g = np.where(steps < 60, 1.0, 4.0)
     spike, severe = detect_spikes(g, steps, C)
-    assert np.flatnonzero(spike).tolist() == list(range(60, 85))
+    assert np.flatnonzero(spike).tolist() == list(range(60, 65))
     assert not severe.any()
+
+
+def rising_then_flat(seed=0, n_steps=100, updates=2):
+    """A smooth grad-norm trend like the start of RL on the arithmetic task (0.1 at steps 0-12,
+    rising linearly to 0.5 at step 30, flat after), 2 updates per step, log-normal noise 0.05."""
+    steps = np.repeat(np.arange(n_steps), updates)
+    level = np.interp(steps, [0, 12, 30, n_steps - 1], [0.1, 0.1, 0.5, 0.5])
+    return steps, level * np.exp(0.05 * np.random.default_rng(seed).standard_normal(steps.size))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_smooth_rising_trend_is_not_a_spike(seed):
+    # A median over 50 measurements (25 steps) lags the rise by ~12 steps: during the rise the
+    # values are > 3x that lagging median though nothing but the trend moved. The baseline of
+    # the previous 10 measurements follows it.
+    steps, g = rising_then_flat(seed)
+    lagging, _ = detect_spikes(g, steps, dataclasses.replace(C, window=50))
+    assert lagging.any() and set(steps[lagging]) <= set(range(20, 31))  # only the rise
+    spike, _ = detect_spikes(g, steps, C)
+    assert not spike.any()
+
+
+def test_an_isolated_4x_spike_on_the_trend_is_flagged_by_both_baselines():
+    steps, g = rising_then_flat()
+    g[2 * 60 + 1] *= 4.0  # step 60, update 1: on the plateau
+    trend_only, _ = detect_spikes(rising_then_flat()[1], steps, dataclasses.replace(C, window=50))
+    lagging, _ = detect_spikes(g, steps, dataclasses.replace(C, window=50))
+    spike, severe = detect_spikes(g, steps, C)
+    assert np.flatnonzero(lagging & ~trend_only).tolist() == [121]
+    assert np.flatnonzero(spike).tolist() == [121] and not severe.any()
 
 
 def test_nonfinite_values_are_not_spikes_and_leave_the_window():
@@ -72,9 +102,9 @@ def test_nonfinite_values_are_not_spikes_and_leave_the_window():
     assert np.flatnonzero(spike).tolist() == [70]
 
 
-def test_window_holds_the_previous_50_finite_measurements():
+def test_window_holds_the_previous_finite_measurements():
     # 60 finite values, then 60 non-finite ones: the window of the measurement after them is
-    # still the last 50 finite values (median 1), so a 4x value there is a spike.
+    # still the last 10 finite values (median 1), so a 4x value there is a spike.
     steps = np.arange(121)
     g = np.ones(121)
     g[60:120] = np.nan
@@ -108,16 +138,19 @@ def test_a_spike_in_one_update_is_found_although_the_step_mean_hides_it():
     assert find_spikes(np.arange(100), step_mean, None, C).spike_steps == ()  # the per-step mean misses it
 
 
-def test_several_spiking_updates_of_one_step_count_each():
+def test_spiking_updates_of_one_step_count_once():
+    # Both updates of step 70 spike (they share the step's rollouts): one spiking step, not two.
     steps, update, g = per_update_series()
     g[2 * 70] *= 4.0
     g[2 * 70 + 1] *= 12.0
     result = find_spikes(steps, g, update, C)
-    assert result.spike_steps == (70, 70) and result.spike_updates == (0, 1)
+    assert result.spike_steps == (70, 70) and result.spike_updates == (0, 1)  # every spiking update listed
     assert result.severe_steps == (70,) and result.severe_updates == (1,)
+    assert (result.spiking_steps, result.severe_spiking_steps) == (1, 1)
+    assert result.per_100_steps == pytest.approx(100 / 80) and result.per_100_updates == pytest.approx(2 * 100 / 160)
     spike, _ = detect_spikes(g, steps, C)
     assert judged_step_count(steps, C) == 80  # distinct steps, not updates
-    assert spikes_per_100_steps(spike, steps, C) == pytest.approx(2 * 100 / 80)
+    assert spikes_per_100_steps(spike, steps, C) == pytest.approx(100 / 80)
 
 
 def test_collapse_to_nan():

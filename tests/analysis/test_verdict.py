@@ -7,7 +7,7 @@ from fp4rl.analysis.criteria import StabilityCriteria
 from fp4rl.analysis.detectors import CollapseResult, SeedPower, SpikeResult
 from fp4rl.analysis.statistics import (
     BootstrapCI, MismatchSummary, accuracy_change_ci, accuracy_ci, bootstrap_ci, detectable_rate, fisher_exact_greater,
-    fisher_power, mismatch_summary, reward_gap_ci, reward_gap_to_reference,
+    fisher_power, mismatch_summary, reward_gap_ci, reward_gap_to_reference, student_t_interval,
 )
 from fp4rl.analysis.summary import ArmSummary, SeedSummary
 from fp4rl.analysis.verdicts import claim_reproduced, run_verdicts, verdict
@@ -21,8 +21,9 @@ NONFINITE = CollapseResult(True, "non-finite grad_norm/global (nan) at step 40",
 def seed(arm, k, rate=0.0, severe=0, collapse=None, judged=200, degenerate=None, unconfirmed=False):
     """A seed with `rate` spikes per 100 of its `judged` steps (`severe` of them severe)."""
     n = round(rate * judged / 100)
-    spikes = SpikeResult(spike_steps=(30,) * n, spike_updates=(0,) * n, severe_steps=(30,) * severe,
-                         severe_updates=(0,) * severe, judged_steps=judged, judged_updates=2 * judged, per_update=True)
+    spikes = SpikeResult(spike_steps=tuple(range(30, 30 + n)), spike_updates=(0,) * n,
+                         severe_steps=tuple(range(30, 30 + severe)), severe_updates=(0,) * severe,
+                         judged_steps=judged, judged_updates=2 * judged, per_update=True)
     under = f"{judged} judged steps, {C.min_judged_steps} needed" if judged < C.min_judged_steps else None
     power = SeedPower(judged, 2 * judged, judged, 0, degenerate, under)
     if collapse is None:
@@ -49,21 +50,74 @@ def arm(name, rates=(0.0, 0.0), severe=0, collapsed=(), gap=(0.0, -0.02, 0.02), 
 # --------------------------------------------------------------------------- statistics
 
 
-def test_reward_gap_to_bf16_median():
+def test_reward_gap_is_paired_with_the_reference_seed_of_the_same_number():
     steps = np.arange(10)
-    ref = {0: (steps, np.zeros(10)), 1: (steps, np.full(10, 0.2)), 2: (steps, np.ones(10))}  # median 0.2
-    # Seed 5 stopped after 4 steps: only common steps count.
-    gap = reward_gap_to_reference({3: (steps, np.full(10, 0.1)), 5: (steps[:4], np.full(4, 0.5))}, ref)
-    assert gap.per_seed[3] == pytest.approx(-0.1)
-    assert gap.per_seed[5] == pytest.approx(0.3)
-    assert gap.mean == pytest.approx(0.1)
-    assert gap.series[5].shape == (4,) and gap.series[3] == pytest.approx(np.full(10, -0.1))
+    ref = {0: (steps, np.zeros(10)), 1: (steps, np.full(10, 0.2)), 2: (steps, np.ones(10))}
+    # Seed 1 stopped after 4 steps: only common steps count. Seed 5 has no BF16 seed 5.
+    gap = reward_gap_to_reference({0: (steps, np.full(10, 0.1)), 1: (steps[:4], np.full(4, 0.5)),
+                                   5: (steps, np.ones(10))}, ref)
+    assert gap.per_seed[0] == pytest.approx(0.1)
+    assert gap.per_seed[1] == pytest.approx(0.3)
+    assert np.isnan(gap.per_seed[5]) and gap.unpaired == (5,) and gap.series[5].size == 0
+    assert gap.mean == pytest.approx(0.2)
+    assert gap.series[1].shape == (4,) and gap.series[0] == pytest.approx(np.full(10, 0.1))
 
 
-def test_reward_gap_median_follows_steps():
-    ref = {0: (np.arange(4), np.array([0.0, 0.0, 1.0, 1.0]))}
-    gap = reward_gap_to_reference({0: (np.array([2, 3]), np.array([1.0, 0.5]))}, ref)
-    assert gap.per_seed[0] == pytest.approx(-0.25)
+def test_reward_gap_pairs_steps_and_skips_nonfinite_ones():
+    ref = {0: (np.arange(4), np.array([0.0, np.nan, 1.0, 1.0]))}
+    gap = reward_gap_to_reference({0: (np.array([1, 2, 3]), np.array([1.0, 1.0, 0.5]))}, ref)
+    assert gap.series[0] == pytest.approx([0.0, -0.5]) and gap.per_seed[0] == pytest.approx(-0.25)
+
+
+def shared_prompt_streams(n_seeds=6, n_steps=100, true_gap=-0.03, seed=0):
+    """Reward series of BF16 and an arm whose seeds share each seed's prompt difficulty: seed k
+    of both arms moves by the same offset (sd 0.1), the arm sits `true_gap` below BF16, and each
+    step adds independent sampling noise (sd 0.02)."""
+    rng = np.random.default_rng(seed)
+    steps = np.arange(n_steps)
+    offset = rng.normal(0.0, 0.1, n_seeds)
+    ref = {k: (steps, 0.3 + offset[k] + rng.normal(0.0, 0.02, n_steps)) for k in range(n_seeds)}
+    arm = {k: (steps, 0.3 + true_gap + offset[k] + rng.normal(0.0, 0.02, n_steps)) for k in range(n_seeds)}
+    return arm, ref
+
+
+def test_paired_gap_interval_is_narrow_and_centred_where_an_unpaired_one_is_not():
+    arm, ref = shared_prompt_streams(seed=1)
+    gap = reward_gap_to_reference(arm, ref)
+    ci = reward_gap_ci(list(gap.series.values()), block=10, n_boot=4000)
+    # The offsets cancel: only the sampling noise is left.
+    assert ci.low < -0.03 < ci.high and ci.width < 0.02 and ci.mean == pytest.approx(-0.03, abs=0.003)
+    assert ci.t_interval[0] < -0.03 < ci.t_interval[1]
+    # The unpaired gap (to the median of BF16's seeds) keeps each seed's offset: its interval is
+    # an order of magnitude wider, and its centre is off by the seeds' mean offset minus their median.
+    median = np.median(np.stack([v for _, v in ref.values()]), axis=0)
+    wide = reward_gap_ci([v - median for _, v in arm.values()], block=10, n_boot=4000)
+    assert wide.width > 5 * ci.width and abs(wide.mean + 0.03) > 0.01
+
+
+def test_student_t_interval_matches_scipy():
+    from scipy import stats
+
+    x = np.array([0.012, -0.004, 0.007, 0.001])
+    expected = stats.t.interval(0.95, df=3, loc=x.mean(), scale=stats.sem(x))
+    assert student_t_interval(x) == pytest.approx(expected, rel=1e-12)
+    # Two seeds: t_{0.975, 1} = 12.71 times the standard error, far wider than the bootstrap's [min, max].
+    two = np.array([0.010, -0.006])
+    low, high = student_t_interval(two)
+    assert (high - low) / 2 == pytest.approx(12.7062 * two.std(ddof=1) / np.sqrt(2), rel=1e-4)
+    boot = bootstrap_ci(two)
+    assert (boot.low, boot.high) == pytest.approx((-0.006, 0.010)) and boot.t_interval == (low, high)
+    assert student_t_interval([0.3]) is None and bootstrap_ci([0.3]).t_interval is None
+    assert student_t_interval(x, ci=0.9) == pytest.approx(stats.t.interval(0.9, 3, x.mean(), stats.sem(x)))
+
+
+def test_every_seed_level_interval_carries_the_t_interval():
+    p, n = [0.40, 0.45, 0.50, 0.55], [32] * 4
+    assert accuracy_ci(p, n).t_interval == pytest.approx(student_t_interval(p))
+    change = accuracy_change_ci([0.30, 0.35], [32, 32], [0.50, 0.60], [32, 32])
+    assert change.t_interval == pytest.approx(student_t_interval([0.20, 0.25]))
+    series = [np.full(20, 0.01), np.full(20, -0.02), np.full(20, 0.0)]
+    assert reward_gap_ci(series, n_boot=100).t_interval == pytest.approx(student_t_interval([0.01, -0.02, 0.0]))
 
 
 def test_reward_gap_ci_over_seeds_and_steps():
@@ -170,7 +224,7 @@ def test_too_few_judged_steps_is_undecided_not_fail():
     assert v.failed() == () and v.passed is None
     assert v.undecided() == ("spike", "collapse", "reward")
     assert "0 judged seed(s), 2 needed" in v.spike.reason and "40 judged steps, 50 needed" in v.spike.reason
-    assert "spike(s) in seeds not judged" in v.spike.value
+    assert "4 spiking step(s) in seeds not judged" in v.spike.value
 
 
 def test_a_nonfinite_collapse_needs_no_power():
@@ -297,7 +351,7 @@ def test_spike_threshold_failed_by_bf16_is_calibrated_against_it():
     v = run_verdicts({"bf16": bf16, "x": like_bf16, "y": spiky}, C)
     assert v["bf16"].spike.passed is None and "BF16 reference fails" in v["bf16"].spike.reason
     assert v["x"].spike.passed is None and "does not spike more often than BF16" in v["x"].spike.reason
-    assert "6/800 vs 6/800" in v["x"].spike.value
+    assert "6/400 vs 6/400 spiking steps" in v["x"].spike.value  # judged steps, not updates
     assert v["y"].spike.passed is False and "p = " in v["y"].spike.value
     assert "at 80% power this test detects a rate >= " in v["x"].spike.value
     # Without a failing reference the absolute threshold stands.
@@ -316,3 +370,39 @@ def test_claim_undecided_when_full_spikes_like_a_failing_bf16():
     assert "fails spike" in claim.details["full-dq"]
     # The same runs judged by the absolute threshold alone would call it refuted.
     assert claim_reproduced({k: verdict(s, C) for k, s in summaries.items()}).reproduced is False
+
+
+def with_spikes_in_both_updates(summary, steps_per_seed):
+    """`summary` with each judged seed spiking in both updates of `steps_per_seed` steps."""
+    import dataclasses
+
+    def twice(x):
+        st = tuple(s for s in range(30, 30 + steps_per_seed) for _ in range(2))
+        return dataclasses.replace(x, spikes=dataclasses.replace(x.spikes, spike_steps=st, spike_updates=(0, 1) * steps_per_seed))
+
+    return dataclasses.replace(summary, seeds=tuple(twice(x) for x in summary.seeds))
+
+
+def test_the_bf16_comparison_counts_a_step_whose_updates_both_spike_once():
+    # 6 steps per seed spike in both of their updates, against BF16's 3 steps per seed in one
+    # update: 12/400 vs 6/400 spiking steps (p = 0.12), not 24/800 vs 6/800 updates (p < 0.001).
+    bf16 = arm("bf16", rates=(1.5, 1.5))
+    clustered = with_spikes_in_both_updates(arm("x"), 6)
+    assert [x.spikes.spiking_steps for x in clustered.seeds] == [6, 6]
+    v = run_verdicts({"bf16": bf16, "x": clustered}, C)["x"].spike
+    assert "12/400 vs 6/400 spiking steps" in v.value and v.passed is None
+    assert "max 3.00 spiking steps/100" in v.value
+    assert fisher_exact_greater(12, 400, 6, 400) > 0.05 > fisher_exact_greater(24, 800, 6, 800)
+
+
+def test_verdicts_on_fewer_than_4_seeds_are_flagged_few_seeds():
+    two = verdict(arm("full", rates=(0.0, 0.0)), C)
+    assert (two.spike.few_seeds, two.collapse.few_seeds, two.reward.few_seeds) == (2, 2, 2)
+    four = verdict(arm("full", rates=(0.0,) * 4, gap=(0.0, -0.02, 0.02)), C)
+    assert four.passed is True and all(c.few_seeds is None for c in four.criteria)
+    # An observed event fails at any number of seeds: not flagged.
+    event = verdict(arm("x", rates=(3.0, 0.0), collapsed=(0,)), C)
+    assert event.spike.passed is False and event.spike.few_seeds is None and event.collapse.few_seeds is None
+    undecided = verdict(arm("x", gap=(-0.1, -0.15, -0.05)), C)
+    assert undecided.reward.passed is None and undecided.reward.few_seeds is None
+    assert verdict(arm("full"), StabilityCriteria(few_seeds=2)).spike.few_seeds is None

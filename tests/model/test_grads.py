@@ -1,5 +1,5 @@
 """Gradients flow through every quantized site under `full` (dequantized backward) and
-`nvfp4` (quantized backward: stochastic rounding + RHT, needs a key)."""
+`nvfp4-pt` (the pretraining recipe's quantized backward: stochastic rounding + RHT, needs a key)."""
 
 import dataclasses
 
@@ -12,10 +12,10 @@ from fp4rl.model import flat_params, forward, init
 from fp4rl.recipe import PrecisionRecipe
 from tests.model.common import KEY, TINY, tokens
 
-# `full` on 2 layers quantizes layer 0 (shared expert BF16) and keeps layer 1 BF16; `nvfp4` on
-# 1 layer quantizes every attention, expert and shared-expert linear of it (one layer keeps the
-# backward program, the most expensive compile here, small).
-CASES = {"full": TINY, "nvfp4": dataclasses.replace(TINY, num_layers=1)}
+# `full` on 2 layers quantizes layer 0 (shared expert BF16) and keeps layer 1 BF16; `nvfp4-pt` on
+# 1 layer quantizes every expert and shared-expert linear of it (one layer keeps the backward
+# program, the most expensive compile here, small).
+CASES = {"full": TINY, "nvfp4-pt": dataclasses.replace(TINY, num_layers=1)}
 
 
 def _loss(params, graphdef, seqs, recipe, key, config):
@@ -42,6 +42,6 @@ def test_grads_are_finite_and_nonzero(name):
     # Every expert receives tokens here (40 tokens, top-2 of 4): no expert's stack is all zero.
     experts = np.asarray(grads["layers/0/mlp/gate_up"])
     assert (np.abs(experts).reshape(experts.shape[0], -1).max(axis=1) > 0).all()
-    if name == "nvfp4":  # stochastic rounding follows the key: another key, another gradient
+    if name == "nvfp4-pt":  # stochastic rounding follows the key: another key, another gradient
         other = flat_params(grad_fn(params, graphdef, seqs, recipe, jax.random.key(1), config))
         assert not np.array_equal(np.asarray(other["layers/0/mlp/down"]), np.asarray(grads["layers/0/mlp/down"]))

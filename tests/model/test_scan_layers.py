@@ -18,7 +18,7 @@ from fp4rl.model.transformer import init_cache, layer_runs
 from fp4rl.recipe import PrecisionRecipe
 from tests.model.common import KEY, TINY, tokens
 
-# 3 layers: `nvfp4` is one run of 3; `full` keeps the last layer in BF16 -> runs (0, 2), (2, 3).
+# 3 layers: `nvfp4` (and `nvfp4-pt`) is one run of 3; `full` keeps the last layer in BF16 -> runs (0, 2), (2, 3).
 THREE = dataclasses.replace(TINY, num_layers=3)
 
 
@@ -36,7 +36,7 @@ def _assert_trees_equal(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=path)
 
 
-@pytest.mark.parametrize("name", ["nvfp4", "full"])
+@pytest.mark.parametrize("name", ["nvfp4-pt", "full"])  # nvfp4-pt: per-layer keys of the quantized backward
 def test_scanned_forward_and_grads_equal_unrolled(name):
     recipe = PrecisionRecipe.from_name(name)
     graphdef, params = init(THREE, 0)

@@ -64,15 +64,16 @@ def test_full_recipe_sites(monkeypatch):
     assert len(records) == len(expected)  # every linear appears once
 
 
-def test_nvfp4_recipe_quantizes_shared_expert_and_last_layer(monkeypatch):
-    nvfp4 = PrecisionRecipe.from_name("nvfp4")
-    calls, records = _qdot_calls(monkeypatch, nvfp4)
+@pytest.mark.parametrize("name, backward", [("nvfp4", "bf16"), ("nvfp4-pt", "quantized")])
+def test_nvfp4_recipe_quantizes_shared_expert_and_last_layer(monkeypatch, name, backward):
+    # nvfp4: the paper's baseline (BF16 backward); nvfp4-pt: the pretraining recipe's quantized backward
+    calls, records = _qdot_calls(monkeypatch, PrecisionRecipe.from_name(name))
     assert calls == [r.site for r in records]
     for r in records:
         expect_quantized = r.kind in ("routed_experts", "shared_expert")
         assert r.site.quantized == expect_quantized, r
         if expect_quantized:
-            assert r.site.backward == "quantized" and r.site.weight_46 is None
+            assert r.site.backward == backward and r.site.weight_46 is None and r.site.weight_block == "2d"
 
 
 def test_attention_variant_quantizes_attention_and_dense_mlp(monkeypatch):
@@ -86,15 +87,16 @@ def test_attention_variant_quantizes_attention_and_dense_mlp(monkeypatch):
 
 def test_quantized_backward_needs_a_key():
     graphdef, params = init(CONFIG, 0)
-    nvfp4 = PrecisionRecipe.from_name("nvfp4")
-    with pytest.raises(ValueError, match="backward='quantized'.*key="):
-        jax.eval_shape(lambda p: forward(graphdef, p, TOKENS, nvfp4), params)
-    # BF16 and dequantized-backward recipes need none; nor do synced (pre-quantized) weights,
-    # which are forward-only (the sampler).
-    for name in ("bf16", "full"):
+    for name in ("nvfp4-pt", "mxfp8-q"):
+        with pytest.raises(ValueError, match="backward='quantized'.*key="):
+            jax.eval_shape(lambda p: forward(graphdef, p, TOKENS, name), params)
+    # BF16, BF16-backward and dequantized-backward recipes need none; nor do synced (pre-quantized)
+    # weights, which are forward-only (the sampler).
+    for name in ("bf16", "nvfp4", "+46", "mxfp8", "full"):
         jax.eval_shape(lambda p: forward(graphdef, p, TOKENS, name), params)
-    qparams = jax.eval_shape(lambda p: sync_weights(p, CONFIG, nvfp4)[0], params)
-    jax.eval_shape(lambda p: forward(graphdef, p, TOKENS, nvfp4), qparams)
+    pt = PrecisionRecipe.from_name("nvfp4-pt")
+    qparams = jax.eval_shape(lambda p: sync_weights(p, CONFIG, pt)[0], params)
+    jax.eval_shape(lambda p: forward(graphdef, p, TOKENS, pt), qparams)
 
 
 def test_synced_weights_are_quantized_exactly_where_the_recipe_says(monkeypatch):

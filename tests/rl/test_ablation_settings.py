@@ -98,8 +98,16 @@ def test_a_run_without_matrix_arms_reports_what_it_ran_and_what_the_matrix_would
 def test_arms_all_names_the_nine_arms_and_a_typo_names_the_valid_ones():
     assert _config(Path("unused"), "--arms=all").arms == configs.ABLATION_ARMS
     assert configs.ABLATION_PRESETS["cpu"].arms == ()  # the main job: no matrix by default
-    with pytest.raises(ValueError, match="full-hp"):
+    with pytest.raises(ValueError, match="full-hp.*nvfp4-pt.*mxfp8-q"):
         _config(Path("unused"), "--arms=ful")
+
+
+def test_arms_baselines_names_the_pretraining_recipe_and_the_mxfp8_validation():
+    from fp4rl.recipe import ABLATION_ARMS, BASELINE_ARMS
+
+    assert _config(Path("unused"), "--arms=baselines").arms == ("nvfp4-pt", "mxfp8-q", "mxfp8", "mxfp8+dq")
+    assert _config(Path("unused"), "--arms=all,baselines").arms == ABLATION_ARMS + BASELINE_ARMS  # the whole matrix
+    assert _config(Path("unused"), "--arms=bf16,nvfp4-pt,all").arms == ("bf16", "nvfp4-pt", *ABLATION_ARMS[1:])
 
 
 def test_the_cpu_presets_compile_flags_follow_the_preset_the_command_names():

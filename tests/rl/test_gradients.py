@@ -77,27 +77,40 @@ def test_bf16_against_itself_is_exact(smoke):
 
 
 def test_straight_through_backward_equals_its_reference_exactly(smoke, warmup_dir):
+    """nvfp4 (BF16 backward) is its own straight-through gradient, measured once, and the
+    reference of nvfp4-pt (the same forward, the pretraining recipe's quantized backward)."""
     config, _ = smoke
-    nvfp4 = PrecisionRecipe.from_name("nvfp4")
-    manual = dataclasses.replace(gradients.straight_through(nvfp4), name="nvfp4-bwd-bf16")  # its own program
-    assert gradients.straight_through(manual) == gradients.straight_through(nvfp4) != manual
-    session = gradients.Session(dataclasses.replace(config, batches=2), {"nvfp4": nvfp4, "nvfp4-bwd-bf16": manual},
+    nvfp4, pt = PrecisionRecipe.from_name("nvfp4"), PrecisionRecipe.from_name("nvfp4-pt")
+    assert gradients.straight_through(pt) == gradients.straight_through(nvfp4) != nvfp4
+    assert gradients.is_straight_through(nvfp4) and not gradients.is_straight_through(pt)
+    session = gradients.Session(dataclasses.replace(config, batches=2), {"nvfp4-pt": pt, "nvfp4": nvfp4},
                                 sft.load(warmup_dir), progress=False)
+    assert list(session.sources.values()) == ["bf16", "nvfp4", "nvfp4-pt"]  # no separate straight-through program
+    assert session.refs_of["nvfp4-pt"]["ste"] == session.refs_of["nvfp4"]["ste"] == "nvfp4"
+    with pytest.raises(ValueError, match="measure each gradient once"):
+        gradients.Session(config, {"nvfp4": nvfp4, "copy": dataclasses.replace(nvfp4, name="copy")},
+                          sft.load(warmup_dir), progress=False)
     batches, _ = session.draw_rollouts()
     raw = session.gradients(_with_signal(batches))
     session.programs.close()
-    same, differs = raw["per_batch"]["nvfp4-bwd-bf16"]["cmp"]["ste"], raw["per_batch"]["nvfp4"]["cmp"]["ste"]
-    assert np.all(same["ref_sq"] > 0)
-    np.testing.assert_array_equal(same["err_sq"], 0.0)
-    np.testing.assert_array_equal(same["dot0"], same["ref_sq"])
+    assert raw["sr_keys"] == {"bf16": 1, "nvfp4": 1, "nvfp4-pt": config.sr_keys}
+    own = raw["per_batch"]["nvfp4"]["cmp"]["ste"]  # nvfp4 against itself: exactly 0, no division by 0 below
+    assert np.all(own["ref_sq"] > 0)
+    np.testing.assert_array_equal(own["err_sq"], 0.0)
+    np.testing.assert_array_equal(own["dot0"], own["ref_sq"])
+    differs = raw["per_batch"]["nvfp4-pt"]["cmp"]["ste"]
     routed = gradients.GROUPS.index("routed_experts")
     assert np.all(differs["err_sq"][:, routed] > 0)  # the quantized backward differs from straight-through
-    assert np.all(raw["per_batch"]["nvfp4"]["sr_var"][:, routed] > 0)  # and varies with the SR key
-    np.testing.assert_array_equal(raw["per_batch"]["nvfp4-bwd-bf16"]["sr_var"], 0.0)  # one key: no SR variance
+    assert np.all(raw["per_batch"]["nvfp4-pt"]["sr_var"][:, routed] > 0)  # and varies with the SR key
+    np.testing.assert_array_equal(raw["per_batch"]["nvfp4"]["sr_var"], 0.0)  # one key: no SR variance
     np.testing.assert_array_equal(raw["per_batch"]["bf16"]["cmp"]["bf16"]["err_sq"], 0.0)
-    kl = raw["kl"]["nvfp4"]  # [batches, lrs]
+    kl = raw["kl"]["nvfp4-pt"]  # [batches, lrs]
     assert np.all(kl[:, 0] > 0) and np.all(kl[:, -1] > kl[:, 0])  # a larger step moves the policy more
-    np.testing.assert_array_equal(raw["per_batch"]["nvfp4"]["ratio_dev"], 0.0)  # on-policy: ratio exactly 1
+    np.testing.assert_array_equal(raw["per_batch"]["nvfp4-pt"]["ratio_dev"], 0.0)  # on-policy: ratio exactly 1
+    raw.update(rollouts={"accuracy": [0.0, 0.0], "loss_tokens": [1, 1]}, mismatch={})
+    stats = gradient_report.analyze(raw, 50)["recipes"]["nvfp4"]["vs_ste"]
+    for group in gradients.GROUPS:
+        assert stats[group]["rel_error"] == {"value": 0.0, "lo": 0.0, "hi": 0.0}, group
 
 
 def _part(raw: dict, recipes: list[str]) -> dict:
@@ -171,9 +184,12 @@ def test_rollouts_file_is_reused_and_checked(smoke, tmp_path):
 
 
 def test_draws_keys_and_straight_through_views():
-    assert gradients.draws_keys(PrecisionRecipe.from_name("nvfp4"))
-    assert not gradients.draws_keys(PrecisionRecipe.from_name("+dq"))
-    assert not gradients.draws_keys(PrecisionRecipe.from_name("mxfp8"))  # MXFP8 re-quantizes deterministically
+    assert gradients.draws_keys(PrecisionRecipe.from_name("nvfp4-pt"))
+    for name in ("nvfp4", "+dq", "+46", "full-dq", "mxfp8", "mxfp8+dq"):  # BF16 or dequantized backward
+        assert not gradients.draws_keys(PrecisionRecipe.from_name(name)), name
+    assert not gradients.draws_keys(PrecisionRecipe.from_name("mxfp8-q"))  # MXFP8 re-quantizes deterministically
+    own = {n for n in PrecisionRecipe.names() if gradients.is_straight_through(PrecisionRecipe.from_name(n))}
+    assert own == {"bf16", "nvfp4", "+46", "+hp", "full-dq", "mxfp8", "nvfp4+attn"}  # the BF16-backward arms
     bf16 = PrecisionRecipe.from_name("bf16")
     assert gradients.straight_through(bf16) is bf16
     views = {gradients.straight_through(PrecisionRecipe.from_name(n)) for n in ("nvfp4", "+dq", "full", "full-dq")}
