@@ -38,6 +38,16 @@ CPU_TASK = TaskConfig(min_ops=1, max_ops=2, digits=1, max_operands=2)
 # the warm-up samples the right answer about half as often as its scratchpad gets it right, and RL
 # has something to learn.
 ANSWER_NOISE = 0.5
+# The long-horizon band (`h200-long`): two-digit literals, +, - and *, two to five operations of two
+# operands each, a clean teacher. The noisy teacher's deficit is one behaviour (box the value the
+# scratchpad computed), which RL learns in ~20 steps and then saturates; here the deficit is the
+# arithmetic of each scratchpad line, spread over many facts (carries, borrows, products up to 999),
+# and a level of n operations is right only if all n lines are, so per-line gains compound over the
+# levels: the long chains stay unsolved long after the short ones are, and the band keeps a learning
+# signal for hundreds of steps. The warm-up trains on one to five operations (no level of the band is
+# longer than any it has seen).
+LONG_WARMUP_TASK = TaskConfig(min_ops=1, max_ops=5, digits=2, operators="+-*", max_operands=2)
+LONG_TASK = TaskConfig(min_ops=2, max_ops=5, digits=2, operators="+-*", max_operands=2)
 
 # ------------------------------------------------------------------------ BF16 warm-up (experiments.sft)
 
@@ -50,6 +60,10 @@ SFT_PRESETS = {
     "h200": sft.SFTConfig(model="h200", task=WARMUP_TASK, eval_task=RL_TASK, steps=400, batch_size=128, max_len=112,
                           lr=1e-3, warmup_steps=40, eval_problems=512, max_new_tokens=72, answer_noise=ANSWER_NOISE,
                           out="runs/h200/sft"),
+    # Prompts up to 58 tokens and solutions up to 104 (BOS and EOS included): 168 holds both.
+    "h200-long": sft.SFTConfig(model="h200", task=LONG_WARMUP_TASK, eval_task=LONG_TASK, steps=400, batch_size=128,
+                               max_len=168, lr=1e-3, warmup_steps=40, eval_problems=512, max_new_tokens=120,
+                               out="runs/h200-long/sft"),
 }
 
 
@@ -72,6 +86,13 @@ RL_PRESETS = {
                              max_gen_batches=3, mini_batches=2, max_new_tokens=72, overlong_buffer=8, prompt_len=40,
                              optim=trainer.OptimConfig(lr=3e-5, warmup_steps=3), eval_every=20, eval_prompts=512,
                              checkpoint_every=50, init="runs/h200/sft", out="runs/h200/rl"),
+    # The long-horizon task: 300 steps, answers up to 104 tokens (the overlong buffer starts past
+    # them), held-out evaluations every 25 steps, a checkpoint every 25 (a lent machine can be taken
+    # back mid-call; a rerun resumes).
+    "h200-long": trainer.RLConfig(steps=300, task=LONG_TASK, group_size=8, prompts_per_step=32,
+                                  max_gen_batches=3, mini_batches=2, max_new_tokens=120, overlong_buffer=8, prompt_len=64,
+                                  optim=trainer.OptimConfig(lr=3e-5, warmup_steps=3), eval_every=25, eval_prompts=512,
+                                  checkpoint_every=25, init="runs/h200-long/sft", out="runs/h200-long/rl"),
 }
 
 # -------------------------------------------------------- gradient measurements (experiments.gradients)
@@ -99,6 +120,8 @@ GRADIENTS_PRESETS = {
     # Two SR keys and the policy change on 16 batches keep a recipe's gradients near 0.3 s per batch.
     "h200": _gradients_preset("h200", prompts_per_step=32, batches=128, sr_keys=2, mismatch_batches=4, kl_batches=16,
                               sketch_dim=1 << 15, compile_workers=4),
+    "h200-long": _gradients_preset("h200-long", prompts_per_step=32, batches=128, sr_keys=2, mismatch_batches=4,
+                                   kl_batches=16, sketch_dim=1 << 15, compile_workers=4),
 }
 
 # ------------------------------------------------------------------ the main job (experiments.ablation)
@@ -139,6 +162,7 @@ ABLATION_PRESETS = {
     "cpu": _ablation_preset("cpu", 2, 2, measure_gradients=True, learning_steps=12, arm_steps=1, arm_eval_every=0,
                             arm_seeds=1, sft_steps=200, arms=()),
     "h200": _ablation_preset("h200", 2, 0),
+    "h200-long": _ablation_preset("h200-long", 2, 0),
 }
 
 # ---------------------------------------------------------------------------- serving (experiments.serve)

@@ -24,7 +24,7 @@ def trained(monkeypatch):
     return trained_configs
 
 
-@pytest.mark.parametrize("preset", ["smoke", "cpu", "h200"])
+@pytest.mark.parametrize("preset", ["smoke", "cpu", "h200", "h200-long"])
 def test_rl_trains_the_warm_up_of_its_preset_into_any_init(trained, tmp_path, preset):
     init = tmp_path / "my_warmup"
     rl_experiment.main(["--preset", preset, f"--init={init}", f"--out={tmp_path / 'rl'}"])
@@ -42,7 +42,7 @@ def test_gradients_trains_the_warm_up_of_its_preset(trained, tmp_path):
     assert trained == [dataclasses.replace(configs.SFT_PRESETS["smoke"], out=str(init))]
 
 
-@pytest.mark.parametrize("preset", ["smoke", "cpu", "h200"])
+@pytest.mark.parametrize("preset", ["smoke", "cpu", "h200", "h200-long"])
 def test_the_ablation_warm_up_is_its_presets(preset):
     """The runner trains `config.sft` into <out>/sft: the preset's warm-up up to its directory (and,
     on cpu, its length: the main job's time budget takes a 200-step warm-up)."""

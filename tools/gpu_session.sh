@@ -7,6 +7,9 @@
 #   bash tools/gpu_session.sh bench     # compiled kernel suite + the four benchmarks
 #   bash tools/gpu_session.sh pilot     # h200 warm-up + the pilot arms (resumable)
 #   bash tools/gpu_session.sh learn     # h200 warm-up + bf16 RL (RL_ARGS), then the learning analysis
+#   bash tools/gpu_session.sh long      # h200-long warm-up + bf16 RL on the long-horizon task (2 seeds x 300
+#                                       # steps, GEMM backend LONG_GEMM), then the learning analysis; one run
+#                                       # outlasts a call: start it detached (tools/long_horizon_call.sh)
 #   bash tools/gpu_session.sh gradients # h200 warm-up + the fixed-parameter gradient measurements (GRAD_ARGS),
 #                                       # into runs/h200/gradients/GRAD_PART on the batches of
 #                                       # results/gradients_h200/parts/rollouts.npz
@@ -80,24 +83,29 @@ gemm_tests_and_bench() {  # NAME TEST_FILE TEST_SECONDS BENCH DEFAULT_BENCH_SECO
   mkdir -p benchmarks/logs && cp "$log" "benchmarks/logs/gpu_$1.log"
   tar czf "$OUT/benchmarks.tgz" benchmarks
 }
-# The h200 warm-up, deterministic (experiments.sft sets --xla_gpu_deterministic_ops). A call on a
-# machine still warm from the previous one copies it from WARMUP_CACHE instead of retraining; either
-# way its parameters' SHA-256 is compared with the expected one. It trains under the default XLA_FLAGS,
-# whatever flags the RL runs of the call use, so that its bytes do not depend on them.
+# warmup [PRESET]: the preset's warm-up (h200 unless named), deterministic (experiments.sft sets
+# --xla_gpu_deterministic_ops). A call on a machine still warm from the previous one copies it from
+# WARMUP_CACHE instead of retraining; either way its parameters' SHA-256 is compared with the expected
+# one (WARMUP_SHA256; h200's by default, printed only for another preset without one). It trains under
+# the default XLA_FLAGS, whatever flags the RL runs of the call use, so its bytes do not depend on them.
 warmup() {
-  local cache=${WARMUP_CACHE:-/tmp/fp4rl-warmup/h200-sft}
-  if [ -f "$cache/sft_meta.json" ] && [ ! -e runs/h200/sft/sft_meta.json ]; then
-    mkdir -p runs/h200 && cp -r "$cache" runs/h200/sft && echo "=== warmup: copied from $cache" | tee -a "$log"
-  elif [ ! -e runs/h200/sft/sft_meta.json ]; then
-    XLA_FLAGS= step warmup "${WARMUP_SECONDS:-240}" python -m experiments.sft --preset h200 ${SFT_ARGS:-} || return 1
-    mkdir -p "$(dirname "$cache")" && rm -rf "$cache" && cp -r runs/h200/sft "$cache"
-  fi
+  local preset=${1:-h200}
+  local cache=${WARMUP_CACHE:-/tmp/fp4rl-warmup/$preset-sft}
+  local expected=${WARMUP_SHA256:-}
   # The warm-up this code trains (qdot's f32-operand dots at HIGHEST precision, not TF32); the
   # committed h200 results were measured at a warm-up whose f32 dots ran as TF32 (5e37a2d8...).
-  python - runs/h200/sft/sft_meta.json "${WARMUP_SHA256:-a59f52e38a5351c865fa0a2817f59e09140122c4aea0d9c374dfb28bbe566f88}" <<'PY' 2>&1 | tee -a "$log"
+  [ "$preset" = h200 ] && expected=${expected:-a59f52e38a5351c865fa0a2817f59e09140122c4aea0d9c374dfb28bbe566f88}
+  if [ -f "$cache/sft_meta.json" ] && [ ! -e "runs/$preset/sft/sft_meta.json" ]; then
+    mkdir -p "runs/$preset" && cp -r "$cache" "runs/$preset/sft" && echo "=== warmup: copied from $cache" | tee -a "$log"
+  elif [ ! -e "runs/$preset/sft/sft_meta.json" ]; then
+    XLA_FLAGS= step "warmup_$preset" "${WARMUP_SECONDS:-240}" python -m experiments.sft --preset "$preset" ${SFT_ARGS:-} || return 1
+    mkdir -p "$(dirname "$cache")" && rm -rf "$cache" && cp -r "runs/$preset/sft" "$cache"
+  fi
+  python - "runs/$preset/sft/sft_meta.json" "$expected" <<'PY' 2>&1 | tee -a "$log"
 import json, sys
 new, ref = json.load(open(sys.argv[1]))["params_sha256"], sys.argv[2]
-print(f"=== warmup params_sha256 {new} {'== the expected one' if new == ref else '!= the expected ' + ref}")
+verdict = "(no expected digest)" if not ref else "== the expected one" if new == ref else "!= the expected " + ref
+print(f"=== warmup params_sha256 {new} {verdict}")
 PY
 }
 python -c "import jax; print(jax.devices())" >>"$log" 2>&1
@@ -198,6 +206,16 @@ case "$mode" in
     step learning 30 python -m fp4rl.analysis.learning runs/h200/rl/bf16
     cp "$log" runs/h200/log.txt
     tar czf "$OUT/learn.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200
+    ;;
+  long)
+    # The long-horizon task's bar (docs/rl.md "Task"): bf16 RL from the h200-long warm-up keeps raising
+    # held-out sampled accuracy through 300 steps. Resumable: a rerun continues from the last checkpoint.
+    warmup h200-long || exit 1
+    step rl_long "${RL_SECONDS:-2400}" python -m experiments.rl --preset h200-long --arm bf16 --seeds 2 \
+      --expert_gemm="${LONG_GEMM:-packed}" ${RL_ARGS:-}
+    step learning 60 python -m fp4rl.analysis.learning runs/h200-long/rl/bf16
+    cp "$log" runs/h200-long/log.txt
+    tar czf "$OUT/long.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200-long
     ;;
   arms)
     # The RL matrix a few arms per call (a call holds the warm-up and about one arm of 4 seeds x 100

@@ -16,11 +16,19 @@ Decision rule, declared before any run (`LEARNING_RULE`): the arm learns when th
 is at least `min_gain` and the CI's lower end is above 0; it does not learn (at the `min_gain`
 level) when the CI's upper end is below `min_gain`; otherwise UNDECIDED.
 
+The long-horizon bar (`LONG_HORIZON_RULE`, `--window=150:300 --reward_cap=0.8@150`) asks more of a
+task than learning at all: that RL still learns late. It takes the same change over a window of
+the run only (from the first evaluation at or after the window's start to the last at or before its
+end) and requires its CI's lower end above 0, and the population reward (seed mean of
+`population/reward_mean`, in a 10-step running mean) to stay below the cap before the given step.
+
     python -m fp4rl.analysis.learning runs/h200/rl/bf16      # prints the table, writes learning.md/png
+    python -m fp4rl.analysis.learning runs/h200-long/rl/bf16 --window=150:300 --reward_cap=0.8@150
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 from pathlib import Path
@@ -35,6 +43,12 @@ LEARNING_RULE = (f"The arm learns when its mean held-out sampled accuracy rises 
                  "evaluation to the last and the 95% CI of that change (two-level bootstrap: seeds, and each "
                  "evaluation's error as the Jeffreys posterior of k of n) excludes 0; it does not learn (at that level) when the CI's upper end "
                  f"is below {MIN_GAIN:.2f}; otherwise UNDECIDED.")
+REWARD_SMOOTHING_STEPS = 10
+LONG_HORIZON_RULE = ("The task keeps RL learning when the held-out sampled accuracy change over the window alone (first "
+                     "evaluation at or after its start to the last at or before its end, same bootstrap) has its 95% CI "
+                     "above 0, and the seed-mean population reward in a "
+                     f"{REWARD_SMOOTHING_STEPS}-step running mean stays below the cap at every step before the cap's step; "
+                     "it fails when the window's CI upper end is <= 0 or the reward reaches the cap early; otherwise UNDECIDED.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,17 +111,97 @@ def decide(change: BootstrapCI, min_gain: float = MIN_GAIN) -> tuple[str, str]:
     return "UNDECIDED", f"change {change.mean:+.3f}, CI [{change.low:+.3f}, {change.high:+.3f}]: the data cannot decide"
 
 
-def summarize(arm_dir: str | Path) -> Learning:
-    arm_dir = Path(arm_dir)
+def _load_runs(arm_dir: Path) -> tuple[SeedRun, ...]:
     seeds = sorted(arm_dir.glob("seed*/metrics.jsonl"), key=lambda p: int(p.parent.name[4:]))
     if not seeds:
         raise FileNotFoundError(f"no seed*/metrics.jsonl under {arm_dir}")
-    curves = tuple(seed_curve(load_seed(p, arm_dir.name, int(p.parent.name[4:]))) for p in seeds)
+    return tuple(load_seed(p, arm_dir.name, int(p.parent.name[4:])) for p in seeds)
+
+
+def summarize(arm_dir: str | Path) -> Learning:
+    arm_dir = Path(arm_dir)
+    curves = tuple(seed_curve(r) for r in _load_runs(arm_dir))
     change = accuracy_change_ci([c.sampled[0] for c in curves], [c.n[0] for c in curves],
                                 [c.sampled[-1] for c in curves], [c.n[-1] for c in curves])
     slope, t = pooled_slope(curves)
     verdict, reason = decide(change)
     return Learning(arm_dir.name, curves, change, 100 * slope, t, verdict, reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowBar:
+    """The long-horizon bar: the window's change and the early population reward."""
+
+    window: tuple[int, int]
+    steps: tuple[tuple[int, int], ...]  # per seed: the evaluations (after steps) the change spans
+    change: BootstrapCI
+    reward_cap: float
+    cap_step: int
+    max_reward_before: float  # the highest running-mean population reward before cap_step
+    verdict: str  # "keeps learning" | "does not keep learning" | "UNDECIDED"
+    reason: str
+
+
+def window_change(curves, start: int, end: int) -> tuple[BootstrapCI, tuple[tuple[int, int], ...]]:
+    """The sampled-accuracy change from the first evaluation at or after `start` to the last at or
+    before `end`, per seed, with the bootstrap CI of its mean; raises when a seed has no such pair."""
+    first, last, spans = [], [], []
+    for c in curves:
+        inside = np.flatnonzero((c.steps >= start) & (c.steps <= end))
+        if inside.size < 2:
+            raise ValueError(f"seed {c.seed}: fewer than two evaluations in steps {start}..{end} "
+                             f"(evaluations after steps {', '.join(map(str, c.steps))})")
+        first.append(inside[0])
+        last.append(inside[-1])
+        spans.append((int(c.steps[inside[0]]), int(c.steps[inside[-1]])))
+    ci = accuracy_change_ci([c.sampled[i] for c, i in zip(curves, first)], [c.n[i] for c, i in zip(curves, first)],
+                            [c.sampled[i] for c, i in zip(curves, last)], [c.n[i] for c, i in zip(curves, last)])
+    return ci, tuple(spans)
+
+
+def running_population_reward(runs, smoothing: int = REWARD_SMOOTHING_STEPS) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, running mean over `smoothing` steps of the seed-mean population reward) on the steps
+    every seed logged it."""
+    per_seed = [dict(zip(*(a.tolist() for a in r.logged("population/reward_mean")))) for r in runs]
+    steps = sorted(set.intersection(*(set(d) for d in per_seed)))
+    if not steps:
+        raise ValueError("no step where every seed logged population/reward_mean")
+    mean = np.array([np.mean([d[s] for d in per_seed]) for s in steps])
+    window = min(smoothing, mean.size)
+    smooth = np.convolve(mean, np.ones(window) / window, mode="valid")
+    return np.asarray(steps[window - 1:]), smooth
+
+
+def long_horizon_bar(arm_dir: str | Path, window: tuple[int, int], reward_cap: float, cap_step: int) -> WindowBar:
+    runs = _load_runs(Path(arm_dir))
+    change, spans = window_change(tuple(seed_curve(r) for r in runs), *window)
+    steps, reward = running_population_reward(runs)
+    early = reward[steps < cap_step]
+    max_before = float(early.max()) if early.size else float("nan")
+    if early.size == 0:
+        verdict, reason = "UNDECIDED", f"no population reward logged before step {cap_step}"
+    elif max_before >= reward_cap:
+        verdict, reason = "does not keep learning", f"population reward reached {max_before:.3f} >= {reward_cap} before step {cap_step}"
+    elif change.low > 0:
+        verdict, reason = "keeps learning", f"window change {change.mean:+.3f}, CI [{change.low:+.3f}, {change.high:+.3f}] above 0"
+    elif change.high <= 0:
+        verdict, reason = "does not keep learning", f"window change CI [{change.low:+.3f}, {change.high:+.3f}] at or below 0"
+    else:
+        verdict, reason = "UNDECIDED", f"window change {change.mean:+.3f}, CI [{change.low:+.3f}, {change.high:+.3f}] spans 0"
+    return WindowBar(window, spans, change, reward_cap, cap_step, max_before, verdict, reason)
+
+
+def window_markdown(bar: WindowBar) -> str:
+    ch = bar.change
+    t = "" if ch.t_interval is None else f"; t interval over seeds [{ch.t_interval[0]:+.3f}, {ch.t_interval[1]:+.3f}]"
+    spans = ", ".join(f"{a}->{b}" for a, b in bar.steps)
+    return "\n".join([f"### Long-horizon bar: steps {bar.window[0]}-{bar.window[1]}", "",
+                      f"Rule (declared before the run): {LONG_HORIZON_RULE}", "",
+                      f"- window change of sampled accuracy (evaluations {spans}): {ch.mean:+.3f} "
+                      f"(95% CI [{ch.low:+.3f}, {ch.high:+.3f}], {ch.kind}{t})",
+                      f"- highest population reward ({REWARD_SMOOTHING_STEPS}-step running mean) before step "
+                      f"{bar.cap_step}: {bar.max_reward_before:.3f} (cap {bar.reward_cap})",
+                      f"- **verdict: {bar.verdict}** ({bar.reason})", ""])
 
 
 def markdown(result: Learning) -> str:
@@ -118,8 +212,9 @@ def markdown(result: Learning) -> str:
         lines.append(f"| {c.seed} | {', '.join(map(str, c.steps))} | {c.n[0]} | {c.sampled[0]:.3f} -> {c.sampled[-1]:.3f} | "
                      f"{c.greedy[0]:.3f} -> {c.greedy[-1]:.3f} |")
     ch = result.change
+    t = "" if ch.t_interval is None else f"; t interval over seeds [{ch.t_interval[0]:+.3f}, {ch.t_interval[1]:+.3f}]"
     lines += ["", f"- sampled accuracy change, mean over {len(result.curves)} seeds: {ch.mean:+.3f} "
-                  f"(95% CI [{ch.low:+.3f}, {ch.high:+.3f}], {ch.kind if hasattr(ch, 'kind') else 'bootstrap'})",
+                  f"(95% CI [{ch.low:+.3f}, {ch.high:+.3f}], {ch.kind}{t})",
               f"- slope: {result.slope_per_100:+.3f} per 100 steps, t = {result.slope_t:.2f} (pooled over seeds, "
               "one intercept per seed; descriptive)",
               f"- **verdict: {result.verdict}** ({result.reason})", ""]
@@ -147,14 +242,37 @@ def plot(result: Learning, path: Path) -> Path:
     return path
 
 
+def _window(text: str) -> tuple[int, int]:
+    try:
+        start, end = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--window takes START:END steps (e.g. 150:300), got {text!r}") from None
+    if not 0 <= start < end:
+        raise argparse.ArgumentTypeError(f"--window needs 0 <= START < END, got {text!r}")
+    return start, end
+
+
+def _reward_cap(text: str) -> tuple[float, int]:
+    try:
+        cap, step = text.split("@")
+        return float(cap), int(step)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--reward_cap takes CAP@STEP (e.g. 0.8@150), got {text!r}") from None
+
+
 def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        raise SystemExit("usage: python -m fp4rl.analysis.learning ARM_DIR   (a directory holding seed*/metrics.jsonl)")
-    result = summarize(argv[0])
+    parser = argparse.ArgumentParser(prog="python -m fp4rl.analysis.learning", description=__doc__.split("\n")[0])
+    parser.add_argument("arm_dir", help="a directory holding seed*/metrics.jsonl")
+    parser.add_argument("--window", type=_window, help="START:END: also judge the long-horizon bar on this window")
+    parser.add_argument("--reward_cap", type=_reward_cap, default=(0.8, 150),
+                        help="CAP@STEP for the long-horizon bar (default 0.8@150)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    result = summarize(args.arm_dir)
     text = markdown(result)
-    (Path(argv[0]) / "learning.md").write_text(text)
-    plot(result, Path(argv[0]) / "learning.png")
+    if args.window is not None:
+        text += "\n" + window_markdown(long_horizon_bar(args.arm_dir, args.window, *args.reward_cap))
+    (Path(args.arm_dir) / "learning.md").write_text(text)
+    plot(result, Path(args.arm_dir) / "learning.png")
     print(text)
 
 

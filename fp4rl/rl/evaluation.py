@@ -64,20 +64,33 @@ def solve_rate(run, qparams, batches, *, temperature: float, seed: int = 0) -> n
     return np.array(correct, np.float32)
 
 
+def fitting_prompt_len(problems, minimum: int = 48, multiple: int = 16) -> int:
+    """The smallest multiple of `multiple`, at least `minimum`, that holds every encoded prompt
+    (BOS prompt separator): one compiled sampler shape for the whole table. The floor keeps the
+    short bands' width (and so their sampled tokens) what it has always been."""
+    longest = max(len(data.encode_prompt(p.prompt)) for p in problems)
+    return max(minimum, -(-longest // multiple) * multiple)
+
+
 def accuracy_by_difficulty(graphdef, params, recipe, task: TaskConfig, task_seed: int, per_level: int,
-                           max_new_tokens: int, seed: int = 0, prompt_len: int = 48, impl: str = "auto",
+                           max_new_tokens: int, seed: int = 0, prompt_len: int | None = None, impl: str = "auto",
                            rows: int = 64) -> list[dict]:
     """Rows {difficulty, sampled, greedy, n} for every number of operations in the task's range.
 
     The weights are synced once under `recipe`; sampled and greedy decoding share one program.
+    prompt_len: the left-padded prompt width; None fits the longest prompt of every level
+    (`fitting_prompt_len`), so a harder band never overflows a fixed width.
     """
     recipe = PrecisionRecipe.from_name(recipe) if isinstance(recipe, str) else recipe
     qparams, _ = model_sync.sync_weights_jit(params, nnx.merge(graphdef, params).config, recipe, impl)
     run = _compiled_sampler(graphdef, recipe.name, max_new_tokens, impl)
+    levels = {ops: [make_problem(i, task_seed, dataclasses.replace(task, min_ops=ops, max_ops=ops))
+                    for i in range(per_level)] for ops in range(task.min_ops, task.max_ops + 1)}
+    if prompt_len is None:
+        prompt_len = fitting_prompt_len([p for problems in levels.values() for p in problems])
     table = []
-    for ops in range(task.min_ops, task.max_ops + 1):
-        level = dataclasses.replace(task, min_ops=ops, max_ops=ops)
-        batches = prompt_batches([make_problem(i, task_seed, level) for i in range(per_level)], prompt_len, rows)
+    for ops, problems in levels.items():
+        batches = prompt_batches(problems, prompt_len, rows)
         sampled = solve_rate(run, qparams, batches, temperature=1.0, seed=seed)
         greedy = solve_rate(run, qparams, batches, temperature=0.0, seed=seed)
         table.append({"difficulty": ops, "sampled": float((sampled > 0).mean()), "greedy": float((greedy > 0).mean()),

@@ -36,6 +36,9 @@ def test_a_clear_gain_is_learning(tmp_path):
     assert result.slope_per_100 > 0 and result.slope_t > 2
     text = learning.markdown(result)
     assert "verdict: learns" in text and learning.LEARNING_RULE in text
+    # Two seeds, +0.35 and +0.33: the t interval over seeds, 0.34 +- 12.71 x 0.01, is reported beside the bootstrap's.
+    assert result.change.t_interval == pytest.approx((0.34 - 0.12706, 0.34 + 0.12706), abs=1e-5)
+    assert "t interval over seeds [+0.213, +0.467]" in text
     assert learning.plot(result, tmp_path / "l.png").stat().st_size > 0
 
 
@@ -71,3 +74,54 @@ def test_a_run_without_the_initial_evaluation_is_refused(tmp_path):
         learning.summarize(tmp_path / "bf16")
     with pytest.raises(FileNotFoundError):
         learning.summarize(tmp_path / "missing")
+
+
+def _write_long_seed(path, accuracies, reward, every=25, n=512):
+    """metrics.jsonl of a long run: evaluations after steps 25, 50...; population reward every step."""
+    path.mkdir(parents=True)
+    lines = []
+    for step in range(every * (len(accuracies) - 1)):
+        record = {"step": step, "population/reward_mean": reward(step)}
+        if step == 0:
+            record.update({"eval/initial_sampled_accuracy": accuracies[0], "eval/initial_accuracy": 0.5, "eval/initial_n": n})
+        if (step + 1) % every == 0:
+            record.update({"eval/sampled_accuracy": accuracies[(step + 1) // every], "eval/accuracy": 0.5, "eval/n": n})
+        lines.append(json.dumps(record))
+    (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def _long_run(tmp_path, late_gain, reward=lambda step: -0.2 + step / 400):
+    for seed in (0, 1):
+        acc = [0.30 + 0.1 * k / 6 if k <= 6 else 0.40 + late_gain * (k - 6) / 6 for k in range(13)]
+        _write_long_seed(tmp_path / "bf16" / f"seed{seed}", acc, reward)
+    return tmp_path / "bf16"
+
+
+def test_the_long_horizon_bar_needs_a_late_gain(tmp_path):
+    bar = learning.long_horizon_bar(_long_run(tmp_path / "a", late_gain=0.15), (150, 300), 0.8, 150)
+    assert bar.verdict == "keeps learning" and bar.steps == ((150, 300), (150, 300))
+    assert bar.change.mean == pytest.approx(0.15) and bar.max_reward_before < 0.8
+    flat = learning.long_horizon_bar(_long_run(tmp_path / "b", late_gain=0.0), (150, 300), 0.8, 150)
+    assert flat.verdict == "UNDECIDED"  # no gain: the CI spans 0
+    falling = learning.long_horizon_bar(_long_run(tmp_path / "c", late_gain=-0.2), (150, 300), 0.8, 150)
+    assert falling.verdict == "does not keep learning"
+    assert "Long-horizon bar" in learning.window_markdown(bar) and learning.LONG_HORIZON_RULE in learning.window_markdown(bar)
+
+
+def test_the_long_horizon_bar_fails_a_task_solved_early(tmp_path):
+    bar = learning.long_horizon_bar(_long_run(tmp_path, late_gain=0.15, reward=lambda step: 0.9), (150, 300), 0.8, 150)
+    assert bar.verdict == "does not keep learning" and "reached 0.900" in bar.reason
+
+
+def test_the_window_needs_two_evaluations_per_seed(tmp_path):
+    with pytest.raises(ValueError, match="fewer than two evaluations in steps 290..300"):
+        learning.long_horizon_bar(_long_run(tmp_path, late_gain=0.1), (290, 300), 0.8, 150)
+
+
+def test_the_cli_judges_the_window_and_refuses_bad_options(tmp_path, capsys):
+    arm = _long_run(tmp_path, late_gain=0.15)
+    learning.main([str(arm), "--window=150:300", "--reward_cap=0.8@150"])
+    assert "verdict: keeps learning" in capsys.readouterr().out and (arm / "learning.md").exists()
+    for bad in (["--window=300:150"], ["--window=a"], ["--reward_cap=0.8"]):
+        with pytest.raises(SystemExit):
+            learning.main([str(arm), *bad])
