@@ -32,7 +32,7 @@ from fp4rl.analysis.summary import ArmSummary
 
 # Fixed arm -> colour map so an arm has the same colour in every figure and every report.
 # BF16 (the reference) is black; the full recipe green; its leave-one-outs cool colours;
-# NVFP4 everywhere and the single interventions warm colours.
+# NVFP4 everywhere and the single interventions warm colours; the baselines pale ones.
 ARM_COLORS: Mapping[str, str] = {
     "bf16": "#000000",
     "nvfp4": "#d62728",
@@ -43,8 +43,12 @@ ARM_COLORS: Mapping[str, str] = {
     "full-dq": "#1f77b4",
     "full-46": "#9467bd",
     "full-hp": "#17becf",
+    "nvfp4-pt": "#e377c2",
+    "mxfp8-q": "#7f7f7f",
+    "mxfp8": "#aec7e8",
+    "mxfp8+dq": "#98df8a",
 }
-_EXTRA_COLORS = ("#7f7f7f", "#e377c2", "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5")
+_EXTRA_COLORS = ("#ffbb78", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")
 # Seeds are told apart by colour inside an arm's panel (tab10 minus the marker colours).
 _SEED_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22")
 SPIKE_STYLE = dict(marker="o", s=60, facecolors="none", edgecolors="#ff7f0e", linewidths=1.8, zorder=5)

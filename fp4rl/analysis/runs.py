@@ -41,8 +41,10 @@ from pathlib import Path
 
 import numpy as np
 
-# docs/rl.md "The ablation matrix", in the table's order (used for tables, legends and colours).
-ARMS: tuple[str, ...] = ("bf16", "nvfp4", "+dq", "+46", "+hp", "full", "full-dq", "full-46", "full-hp")
+# docs/rl.md "The ablation matrix", in the table's order (used for tables, legends and colours):
+# `recipe.ABLATION_ARMS` then `recipe.BASELINE_ARMS` (not imported: the analysis reads runs without jax).
+ARMS: tuple[str, ...] = ("bf16", "nvfp4", "+dq", "+46", "+hp", "full", "full-dq", "full-46", "full-hp",
+                         "nvfp4-pt", "mxfp8-q", "mxfp8", "mxfp8+dq")
 # The arm every other arm's reward is compared with (docs/rl.md "reward tracking").
 REFERENCE_ARM = "bf16"
 # The full recipe and its leave-one-out arms (docs/rl.md "The claim under test").

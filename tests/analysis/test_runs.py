@@ -180,3 +180,11 @@ def test_synthetic_run_is_deterministic(tmp_path):
     b = make_synthetic_run(tmp_path / "b", ["full"], 1, 30, seed=7)
     for name in ("metrics.jsonl", "updates.jsonl"):
         assert (a / "full/seed0" / name).read_text() == (b / "full/seed0" / name).read_text()
+
+
+def test_the_analysis_knows_every_arm_of_the_recipe_in_its_order():
+    from fp4rl.analysis.plots import ARM_COLORS
+    from fp4rl.recipe import ABLATION_ARMS, BASELINE_ARMS
+
+    assert ARMS == ABLATION_ARMS + BASELINE_ARMS
+    assert set(ARM_COLORS) == set(ARMS) and len(set(ARM_COLORS.values())) == len(ARMS)
