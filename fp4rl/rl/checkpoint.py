@@ -11,6 +11,15 @@ beside its directory: SHA-256 digests of the leaves' bytes (with their names, dt
 and of the metadata, written before orbax commits the step, so that every committed step has
 one. `restore` compares the restored values with them; `restore_latest` skips a bad or
 unreadable step with a warning naming it and returns the newest good one (an error if none is).
+
+Recovery: a step is never overwritten, so a run that resumes from an older step first clears the
+bad newer ones out of its way. A writer (the trainer, which saves those steps again) asks
+`restore_latest(..., set_aside=True)` to move each bad step it skipped, and `set_aside_uncommitted`
+to move each save orbax never committed (a kill mid-write leaves `<step>.orbax-checkpoint-tmp-*`),
+with their checksums, to `damaged/<step>-<n>`: kept for inspection, never listed as a step (orbax
+lists only directories named by a number), each move warned about and returned. A bad step moves
+only once an older step has restored and verified: with no good step nothing moves and the run
+stops, rather than a rerun starting over. Readers (the warm-up loader, serving) move nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -29,6 +39,10 @@ import orbax.checkpoint as ocp
 from fp4rl.rl.run_dir import read_json, write_json_atomic
 
 CHECKSUM_SUFFIX = ".sha256.json"
+DAMAGED_DIR = "damaged"  # set-aside steps; not a number, so never taken for a step
+# A step orbax has not committed: on a local disk a temporary name renamed to the number at commit;
+# where a commit file marks it (cloud storage) the number itself, which orbax then does not list.
+_STEP_DIR = re.compile(r"(0|[1-9][0-9]*)(" + re.escape(ocp.path.step.TMP_DIR_SUFFIX) + r".*)?")
 
 
 class CheckpointError(ValueError):
@@ -36,7 +50,15 @@ class CheckpointError(ValueError):
 
 
 class CheckpointWarning(UserWarning):
-    """A bad checkpoint step was skipped in favour of an older one."""
+    """A bad checkpoint step was skipped in favour of an older one, or moved aside."""
+
+
+class SetAside(NamedTuple):
+    """A bad or uncommitted step moved out of the step listing (kept, never read again)."""
+    step: int
+    moved: Path  # where it was
+    to: Path  # where it is kept
+    reason: str
 
 
 class Restored(NamedTuple):
@@ -44,6 +66,7 @@ class Restored(NamedTuple):
     state: Any
     meta: dict
     skipped: tuple[str, ...]  # why each newer step was skipped
+    set_aside: tuple[SetAside, ...] = ()  # with set_aside=True: what was moved to DAMAGED_DIR
 
 
 def _to_leaves(tree) -> tuple[dict[str, np.ndarray], jax.tree_util.PyTreeDef]:
@@ -145,22 +168,60 @@ class Checkpointer:
                                   f"{checksum_path.name} at save time: the checkpoint is damaged")
         return jax.tree.unflatten(treedef, [values[k] for k in sorted(leaves)]), restored.meta
 
-    def restore_latest(self, like) -> Restored | None:
+    def restore_latest(self, like, set_aside: bool = False) -> Restored | None:
         """The newest step that restores and verifies (None when no step was saved). Each newer
-        bad step is skipped with a `CheckpointWarning` naming it; no good step raises CheckpointError."""
+        bad step is skipped with a `CheckpointWarning` naming it; no good step raises CheckpointError
+        and moves nothing. `set_aside`: for a caller that saves the steps after the one returned
+        again, the skipped steps are moved to DAMAGED_DIR (`set_aside`)."""
         skipped = []
         for step in reversed(self.steps()):
             try:
                 state, meta = self.restore(step, like)
             except CheckpointError as err:
-                skipped.append(str(err))
+                skipped.append((step, str(err)))
                 warnings.warn(f"skipping checkpoint step {step}: {err}; trying the previous step",
                               CheckpointWarning, stacklevel=2)
                 continue
-            return Restored(step, state, meta, tuple(skipped))
+            moved = tuple(self.set_aside(s, why) for s, why in skipped) if set_aside else ()
+            return Restored(step, state, meta, tuple(why for _, why in skipped), moved)
         if skipped:
-            raise CheckpointError(f"{self.directory}: no good checkpoint step: " + " | ".join(skipped))
+            raise CheckpointError(f"{self.directory}: no good checkpoint step: " + " | ".join(why for _, why in skipped)
+                                  + "; nothing was moved: put a good step back (from a copy) or delete the "
+                                  "checkpoint directory to start over")
         return None
+
+    def uncommitted(self) -> list[Path]:
+        """The directories of saves orbax did not commit (it never lists them as steps)."""
+        committed = {str(s) for s in self.steps()}
+        return sorted(p for p in self.directory.iterdir()
+                      if p.is_dir() and _STEP_DIR.fullmatch(p.name) and p.name not in committed)
+
+    def set_aside_uncommitted(self) -> tuple[SetAside, ...]:
+        """Move every uncommitted save to DAMAGED_DIR (`set_aside`): orbax would never read it, and
+        the step it was saving is saved again."""
+        return tuple(self.set_aside(int(_STEP_DIR.fullmatch(p.name).group(1)),
+                                    "a save orbax never committed (cut short by a kill or a full disk)", p)
+                     for p in self.uncommitted())
+
+    def set_aside(self, step: int, reason: str, path: Path | None = None) -> SetAside:
+        """Move step `step`'s directory (or `path`, an uncommitted save of it) with its checksums to
+        `DAMAGED_DIR/<step>-<n>` (n: the first free number), so that the step can be saved again;
+        warns naming both paths. The checksums stay where a committed step `step` still uses them."""
+        path = self.directory / str(step) if path is None else Path(path)
+        owns_checksums = path.name == str(step) or not (self.directory / str(step)).exists()
+        damaged = self.directory / DAMAGED_DIR
+        damaged.mkdir(exist_ok=True)
+        n = 1
+        while (damaged / f"{step}-{n}").exists() or (damaged / f"{step}-{n}{CHECKSUM_SUFFIX}").exists():
+            n += 1
+        to = damaged / f"{step}-{n}"
+        os.rename(path, to)  # within one directory tree: atomic, nothing copied
+        if owns_checksums and self._checksum_path(step).is_file():
+            os.rename(self._checksum_path(step), damaged / f"{to.name}{CHECKSUM_SUFFIX}")
+        self._manager.reload()
+        warnings.warn(f"checkpoint step {step} moved aside and kept: {path} -> {to} ({reason})", CheckpointWarning,
+                      stacklevel=2)
+        return SetAside(step, path, to, reason)
 
     def close(self) -> None:
         self._manager.close()

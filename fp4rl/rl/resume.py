@@ -6,6 +6,10 @@ resumes the run from its last checkpoint. A rerun with other settings (another `
 first. `resume="check"` (the default) refuses that and names every differing setting;
 `resume="force"` continues under the new settings, appends the change to `config_changes.jsonl`
 and rewrites config.json, so the directory says what each step ran under.
+
+A resume that finds its newest checkpoint steps damaged or unfinished moves them aside
+(`fp4rl.rl.checkpoint`) and appends each move to `checkpoint_recovery.jsonl`, so the directory also
+says which steps were computed twice and where the bad copies are kept.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ RESUME_OPTIONS = ("check", "force")
 CONFIG_FILE = "config.json"
 DONE_FILE = "done.json"  # written when a run finished: {"steps", "seeds"}
 CHANGES_FILE = "config_changes.jsonl"
+RECOVERY_FILE = "checkpoint_recovery.jsonl"  # checkpoint steps moved aside on resume
 ABSENT = "<absent>"  # a setting one side does not have (a field added to or removed from the config)
 
 # Settings that may differ on resume without `force`, and why: each changes neither the steps
@@ -101,3 +106,13 @@ def record(run_dir: str | Path, changes: dict[str, tuple[Any, Any]], step: int, 
     with (run_dir / CHANGES_FILE).open("a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")
     write_json_atomic(run_dir / CONFIG_FILE, config, indent=2)
+
+
+def record_recovery(run_dir: str | Path, moved, resumed_from: int | None) -> None:
+    """Append each checkpoint step moved aside (`fp4rl.rl.checkpoint.SetAside`: step, moved, to,
+    reason) to checkpoint_recovery.jsonl, with the step the run resumed from (None: from the start)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%S")
+    with (Path(run_dir) / RECOVERY_FILE).open("a", encoding="utf-8") as f:
+        for m in moved:
+            f.write(json.dumps({"time": now, "step": m.step, "moved": str(m.moved), "to": str(m.to),
+                                "reason": m.reason, "resumed_from": resumed_from}) + "\n")

@@ -10,8 +10,9 @@ Reproducibility: each step's randomness is `fold_in(key(seed), step)`, the data 
 grain iterator whose state is checkpointed, and the checkpoint holds params, optimizer
 state and the iterator states, so a killed run restarted with the same command recomputes
 the same steps bit for bit (on CPU) and re-logs nothing twice. A restart under other settings
-is refused unless asked for (`fp4rl.rl.resume`); checkpoints are verified on restore, a damaged
-newest one is skipped with a warning (`fp4rl.rl.checkpoint`). Progress messages go to
+is refused unless asked for (`fp4rl.rl.resume`); checkpoints are verified on restore, and a
+damaged or unfinished newest one is moved aside (kept), logged and recorded, and the run goes on
+from the newest good one (`fp4rl.rl.checkpoint`). Progress messages go to
 `<arm dir>/train.log` as well as the console.
 
 Longer than ~400 lines because the compiled programs (sync, sample, update), the step that chains
@@ -357,9 +358,15 @@ class Trainer:
 
     def _restore_or_init(self, log):
         state = self._initial_state()
-        restored = self.ckpt.restore_latest(state)
-        for reason in () if restored is None else restored.skipped:
-            log(f"skipped a damaged checkpoint: {reason}", echo=False)  # the console had the warning
+        # The steps after the one resumed from are saved again, and a step is never overwritten:
+        # the bad ones (and saves cut short) are moved aside, kept, logged and recorded.
+        restored = self.ckpt.restore_latest(state, set_aside=True)
+        moved = (() if restored is None else restored.set_aside) + self.ckpt.set_aside_uncommitted()
+        for m in moved:  # the console had the warnings
+            log(f"warning: checkpoint step {m.step} is damaged or incomplete ({m.reason}); moved aside and kept: "
+                f"{m.moved} -> {m.to}", echo=False)
+        if moved:
+            resume.record_recovery(self.dir, moved, None if restored is None else restored.step)
         if restored is None:
             self._check_finite(state["params"], f"the warm-up {self.config.init}", "retrain the warm-up")
             return state, 0

@@ -1,5 +1,6 @@
 """Checkpoints are verified on restore: damaged steps are named and skipped, never restored as
-garbage; damaged JSON beside a run names its file."""
+garbage, and moved aside (kept) for a writer that saves them again; damaged JSON beside a run
+names its file."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fp4rl.rl.checkpoint import CHECKSUM_SUFFIX, CheckpointError, Checkpointer, CheckpointWarning
+from fp4rl.rl.checkpoint import CHECKSUM_SUFFIX, DAMAGED_DIR, CheckpointError, Checkpointer, CheckpointWarning
 from fp4rl.rl.run_dir import read_json
 
 
@@ -115,6 +116,66 @@ def test_saving_a_step_twice_is_an_error_not_a_no_op(tmp_path):
         ckpt.save(0, _state(5), {"step": 0})
     ckpt.close()
     _assert_state(_restore_latest(directory).state, 0)
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_a_writer_moves_a_damaged_step_aside_and_can_save_it_again(tmp_path):
+    directory = _saved(tmp_path)
+    _flip_a_byte(_largest_data_file(directory / "2"))
+    bad = _files(directory / "2")
+    with pytest.warns(CheckpointWarning):  # a reader leaves the directory as it is
+        assert _restore_latest(directory).set_aside == ()
+    assert _files(directory / "2") == bad
+
+    ckpt = Checkpointer(directory, max_to_keep=3)
+    with pytest.warns(CheckpointWarning, match=f"moved aside and kept: {directory / '2'} -> {directory / DAMAGED_DIR / '2-1'}"):
+        restored = ckpt.restore_latest(_state(0), set_aside=True)
+    (moved,) = restored.set_aside
+    assert (restored.step, moved.step, moved.to) == (1, 2, directory / DAMAGED_DIR / "2-1")
+    assert "differ from the SHA-256" in moved.reason
+    assert _files(moved.to) == bad and (directory / DAMAGED_DIR / f"2-1{CHECKSUM_SUFFIX}").is_file()
+    assert ckpt.steps() == [0, 1]
+    ckpt.save(2, _state(2), {"step": 2})  # the step is free again; an intact one never is
+    with pytest.raises(CheckpointError, match="exists already"):
+        ckpt.save(2, _state(2), {"step": 2})
+
+    _flip_a_byte(_largest_data_file(directory / "2"))  # damaged again: kept beside the first copy
+    with pytest.warns(CheckpointWarning):
+        assert ckpt.restore_latest(_state(0), set_aside=True).set_aside[0].to == directory / DAMAGED_DIR / "2-2"
+    ckpt.close()
+    assert _restore_latest(directory).step == 1  # orbax never takes the kept copies for steps
+
+
+def test_no_good_step_moves_nothing(tmp_path):
+    directory = _saved(tmp_path, steps=(0,))
+    _flip_a_byte(_largest_data_file(directory / "0"))
+    before = _files(directory)
+    ckpt = Checkpointer(directory)
+    with pytest.warns(CheckpointWarning), pytest.raises(CheckpointError, match="no good checkpoint step.*nothing was moved"):
+        ckpt.restore_latest(_state(0), set_aside=True)
+    ckpt.close()
+    assert _files(directory) == before
+
+
+def test_uncommitted_saves_are_moved_aside_with_only_their_own_checksums(tmp_path):
+    """orbax writes a step under a temporary name and renames it at commit: a kill mid-write leaves
+    that directory, which orbax never lists. The checksums beside it belong to it unless the
+    step was committed since (a later save of the same step)."""
+    directory = _saved(tmp_path, steps=(0, 1, 2))
+    shutil.copytree(directory / "2", directory / "2.orbax-checkpoint-tmp-1")  # an earlier save of 2, cut short
+    (directory / "1").rename(directory / "1.orbax-checkpoint-tmp-2")  # the latest save of 1, cut short
+    ckpt = Checkpointer(directory, max_to_keep=3)
+    assert ckpt.uncommitted() == [directory / "1.orbax-checkpoint-tmp-2", directory / "2.orbax-checkpoint-tmp-1"]
+    with pytest.warns(CheckpointWarning, match="a save orbax never committed"):
+        moved = ckpt.set_aside_uncommitted()
+    assert [(m.step, m.to.name) for m in moved] == [(1, "1-1"), (2, "2-1")]
+    assert ckpt.uncommitted() == [] and ckpt.steps() == [0, 2]
+    assert sorted(p.name for p in (directory / DAMAGED_DIR).iterdir()) == ["1-1", f"1-1{CHECKSUM_SUFFIX}", "2-1"]
+    ckpt.close()
+    assert _restore_latest(directory).step == 2  # step 2 kept its checksums
 
 
 def test_damaged_json_names_its_file(tmp_path):
