@@ -10,6 +10,13 @@ checkpoint; `--recipe NAME` overrides). Batch shapes: `--engine.max_batch`, `--e
 
     curl -s localhost:8000/v1/completions -H 'content-type: application/json' \\
       -d '{"model": "sft-nvfp4_online", "prompt": "a=3. b=a+4. What is b?\\n", "max_tokens": 48, "temperature": 0}'
+
+or with the `openai` client (streamed, with the sampled tokens' log-probs and a stop string):
+
+    client = openai.OpenAI(base_url="http://localhost:8000/v1", api_key="unused")
+    for chunk in client.completions.create(model="sft-nvfp4_online", prompt="a=3. b=a+4. What is b?\\n",
+                                           max_tokens=48, stream=True, logprobs=0, stop=["\\n"]):
+        print(chunk.choices[0].text, end="")
 """
 
 from __future__ import annotations

@@ -68,13 +68,13 @@ def _recipe_name(recipe_json: str) -> str:
 
 def _load_sft(path: Path) -> ServedModel:
     graphdef, params, meta = sft.load(path)
-    return ServedModel(str(path), "sft", graphdef, params, ModelConfig(**meta["model_config"]),
+    return ServedModel(str(path), "sft", graphdef, params, ModelConfig.from_dict(meta["model_config"]),
                        _recipe_name(meta["recipe"]), True, tokenizer.EOS, tokenizer.PAD, tokenizer.BOS)
 
 
 def _load_rl(path: Path, seed_index: int) -> ServedModel:
     run = json.loads((path / "config.json").read_text())
-    config = ModelConfig(**run["model_config"])
+    config = ModelConfig.from_dict(run["model_config"])
     seeds = run["rl_config"]["seeds"]
     if not 0 <= seed_index < seeds:
         raise ValueError(f"seed_index={seed_index} out of range: {path} holds {seeds} seed(s)")

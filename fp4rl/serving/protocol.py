@@ -1,32 +1,47 @@
-"""The OpenAI completions protocol: request schema, error bodies, response bodies.
+"""The OpenAI completions protocol: request validation, error bodies, response bodies, stream chunks.
 
 Requests are validated strictly (JSON types as the OpenAI reference states them: a string is not
-a number, a float is not an integer; unknown fields are refused), and every refusal is an
-OpenAI-style body `{"error": {"message", "type", "param", "code"}}` with a 4xx status.
+a number, a float is not an integer, a bool is neither; NaN and infinities are refused; unknown
+fields are refused), and every refusal is an OpenAI-style body
+`{"error": {"message", "type", "param", "code"}}` with a 4xx status whose message names the
+field and its valid range. `null` is the field's default, as in the reference.
 
 Supported: `model`, `prompt` (a string, a list of strings, a list of token ids, or a list of
-such lists), `max_tokens` (default 16, as in the OpenAI reference), `temperature` (0..2, 0 is
-greedy; default 1), `top_p` (0 < p <= 1), `n`, `seed` (0..2^32-1; absent: the server draws one),
-`logprobs` (0 only: the sampled tokens' log-probs; the top alternatives are not computed), `user`
-(an opaque end-user id, as in the reference: it changes nothing). Refused when set to anything
-but their neutral value: `stream`, `echo`, `best_of`, `suffix`, `stop`, `logit_bias`,
-`presence_penalty`, `frequency_penalty` (the server does not implement them, so it says so
-instead of answering as if it did).
-Each choice carries `token_ids` beyond the reference (the only output of a model without a
-text tokenizer).
+such lists), `max_tokens` (default 16, as in the reference, or the server's limit if lower),
+`temperature` (0..2, 0 is greedy; default 1), `top_p` (0 < p <= 1), `n` (choices per prompt, at
+most the server's batch), `seed` (0..2^32-1; absent: the server draws one), `logprobs` (0 only:
+the sampled tokens' log-probs under the served, quantized forward, i.e. log softmax(logits /
+temperature) at the drawn token, temperature 1 when greedy, before the top-p truncation
+(`decode`); the top alternatives are not computed), `stop` (a string or up to 4 non-empty
+strings), `stream` with `stream_options.include_usage`, `user` (an opaque end-user id: it changes
+nothing). Refused when set to anything but their neutral value: `echo`, `best_of` (other than n),
+`suffix`, `logit_bias`, `presence_penalty`, `frequency_penalty` (the server does not implement
+them, so it says so instead of answering as if it did).
+
+Each choice carries `token_ids` beyond the reference (the only output of a model without a text
+tokenizer). A choice's text is the concatenation of its tokens' texts (`Choice.pieces`: the
+character tokenizer decodes token by token), which makes `text_offset` (where each token starts
+in the choice's text) and the streamed text deltas exact. `stop`: the text is cut before the
+earliest occurrence of any stop string in the completion; the choice keeps the tokens that start
+before the cut, and its usage counts the tokens up to the end of that occurrence (what a server
+stopping there would have generated).
 """
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
+import math
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fp4rl.serving.engine import RowResult
 
 MAX_SEED = 2**32 - 1
+MAX_STOP = 4  # the reference's limit on stop strings
+DEFAULT_MAX_TOKENS = 16  # the reference's
 
 
 class APIError(Exception):
@@ -45,103 +60,267 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What the server accepts beyond the reference's ranges: its batch shapes."""
+
+    max_tokens: int
+    max_n: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletionRequest:
+    """A validated request. prompt: one entry per prompt, each a str or a list of token ids."""
 
     model: str
-    prompt: Any
-    max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    prompt: list
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    seed: int | None = None
     logprobs: int | None = None
-    user: str | None = None
+    stop: tuple[str, ...] = ()
     stream: bool = False
-    echo: bool = False
-    best_of: int | None = None
-    suffix: str | None = None
-    stop: str | list[str] | None = None
-    logit_bias: dict[str, float] | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-
-    @field_validator("prompt")
-    @classmethod
-    def _prompt(cls, value):
-        """A list of prompts, each a str or a list of int token ids (never bool)."""
-        def ids(x):
-            return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
-
-        if isinstance(value, str) or (ids(value) and value):
-            return [value]
-        if isinstance(value, list) and value and (all(isinstance(p, str) for p in value) or all(ids(p) for p in value)):
-            return value
-        raise ValueError("prompt must be a string, a list of strings, a non-empty list of token ids (integers) "
-                         "or a list of such lists")
-
-    def unsupported(self) -> APIError | None:
-        """The first option set to something this server does not implement, as an error."""
-        neutral = {"stream": False, "echo": False, "suffix": None, "stop": None, "presence_penalty": 0.0,
-                   "frequency_penalty": 0.0}
-        for name, value in neutral.items():
-            if getattr(self, name) != value:
-                return APIError(400, f"{name}={getattr(self, name)!r} is not supported by this server", param=name,
-                                code="unsupported_parameter")
-        if self.logit_bias:
-            return APIError(400, "logit_bias is not supported by this server", param="logit_bias",
-                            code="unsupported_parameter")
-        if self.best_of is not None and self.best_of != self.n:
-            return APIError(400, f"best_of={self.best_of} is not supported (only best_of == n, i.e. n samples returned)",
-                            param="best_of", code="unsupported_parameter")
-        if self.logprobs not in (None, 0):
-            return APIError(400, f"logprobs={self.logprobs}: only 0 (the sampled tokens' log-probs) is supported; "
-                            "top alternatives are not computed", param="logprobs", code="unsupported_parameter")
-        return None
+    include_usage: bool = False
+    user: str | None = None
 
 
-def parse_request(body: Any) -> CompletionRequest:
-    """Validate a decoded JSON body; APIError (400) names the first bad parameter."""
+FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "n", "seed", "logprobs", "stop", "stream",
+          "stream_options", "user", "echo", "best_of", "suffix", "logit_bias", "presence_penalty",
+          "frequency_penalty")
+
+
+def _invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _integer(name: str, value, lo: int, hi: int | None) -> int:
+    in_range = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+    if not _is_int(value):
+        raise _invalid(name, f"{name} must be an integer {in_range}, got {value!r}", "invalid_type")
+    if value < lo or (hi is not None and value > hi):
+        raise _invalid(name, f"{name} must be an integer {in_range}, got {value}")
+    return value
+
+
+def _number(name: str, value, lo: float, hi: float, lo_open: bool = False) -> float:
+    in_range = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+    if not (_is_int(value) or isinstance(value, float)):
+        raise _invalid(name, f"{name} must be a number in {in_range}, got {value!r}", "invalid_type")
+    if not math.isfinite(value) or value < lo or value > hi or (lo_open and value == lo):
+        raise _invalid(name, f"{name} must be a number in {in_range}, got {value}")
+    return float(value)
+
+
+def _boolean(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise _invalid(name, f"{name} must be true or false, got {value!r}", "invalid_type")
+    return value
+
+
+def _string(name: str, value) -> str:
+    if not isinstance(value, str):
+        raise _invalid(name, f"{name} must be a string, got {value!r}", "invalid_type")
+    return value
+
+
+def _prompt(value) -> list:
+    """A list of prompts, each a str or a non-empty list of int token ids."""
+    def ids(x):
+        return isinstance(x, list) and bool(x) and all(_is_int(t) for t in x)
+
+    if isinstance(value, str) or ids(value):
+        return [value]
+    if isinstance(value, list) and value and (all(isinstance(p, str) for p in value) or all(ids(p) for p in value)):
+        return value
+    raise _invalid("prompt", "prompt must be a string, a list of strings, a non-empty list of token ids (integers) "
+                   "or a list of such lists", "invalid_type")
+
+
+def _stop(value) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value) or len(value) > MAX_STOP:
+        raise _invalid("stop", f"stop must be a string or a list of at most {MAX_STOP} strings, got {value!r}")
+    if not all(value):
+        raise _invalid("stop", "stop strings must be non-empty")
+    return tuple(value)
+
+
+def _unsupported(name: str, message: str) -> APIError:
+    return APIError(400, message, param=name, code="unsupported_parameter")
+
+
+def parse_request(body: Any, limits: Limits) -> CompletionRequest:
+    """Validate a decoded JSON body; APIError (400) names the first bad parameter and its range."""
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, not {type(body).__name__}")
-    try:
-        request = CompletionRequest.model_validate(body)
-    except ValidationError as e:
-        first = e.errors()[0]
-        param = str(first["loc"][0]) if first["loc"] else None
-        message = first["msg"].removeprefix("Value error, ")
-        if first["type"] == "extra_forbidden":
-            message = f"unknown parameter {param!r}"
-        elif param is not None:
-            message = f"{param}: {message}"
-        raise APIError(400, message, param=param, code=first["type"]) from None
-    error = request.unsupported()
-    if error is not None:
-        raise error
+    for name in body:
+        if name not in FIELDS:
+            raise _invalid(name, f"unknown parameter {name!r}", "unknown_parameter")
+    for name in ("model", "prompt"):
+        if body.get(name) is None:
+            raise _invalid(name, f"{name} is required", "missing_required_parameter")
+    given = {k: v for k, v in body.items() if v is not None}  # null: the field's default
+    out: dict[str, Any] = {"model": _string("model", given["model"]), "prompt": _prompt(given["prompt"])}
+    out["max_tokens"] = (_integer("max_tokens", given["max_tokens"], 1, limits.max_tokens) if "max_tokens" in given
+                         else min(DEFAULT_MAX_TOKENS, limits.max_tokens))
+    if "temperature" in given:
+        out["temperature"] = _number("temperature", given["temperature"], 0.0, 2.0)
+    if "top_p" in given:
+        out["top_p"] = _number("top_p", given["top_p"], 0.0, 1.0, lo_open=True)
+    if "n" in given:
+        out["n"] = _integer("n", given["n"], 1, limits.max_n)
+    if "seed" in given:
+        out["seed"] = _integer("seed", given["seed"], 0, MAX_SEED)
+    if "logprobs" in given:
+        logprobs = _integer("logprobs", given["logprobs"], 0, 5)
+        if logprobs != 0:
+            raise _unsupported("logprobs", f"logprobs={logprobs}: only 0 (the sampled tokens' log-probs) or null is "
+                               "supported; the top alternatives are not computed")
+        out["logprobs"] = logprobs
+    if "stop" in given:
+        out["stop"] = _stop(given["stop"])
+    if "stream" in given:
+        out["stream"] = _boolean("stream", given["stream"])
+    if "stream_options" in given:
+        options = given["stream_options"]
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise _invalid("stream_options", "stream_options must be an object whose only field is include_usage, "
+                           f"got {options!r}", "invalid_type")
+        if not out.get("stream", False):
+            raise _invalid("stream_options", "stream_options is only allowed when stream is true")
+        if options.get("include_usage") is not None:
+            out["include_usage"] = _boolean("stream_options.include_usage", options["include_usage"])
+    if "user" in given:
+        out["user"] = _string("user", given["user"])
+    request = CompletionRequest(**out)
+    _refuse_unsupported(given, request)
     return request
 
 
-def completion_body(model: str, fingerprint: str, prompt_tokens: int, results: list[list[RowResult]],
-                    texts: list[list[str]], logprobs: bool) -> dict:
-    """The response of a request whose prompt i has choices results[i] (n each, in order)."""
-    choices = []
-    for i, (prompt_results, prompt_texts) in enumerate(zip(results, texts)):
-        for j, (r, text) in enumerate(zip(prompt_results, prompt_texts)):
-            choices.append({
-                "index": i * len(prompt_results) + j,
-                "text": text,
-                "token_ids": list(r.token_ids),
-                "logprobs": {"token_logprobs": list(r.logprobs), "top_logprobs": None} if logprobs else None,
-                "finish_reason": r.finish_reason,
-            })
-    completion = sum(r.completion_tokens for rs in results for r in rs)
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "system_fingerprint": fingerprint,
-        "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                  "total_tokens": prompt_tokens + completion},
-    }
+def _refuse_unsupported(given: dict, request: CompletionRequest) -> None:
+    if "echo" in given and _boolean("echo", given["echo"]):
+        raise _unsupported("echo", "echo=true is not supported by this server")
+    if "suffix" in given:
+        raise _unsupported("suffix", "suffix is not supported by this server")
+    if "best_of" in given and _integer("best_of", given["best_of"], 1, None) != request.n:
+        raise _unsupported("best_of", f"best_of={given['best_of']} is not supported (only best_of == n, i.e. the n "
+                           "samples returned)")
+    if "logit_bias" in given:
+        if not isinstance(given["logit_bias"], dict):
+            raise _invalid("logit_bias", f"logit_bias must be an object, got {given['logit_bias']!r}", "invalid_type")
+        if given["logit_bias"]:
+            raise _unsupported("logit_bias", "logit_bias is not supported by this server")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if name in given and _number(name, given[name], -2.0, 2.0) != 0.0:
+            raise _unsupported(name, f"{name}={given[name]} is not supported by this server (only 0)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One choice's final content. pieces: each token's text (their concatenation starts with
+    `text`, the last piece may run past a stop cut); completion_tokens: for `usage`."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    pieces: tuple[str, ...]
+    logprobs: tuple[float, ...]
+    completion_tokens: int
+    finish_reason: str
+
+    @property
+    def text_offset(self) -> list[int]:
+        return _starts(self.pieces)
+
+
+def _starts(pieces: Sequence[str]) -> list[int]:
+    """Where each token's text starts in the choice's text."""
+    starts, at = [], 0
+    for piece in pieces:
+        starts.append(at)
+        at += len(piece)
+    return starts
+
+
+def make_choice(result: RowResult, pieces: Sequence[str], stop: Sequence[str]) -> Choice:
+    """The choice of an engine row whose tokens have texts `pieces`, cut at the first stop string."""
+    text = "".join(pieces)
+    found = [(at, at + len(s)) for s in stop if (at := text.find(s)) >= 0]
+    if not found:
+        return Choice(text, result.token_ids, tuple(pieces), result.logprobs, result.completion_tokens,
+                      result.finish_reason)
+    cut, end = min(found)
+    starts = _starts(pieces)
+    keep = bisect.bisect_left(starts, cut)  # tokens that start before the cut
+    generated = bisect.bisect_left(starts, end)  # tokens up to the end of the stop string
+    return Choice(text[:cut], result.token_ids[:keep], tuple(pieces[:keep]), result.logprobs[:keep], generated, "stop")
+
+
+def _logprobs(choice: Choice, offsets: list[int], sl: slice = slice(None)) -> dict:
+    return {"tokens": list(choice.pieces[sl]), "token_logprobs": list(choice.logprobs[sl]), "top_logprobs": None,
+            "text_offset": offsets[sl]}
+
+
+def _usage(prompt_tokens: int, choices: Sequence[Choice]) -> dict:
+    completion = sum(c.completion_tokens for c in choices)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+
+
+def completion_id() -> str:
+    return f"cmpl-{uuid.uuid4().hex}"
+
+
+def _envelope(id: str, model: str, fingerprint: str, created: int, choices: list) -> dict:
+    return {"id": id, "object": "text_completion", "created": created, "model": model,
+            "system_fingerprint": fingerprint, "choices": choices}
+
+
+def completion_body(model: str, fingerprint: str, prompt_tokens: int, choices: Sequence[Choice],
+                    logprobs: bool) -> dict:
+    """The response of a request whose choices are `choices` (prompt i's n choices at i*n .. i*n+n-1)."""
+    body = _envelope(completion_id(), model, fingerprint, int(time.time()), [{
+        "index": index,
+        "text": c.text,
+        "token_ids": list(c.token_ids),
+        "logprobs": _logprobs(c, c.text_offset) if logprobs else None,
+        "finish_reason": c.finish_reason,
+    } for index, c in enumerate(choices)])
+    body["usage"] = _usage(prompt_tokens, choices)
+    return body
+
+
+class Stream:
+    """The chunks of a streamed response, one per token of each choice, then one per choice with
+    its finish_reason (text ""), then (include_usage) one with the usage and no choices. Every
+    chunk shares the response's id; a choice's chunks concatenate (text, token_ids, logprobs
+    lists) to its non-streamed choice."""
+
+    def __init__(self, model: str, fingerprint: str, logprobs: bool, include_usage: bool):
+        self.id, self.created = completion_id(), int(time.time())
+        self.model, self.fingerprint, self.logprobs, self.include_usage = model, fingerprint, logprobs, include_usage
+
+    def _chunk(self, choices: list, usage: dict | None = None) -> dict:
+        chunk = _envelope(self.id, self.model, self.fingerprint, self.created, choices)
+        if self.include_usage:
+            chunk["usage"] = usage
+        return chunk
+
+    def choice_chunks(self, index: int, choice: Choice) -> Iterator[dict]:
+        offsets = choice.text_offset
+        for k, token in enumerate(choice.token_ids):
+            text = choice.text[offsets[k]:offsets[k] + len(choice.pieces[k])]  # the last piece may cross a stop cut
+            yield self._chunk([{"index": index, "text": text, "token_ids": [token],
+                                "logprobs": _logprobs(choice, offsets, slice(k, k + 1)) if self.logprobs else None,
+                                "finish_reason": None}])
+        empty = {"tokens": [], "token_logprobs": [], "top_logprobs": None, "text_offset": []}
+        yield self._chunk([{"index": index, "text": "", "token_ids": [], "logprobs": empty if self.logprobs else None,
+                            "finish_reason": choice.finish_reason}])
+
+    def usage_chunk(self, prompt_tokens: int, choices: Sequence[Choice]) -> dict | None:
+        return self._chunk([], _usage(prompt_tokens, choices)) if self.include_usage else None

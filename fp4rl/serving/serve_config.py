@@ -1,8 +1,7 @@
-"""The serving process's configuration, apart from the HTTP stack.
+"""The serving process's configuration, apart from the HTTP server.
 
 `fp4rl.configs` imports it for `experiments.serve`'s defaults; keeping it out of `server` means
-the training entry points (which import `fp4rl.configs`) never need FastAPI or uvicorn, which a
-GPU image for training may lack.
+the training entry points (which import `fp4rl.configs`) never load the HTTP server.
 """
 
 from __future__ import annotations
@@ -21,7 +20,8 @@ class ServeConfig:
     directory's name and the quantization, e.g. `sft-nvfp4_online`). engine: batch shapes.
     max_wait_ms: how long the batcher holds a request for companions; max_queue: rows waiting
     before requests are refused with 503. impl: the quantizer implementation (`auto`: Triton
-    kernels on a GPU, the jnp reference elsewhere)."""
+    kernels on a GPU, the jnp reference elsewhere). log_level: `info` or `debug` logs every
+    request, `warning` only failures."""
 
     checkpoint: str = "runs/cpu/sft"
     quantization: Literal["bf16", "mxfp8", "nvfp4_online"] = "nvfp4_online"

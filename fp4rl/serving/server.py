@@ -1,41 +1,56 @@
-"""An OpenAI-compatible HTTP server (FastAPI on uvicorn) for one quantized deployment.
+"""An OpenAI-compatible HTTP server for one quantized deployment, on the standard library's
+threading HTTP server (the GPU image has no web framework, and one route family needs none).
 
-    POST /v1/completions   the completions API (`protocol`), dynamically batched (`batcher`)
-    GET  /v1/models        the served model, with its quantization and recipe
+    POST /v1/completions   the completions API (`protocol`), dynamically batched (`batcher`);
+                           `stream: true` answers with server-sent events
+    GET  /v1/models        the served model, with its quantization and recipe (`/v1/models/{id}` too)
     GET  /health           liveness plus the deployment and the batcher's counters
 
-Every error is an OpenAI-style JSON body with a 4xx/5xx status (unknown routes included); a bad
-request never stops the server. Start-up loads the checkpoint, quantizes it (`deployment`) and
-compiles every batch shape (`engine`) before the port opens, so the first request is as fast as
-any other.
+There is no `/v1/chat/completions`: the served models have no chat template (task prompts are
+plain text for the character tokenizer), so a chat request gets a 404 rather than an invented
+conversation format.
+
+Every error is an OpenAI-style JSON body with a 4xx/5xx status (unknown routes and malformed HTTP
+included); a bad request never stops the server. Each connection has its own thread (HTTP/1.1
+keep-alive); a request's thread waits on its jobs' futures while the batcher's single worker runs
+the engine. Streaming: the engine generates a whole batch in one compiled program, so a streamed
+request's events (one per token, in the reference's wire format) are written as each of its
+prompts' batches completes; the first token arrives with the last.
+
+Start-up loads the checkpoint, quantizes it (`deployment`) and compiles every batch shape
+(`engine`) before the port opens, so the first request is as fast as any other.
 """
 
 from __future__ import annotations
 
-import asyncio
+import concurrent.futures
 import dataclasses
+import http.server
 import json
 import random
+import sys
 import threading
 import time
+import traceback
+import urllib.parse
 from pathlib import Path
-
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fp4rl.rl.sft import params_digest
 from fp4rl.serving import checkpoints, deployment
 from fp4rl.serving.batcher import Batcher, QueueFull
-from fp4rl.serving.engine import Engine, RowRequest
-from fp4rl.serving.protocol import APIError, error_body, parse_request, completion_body
+from fp4rl.serving.engine import Engine, RowRequest, RowResult
+from fp4rl.serving.protocol import (APIError, Choice, CompletionRequest, Limits, Stream, completion_body, error_body,
+                                    make_choice, parse_request)
 from fp4rl.serving.serve_config import ServeConfig
+
+MAX_BODY_BYTES = 8 << 20
+KEEP_ALIVE_S = 30.0  # an idle keep-alive connection's thread ends after this
+ROUTES = {"/health": "GET", "/v1/models": "GET", "/v1/completions": "POST"}
 
 
 @dataclasses.dataclass
 class Service:
-    """A loaded deployment behind a batcher: what the HTTP app serves."""
+    """A loaded deployment behind a batcher: what the HTTP server serves."""
 
     name: str
     engine: Engine
@@ -82,6 +97,11 @@ def _describe(service: Service) -> dict:
     }
 
 
+def _model_entry(service: Service) -> dict:
+    return {"id": service.name, "object": "model", "created": int(service.started), "owned_by": "fp4rl",
+            **_describe(service)}
+
+
 def _prompt_ids(service: Service, prompt) -> list[int]:
     model = service.engine.model
     if isinstance(prompt, str):
@@ -103,93 +123,257 @@ def _prompt_ids(service: Service, prompt) -> list[int]:
     return ids
 
 
-def _rows(service: Service, body) -> tuple:
-    request = parse_request(body)
+def _rows(service: Service, body) -> tuple[CompletionRequest, list[list[int]], list[list[RowRequest]]]:
+    cfg = service.engine.config
+    request = parse_request(body, Limits(max_tokens=cfg.max_new_tokens, max_n=cfg.max_batch))
     if request.model != service.name:
         raise APIError(404, f"the model {request.model!r} does not exist; this server serves {service.name!r}",
                        type="not_found_error", param="model", code="model_not_found")
-    cfg = service.engine.config
-    if request.max_tokens > cfg.max_new_tokens:
-        raise APIError(400, f"max_tokens={request.max_tokens} exceeds this server's limit of {cfg.max_new_tokens}",
-                       param="max_tokens", code="invalid_value")
-    if request.n > cfg.max_batch:
-        raise APIError(400, f"n={request.n} exceeds this server's batch of {cfg.max_batch} rows", param="n",
-                       code="invalid_value")
+    if request.stop and not service.engine.model.text:
+        raise APIError(400, "stop strings need text, and this model has no text tokenizer (its completions are "
+                       "token ids)", param="stop", code="unsupported_parameter")
     seed = random.getrandbits(32) if request.seed is None else request.seed
     prompts = [_prompt_ids(service, p) for p in request.prompt]
+    # Choice j of prompt i samples with key fold_in(key(seed), i * n + j): distinct keys, fixed by the seed.
     jobs = [[RowRequest(tuple(ids), request.max_tokens, request.temperature, request.top_p, seed, i * request.n + j)
              for j in range(request.n)] for i, ids in enumerate(prompts)]
     return request, prompts, jobs
 
 
-def create_app(service: Service) -> FastAPI:
-    app = FastAPI(title="fp4rl serving", docs_url=None, redoc_url=None)
+def _choices(service: Service, results: list[RowResult], stop: tuple[str, ...]) -> list[Choice]:
+    model = service.engine.model
+    return [make_choice(r, [model.decode([t]) for t in r.token_ids], stop) for r in results]
 
-    @app.exception_handler(APIError)
-    async def api_error(_, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_, exc: StarletteHTTPException):
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+def _result(future: concurrent.futures.Future) -> list[RowResult]:
+    try:
+        return future.result()
+    except concurrent.futures.CancelledError:
+        raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down") from None
 
-    @app.exception_handler(Exception)
-    async def server_error(_, exc: Exception):
-        return JSONResponse(error_body(f"{type(exc).__name__}: {exc}", "server_error"), status_code=500)
 
-    @app.get("/health")
-    async def health():
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """One connection's requests. `service` and `log_requests` are set per server (`create_server`)."""
+
+    service: Service
+    log_requests = False
+    protocol_version = "HTTP/1.1"
+    default_request_version = "HTTP/1.0"  # a garbled request line still gets a status line (not HTTP/0.9's bare body)
+    server_version = "fp4rl"
+    timeout = KEEP_ALIVE_S
+    disable_nagle_algorithm = True  # small responses go out at once, not after the client's delayed ACK
+
+    def do_GET(self):
+        self._dispatch()
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
+
+    def _dispatch(self) -> None:
+        self._responded = False
+        try:
+            raw = self._read_body()  # read even when refusing, so the next request on the connection parses
+            path = urllib.parse.urlsplit(self.path).path.rstrip("/") or "/"
+            route = ROUTES.get(path, "GET" if path.startswith("/v1/models/") else None)
+            if route is None:
+                raise APIError(404, f"no route {self.command} {path}", type="not_found_error", code="unknown_route")
+            if self.command != route:
+                raise APIError(405, f"{path} takes {route}, not {self.command}", code="method_not_allowed")
+            if path == "/health":
+                self._send_json(200, self._health())
+            elif path == "/v1/models":
+                self._send_json(200, {"object": "list", "data": [_model_entry(self.service)]})
+            elif path.startswith("/v1/models/"):
+                name = urllib.parse.unquote(path.removeprefix("/v1/models/"))
+                if name != self.service.name:
+                    raise APIError(404, f"the model {name!r} does not exist; this server serves "
+                                   f"{self.service.name!r}", type="not_found_error", param="model",
+                                   code="model_not_found")
+                self._send_json(200, _model_entry(self.service))
+            else:
+                self._completions(raw)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away: nobody to answer
+        except APIError as e:
+            self._fail(e.status, e.body())
+        except Exception as e:  # noqa: BLE001  the request fails; the server goes on
+            traceback.print_exc()
+            self._fail(500, error_body(f"{type(e).__name__}: {e}", "server_error"))
+
+    def _read_body(self) -> bytes:
+        if "Transfer-Encoding" in self.headers:
+            self.close_connection = True
+            raise APIError(411, "send the request body with a Content-Length (chunked bodies are not accepted)",
+                           code="length_required")
+        try:
+            length = int(self.headers.get("Content-Length", 0))
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            self.close_connection = True
+            raise APIError(400, f"invalid Content-Length {self.headers['Content-Length']!r}") from None
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True
+            raise APIError(413, f"the request body has {length} bytes; this server accepts at most {MAX_BODY_BYTES}",
+                           code="request_too_large")
+        return self.rfile.read(length)
+
+    def _health(self) -> dict:
+        service = self.service
         stats = service.engine.stats
         return {"status": "ok", "model": service.name, **_describe(service),
                 "waiting_rows": service.batcher.waiting_rows, "batches": stats.batches, "rows": stats.rows,
                 "tokens": stats.tokens, "tokens_per_second": stats.tokens_per_second,
                 "compile_seconds": service.compile_seconds, "uptime_seconds": time.time() - service.started}
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": service.name, "object": "model", "created": int(service.started),
-                                            "owned_by": "fp4rl", **_describe(service)}]}
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        raw = await request.body()
+    def _completions(self, raw: bytes) -> None:
+        service = self.service
         try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            body = json.loads(raw, parse_constant=_no_constant)
+        except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
             raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
-        parsed, prompts, jobs = _rows(service, body)
+        request, prompts, jobs = _rows(service, body)
         try:
             futures = [service.batcher.submit(rows) for rows in jobs]
         except QueueFull as e:
             raise APIError(503, f"{e}; retry later", type="overloaded_error", code="queue_full") from None
-        results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
-        texts = [[service.engine.model.decode(r.token_ids) for r in rs] for rs in results]
-        return completion_body(service.name, service.fingerprint, sum(map(len, prompts)), results, texts,
-                               parsed.logprobs is not None)
+        prompt_tokens = sum(map(len, prompts))
+        logprobs = request.logprobs is not None
+        if not request.stream:
+            choices = [c for f in futures for c in _choices(service, _result(f), request.stop)]
+            self._send_json(200, completion_body(service.name, service.fingerprint, prompt_tokens, choices, logprobs))
+            return
+        stream = Stream(service.name, service.fingerprint, logprobs, request.include_usage)
+        first = _result(futures[0])  # a failure before the first event still gets its status code
+        self._start_events()
+        choices: list[Choice] = []
+        for future in futures:
+            try:
+                results = first if future is futures[0] else _result(future)
+            except Exception as e:  # noqa: BLE001  the status is sent: the error goes in the stream
+                self._events([e.body() if isinstance(e, APIError) else
+                              error_body(f"{type(e).__name__}: {e}", "server_error")])
+                self._end_events()
+                return
+            events = []
+            for choice in _choices(service, results, request.stop):
+                events.extend(stream.choice_chunks(len(choices), choice))
+                choices.append(choice)
+            self._events(events)
+        usage = stream.usage_chunk(prompt_tokens, choices)
+        self._events([usage] if usage is not None else [], done=True)
+        self._end_events()
 
-    return app
+    # -- writing responses
+
+    def _send_json(self, status: int, obj: dict, headers: tuple = ()) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in headers:
+            self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self._responded = True
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _fail(self, status: int, body: dict) -> None:
+        if getattr(self, "_responded", False):  # mid-stream: the status line is gone, only closing is left
+            self.close_connection = True
+            return
+        headers = (("Allow", ROUTES.get(urllib.parse.urlsplit(self.path).path.rstrip("/"), "GET")),) \
+            if status == 405 else ()
+        try:
+            self._send_json(status, body, headers)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _start_events(self) -> None:
+        # HTTP/1.1: chunked, so the connection stays usable; HTTP/1.0: the stream ends with the connection.
+        self._chunked = self.request_version != "HTTP/1.0"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        if self._chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self._responded = True
+
+    def _write(self, data: bytes) -> None:
+        if data:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
+
+    def _events(self, chunks: list[dict], done: bool = False) -> None:
+        """Server-sent events `data: {json}` (blank-line separated), then `data: [DONE]` when done."""
+        data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+        self._write(data + (b"data: [DONE]\n\n" if done else b""))
+
+    def _end_events(self) -> None:
+        if self._chunked:
+            self.wfile.write(b"0\r\n\r\n")
+
+    # -- the base class's hooks
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Malformed HTTP (bad request line, unknown method, oversized headers): a JSON error too."""
+        if code == 404:
+            kind = "not_found_error"
+        elif code >= 500 and code != 501:  # 501: a method no route takes, a client's mistake
+            kind = "server_error"
+        else:
+            kind = "invalid_request_error"
+        self.close_connection = True
+        self._send_json(code, error_body(message or self.responses.get(code, ("error",))[0], kind))
+
+    def version_string(self) -> str:
+        return self.server_version
+
+    def log_message(self, format: str, *args) -> None:
+        if self.log_requests:
+            super().log_message(format, *args)
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512  # a burst of new connections waits in the listen backlog instead of being reset
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client hanging up is not the server's error
+            super().handle_error(request, client_address)
+
+
+def create_server(service: Service, host: str = "127.0.0.1", port: int = 0,
+                  log_level: str = "warning") -> http.server.ThreadingHTTPServer:
+    """The server of `service`, bound and listening (port 0: a free port, see `server_address`)."""
+    handler = type("Handler", (_Handler,), {"service": service,
+                                            "log_requests": log_level.lower() in ("trace", "debug", "info")})
+    return _Server((host, port), handler)
 
 
 class BackgroundServer:
-    """uvicorn on a thread (tests, notebooks): `start()` returns once the port accepts connections."""
+    """The server on a thread (tests, notebooks); it accepts connections once constructed."""
 
-    def __init__(self, app: FastAPI, host: str, port: int, log_level: str = "warning"):
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
-        self.thread = threading.Thread(target=self.server.run, name="fp4rl-uvicorn", daemon=True)
-        self.url = f"http://{host}:{port}"
+    def __init__(self, service: Service, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+        self.httpd = create_server(service, host, port, log_level)
+        self.url = f"http://{host}:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                       name="fp4rl-http", daemon=True)
 
-    def start(self, timeout_s: float = 30.0) -> "BackgroundServer":
+    def start(self) -> "BackgroundServer":
         self.thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start on {self.url}")
-            time.sleep(0.02)
         return self
 
     def stop(self) -> None:
-        self.server.should_exit = True
+        self.httpd.shutdown()
+        self.httpd.server_close()
         self.thread.join()
 
 
@@ -197,11 +381,21 @@ def serve(config: ServeConfig) -> None:
     """Load and compile (printing what is served), then serve until interrupted."""
     t0 = time.time()
     service = load_service(config)
+    try:
+        httpd = create_server(service, config.host, config.port, config.log_level)
+    except BaseException:
+        service.close()
+        raise
     info = _describe(service)
     print(f"serving {service.name!r}: {info['quantization']} (recipe {info['recipe']}, {info['high_precision_layers']}) "
           f"from {info['checkpoint']} [{info['checkpoint_kind']}, trained under {info['trained_recipe']}]; "
-          f"ready in {time.time() - t0:.1f}s (compile {service.compile_seconds}) at http://{config.host}:{config.port}")
+          f"ready in {time.time() - t0:.1f}s (compile {service.compile_seconds}) at "
+          f"http://{config.host}:{httpd.server_address[1]}",
+          flush=True)
     try:
-        uvicorn.run(create_app(service), host=config.host, port=config.port, log_level=config.log_level)
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
     finally:
+        httpd.server_close()
         service.close()

@@ -1,40 +1,44 @@
-"""The HTTP server with a real client: the OpenAI completions API, errors, and a loopback load test.
+"""The HTTP server with real clients: the official `openai` client (completions, streamed and not,
+logprobs, stop strings, n choices, errors), raw HTTP (errors, the event-stream wire format), and a
+loopback load test from many client threads.
 
-The server runs in this process (uvicorn on a thread, a free loopback port), started once for the
-module and stopped at its end; the deployment is the smoke warm-up served as nvfp4_online.
+The server runs in this process (a thread, a free loopback port), started once for the module
+and stopped at its end; the deployment is the smoke warm-up served as nvfp4_online.
 """
 
 from __future__ import annotations
 
-import asyncio
+import concurrent.futures
+import json
+import math
+import random
 import socket
-import time
+import threading
 
 import httpx
+import openai
 import pytest
 
 from fp4rl import configs
 from fp4rl.rl import data
 from fp4rl.rl.task import TaskConfig, make_problem
 from fp4rl.serving.engine import EngineConfig, RowRequest
-from fp4rl.serving.server import BackgroundServer, ServeConfig, create_app, load_service
+from fp4rl.serving.server import BackgroundServer, ServeConfig, load_service
+
+# One xdist worker for the module: its server (load, quantize, compile two buckets) is built once.
+pytestmark = pytest.mark.xdist_group("serving-server")
 
 MAX_BATCH, T = 8, 24
 ENGINE = EngineConfig(max_batch=MAX_BATCH, prompt_buckets=(32, 48), max_new_tokens=T)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+MODEL = "smoke-nvfp4"
 
 
 @pytest.fixture(scope="module")
 def server(warmup_dir):
     config = ServeConfig(checkpoint=str(warmup_dir), quantization="nvfp4_online", impl="reference", engine=ENGINE,
-                         max_wait_ms=20.0, model_name="smoke-nvfp4")
+                         max_wait_ms=20.0, model_name=MODEL)
     service = load_service(config)
-    background = BackgroundServer(create_app(service), "127.0.0.1", _free_port()).start()
+    background = BackgroundServer(service).start()
     yield background, service
     background.stop()
     service.close()
@@ -46,6 +50,17 @@ def client(server):
         yield client
 
 
+def _openai(url: str) -> openai.OpenAI:
+    # No retries: a lost or failed response must show, not be papered over by a second attempt.
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60.0)
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    with _openai(server[0].url) as client:
+        yield client
+
+
 LONG_TASK = TaskConfig(min_ops=3, max_ops=3, digits=1, max_operands=2)  # prompts of 33-48 tokens: the second bucket
 
 
@@ -53,18 +68,55 @@ def _prompt(i: int, seed: int = 23, task: TaskConfig = configs.SMOKE_TASK) -> st
     return make_problem(i, seed, task).prompt + data.PROMPT_SEPARATOR
 
 
+def _ids(prompt: str) -> tuple[int, ...]:
+    return tuple(data.encode_prompt(prompt[:-1]))
+
+
 def _complete(client, **body):
-    body.setdefault("model", "smoke-nvfp4")
+    body.setdefault("model", MODEL)
     return client.post("/v1/completions", json=body)
 
 
-def test_health_and_models(client):
+def _choices(completion) -> list[dict]:
+    """A completion's choices (an openai response, or the chunks of a streamed one reassembled) as
+    plain dicts, in index order."""
+    out: dict[int, dict] = {}
+    for chunk in completion if isinstance(completion, list) else [completion]:
+        for c in chunk.choices:
+            d = out.setdefault(c.index, {"text": "", "token_ids": [], "logprobs": None, "finish_reason": None})
+            d["text"] += c.text
+            d["token_ids"] += c.token_ids
+            if c.logprobs is not None:
+                lp = d["logprobs"] or {"tokens": [], "token_logprobs": [], "text_offset": []}
+                for key in lp:
+                    lp[key] += getattr(c.logprobs, key)
+                assert c.logprobs.top_logprobs is None
+                d["logprobs"] = lp
+            if c.finish_reason is not None:
+                assert d["finish_reason"] is None, "two finish_reasons for one choice"
+                d["finish_reason"] = c.finish_reason
+    assert sorted(out) == list(range(len(out)))
+    return [out[i] for i in range(len(out))]
+
+
+def _stream(oai, **body) -> tuple[list, list[dict]]:
+    body.setdefault("model", MODEL)
+    chunks = list(oai.completions.create(stream=True, **body))
+    assert len({c.id for c in chunks}) == 1 and all(c.object == "text_completion" for c in chunks)
+    return chunks, _choices(chunks)
+
+
+def test_health_and_models(client, oai):
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["quantization"] == "nvfp4_online" and health["recipe"] == "full"
     assert health["trained_recipe"] == "bf16" and health["prompt_buckets"] == [32, 48]
     models = client.get("/v1/models").json()
-    assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["smoke-nvfp4"]
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == [MODEL]
     assert models["data"][0]["max_tokens"] == T and models["data"][0]["max_prompt_tokens"] == 48
+    assert [m.id for m in oai.models.list()] == [MODEL]
+    assert oai.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        oai.models.retrieve("gpt-4")
 
 
 def test_completion_is_the_engines_result(client, server):
@@ -73,62 +125,136 @@ def test_completion_is_the_engines_result(client, server):
     response = _complete(client, prompt=prompt, max_tokens=T, temperature=0, logprobs=0)
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["object"] == "text_completion" and body["model"] == "smoke-nvfp4"
+    assert body["object"] == "text_completion" and body["model"] == MODEL
     assert body["system_fingerprint"].startswith("fp4rl-nvfp4_online-full-")
     (choice,) = body["choices"]
-    ids = tuple(data.encode_prompt(prompt[:-1]))
+    ids = _ids(prompt)
     (expected,) = service.engine.run_batch([RowRequest(ids, T)])
+    text = service.engine.model.decode(expected.token_ids)
     assert tuple(choice["token_ids"]) == expected.token_ids
-    assert choice["text"] == service.engine.model.decode(expected.token_ids)
-    assert choice["logprobs"]["token_logprobs"] == list(expected.logprobs)
+    assert choice["text"] == text
+    assert choice["logprobs"] == {"tokens": list(text), "token_logprobs": list(expected.logprobs), "top_logprobs": None,
+                                  "text_offset": list(range(len(text)))}  # one character per token
     assert choice["finish_reason"] == expected.finish_reason
     assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": expected.completion_tokens,
                              "total_tokens": len(ids) + expected.completion_tokens}
     # The same prompt as token ids (BOS included by the client) gives the same completion.
     by_ids = _complete(client, prompt=list(ids), max_tokens=T, temperature=0).json()
-    assert by_ids["choices"][0]["token_ids"] == choice["token_ids"]
+    assert by_ids["choices"][0]["token_ids"] == choice["token_ids"] and by_ids["choices"][0]["logprobs"] is None
 
 
-def test_several_prompts_n_choices_and_seeds(client):
-    prompts = [_prompt(1), _prompt(2)]
-    greedy = _complete(client, prompt=prompts, max_tokens=8, temperature=0, n=2).json()
-    assert [c["index"] for c in greedy["choices"]] == [0, 1, 2, 3]
-    for i, prompt in enumerate(prompts):  # choices i*n .. i*n+n-1 answer prompt i
-        alone = _complete(client, prompt=prompt, max_tokens=8, temperature=0).json()["choices"][0]["token_ids"]
-        assert [c["token_ids"] for c in greedy["choices"][2 * i:2 * i + 2]] == [alone, alone]
-    sampled = _complete(client, prompt=prompts, max_tokens=8, temperature=1.0, top_p=0.95, n=3, seed=5).json()
-    again = _complete(client, prompt=prompts, max_tokens=8, temperature=1.0, top_p=0.95, n=3, seed=5).json()
-    assert [c["token_ids"] for c in again["choices"]] == [c["token_ids"] for c in sampled["choices"]]
-    reseeded = _complete(client, prompt=prompts, max_tokens=8, temperature=1.0, top_p=0.95, n=3, seed=6).json()
-    assert [c["token_ids"] for c in reseeded["choices"]] != [c["token_ids"] for c in sampled["choices"]]
-    assert all(len(c["token_ids"]) <= 8 for c in sampled["choices"])
+def test_openai_client_streamed_equals_non_streamed(oai):
+    """Under one seed, the streamed events reassemble to the non-streamed completion: text, token
+    ids, log-probs (one per token, finite, <= 0), finish reason and usage."""
+    request = dict(model=MODEL, prompt=_prompt(3), max_tokens=T, temperature=1.0, top_p=0.9, seed=11, logprobs=0)
+    completion = oai.completions.create(**request)
+    (whole,) = _choices(completion)
+    lp = whole["logprobs"]
+    assert whole["text"] and len(lp["tokens"]) == len(lp["token_logprobs"]) == len(whole["token_ids"])
+    assert "".join(lp["tokens"]) == whole["text"] and lp["text_offset"] == list(range(len(whole["text"])))
+    assert all(math.isfinite(x) and x <= 0.0 for x in lp["token_logprobs"])
+    assert completion.usage.completion_tokens == len(whole["token_ids"]) + (whole["finish_reason"] == "stop")
+    chunks, (streamed,) = _stream(oai, **request, stream_options={"include_usage": True})
+    assert streamed == whole
+    assert len(chunks) == len(whole["token_ids"]) + 2  # one event per token, the finish, the usage
+    assert chunks[-1].choices == [] and chunks[-1].usage == completion.usage
+    assert all(c.usage is None for c in chunks[:-1])
+    # Without stream_options there is no usage event; without logprobs none are sent.
+    chunks, (plain,) = _stream(oai, **{k: v for k, v in request.items() if k != "logprobs"})
+    assert plain == {**whole, "logprobs": None} and all(c.choices for c in chunks)
+
+
+def test_event_stream_wire_format(client):
+    """The bytes on the wire: `data: {json}` events separated by blank lines, ending `data: [DONE]`."""
+    with client.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": _prompt(4), "max_tokens": 3,
+                                                        "temperature": 0, "stream": True}) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        raw = response.read().decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert all(e.startswith("data: {") for e in events[:-2]) and len(chunks) >= 2
+    assert {c["object"] for c in chunks} == {"text_completion"} and chunks[-1]["choices"][0]["finish_reason"]
+    assert _complete(client, prompt="a=1. b=a+1. What is b?\n", max_tokens=2).status_code == 200  # connection reused
+
+
+def test_stop_strings(oai):
+    """The text is cut before the earliest occurrence of any stop string; tokens and log-probs are
+    those of the text kept; streamed the same."""
+    request = dict(model=MODEL, prompt=_prompt(5), max_tokens=T, temperature=0, logprobs=0)
+    (full,) = _choices(oai.completions.create(**request))
+    text = full["text"]
+    assert len(text) >= 4, text
+    stops = ["never in the text \u0000", text[2:4], text[-1]]
+    cut, end = min((text.find(s), text.find(s) + len(s)) for s in stops if s in text)
+    completion = oai.completions.create(**request, stop=stops)
+    (stopped,) = _choices(completion)
+    assert stopped["text"] == text[:cut] and stopped["finish_reason"] == "stop"
+    assert stopped["token_ids"] == full["token_ids"][:cut]
+    assert stopped["logprobs"] == {key: value[:cut] for key, value in full["logprobs"].items()}
+    assert completion.usage.completion_tokens == end  # the tokens up to the end of the stop string
+    assert _stream(oai, **request, stop=stops)[1] == [stopped]
+    # A single string works too; a stop string that never occurs changes nothing.
+    assert _choices(oai.completions.create(**request, stop=text[2:4]))[0]["text"] == text[:text.find(text[2:4])]
+    assert _choices(oai.completions.create(**request, stop="never \u0000"))[0] == full
+
+
+def test_n_choices_and_several_prompts(oai, server):
+    """n choices per prompt (prompt i's at i*n .. i*n+n-1), each with its own sample key, the
+    same under the same seed, streamed or not."""
+    _, service = server
+    prompts = [_prompt(6), _prompt(7, task=LONG_TASK)]
+    request = dict(model=MODEL, prompt=prompts, max_tokens=8, temperature=1.0, n=2, seed=5, logprobs=0)
+    choices = _choices(oai.completions.create(**request))
+    assert len(choices) == 4
+    for i, prompt in enumerate(prompts):
+        for j in range(2):
+            (alone,) = service.engine.run_batch([RowRequest(_ids(prompt), 8, 1.0, 1.0, 5, i * 2 + j)])
+            assert tuple(choices[2 * i + j]["token_ids"]) == alone.token_ids
+            assert choices[2 * i + j]["logprobs"]["token_logprobs"] == list(alone.logprobs)
+    assert choices[0] != choices[1] or choices[2] != choices[3]  # distinct keys: the samples differ
+    assert _choices(oai.completions.create(**request)) == choices
+    assert _stream(oai, **request)[1] == choices
+    assert _choices(oai.completions.create(**{**request, "seed": 6})) != choices
 
 
 BAD_REQUESTS = [
     # (body, status, error type, param)
     ({"model": "gpt-4", "prompt": "a"}, 404, "not_found_error", "model"),
     ({"prompt": "a"}, 400, "invalid_request_error", "model"),
-    ({"model": "smoke-nvfp4"}, 400, "invalid_request_error", "prompt"),
-    ({"model": "smoke-nvfp4", "prompt": []}, 400, "invalid_request_error", "prompt"),
-    ({"model": "smoke-nvfp4", "prompt": [1, "a"]}, 400, "invalid_request_error", "prompt"),
-    ({"model": "smoke-nvfp4", "prompt": [1, 500]}, 400, "invalid_request_error", "prompt"),
-    ({"model": "smoke-nvfp4", "prompt": "caf\u00e9"}, 400, "invalid_request_error", "prompt"),
-    ({"model": "smoke-nvfp4", "prompt": "x" * 48}, 400, "invalid_request_error", "prompt"),
-    ({"model": "smoke-nvfp4", "prompt": "a", "temperature": -0.5}, 400, "invalid_request_error", "temperature"),
-    ({"model": "smoke-nvfp4", "prompt": "a", "temperature": 2.5}, 400, "invalid_request_error", "temperature"),
-    ({"model": "smoke-nvfp4", "prompt": "a", "temperature": "hot"}, 400, "invalid_request_error", "temperature"),
-    ({"model": "smoke-nvfp4", "prompt": "a", "top_p": 0}, 400, "invalid_request_error", "top_p"),
-    ({"model": "smoke-nvfp4", "prompt": "a", "n": 0}, 400, "invalid_request_error", "n"),
-    ({"model": "smoke-nvfp4", "prompt": "a", "n": MAX_BATCH + 1}, 400, "invalid_request_error", "n"),
-    ({"model": "smoke-nvfp4", "prompt": "a", "max_tokens": 0}, 400, "invalid_request_error", "max_tokens"),
-    ({"model": "smoke-nvfp4", "prompt": "a", "max_tokens": T + 1}, 400, "invalid_request_error", "max_tokens"),
-    ({"model": "smoke-nvfp4", "prompt": "a", "max_tokens": 4.5}, 400, "invalid_request_error", "max_tokens"),
-    ({"model": "smoke-nvfp4", "prompt": "a", "seed": -1}, 400, "invalid_request_error", "seed"),
-    ({"model": "smoke-nvfp4", "prompt": "a", "stream": True}, 400, "invalid_request_error", "stream"),
-    ({"model": "smoke-nvfp4", "prompt": "a", "logprobs": 3}, 400, "invalid_request_error", "logprobs"),
-    ({"model": "smoke-nvfp4", "prompt": "a", "stop": ["\n"]}, 400, "invalid_request_error", "stop"),
-    ({"model": "smoke-nvfp4", "prompt": "a", "temprature": 0}, 400, "invalid_request_error", "temprature"),
-    ([{"model": "smoke-nvfp4", "prompt": "a"}], 400, "invalid_request_error", None),
+    ({"model": MODEL}, 400, "invalid_request_error", "prompt"),
+    ({"model": MODEL, "prompt": []}, 400, "invalid_request_error", "prompt"),
+    ({"model": MODEL, "prompt": [1, "a"]}, 400, "invalid_request_error", "prompt"),
+    ({"model": MODEL, "prompt": [1, 500]}, 400, "invalid_request_error", "prompt"),
+    ({"model": MODEL, "prompt": "caf\u00e9"}, 400, "invalid_request_error", "prompt"),
+    ({"model": MODEL, "prompt": "x" * 48}, 400, "invalid_request_error", "prompt"),
+    ({"model": MODEL, "prompt": "a", "temperature": -0.5}, 400, "invalid_request_error", "temperature"),
+    ({"model": MODEL, "prompt": "a", "temperature": 2.5}, 400, "invalid_request_error", "temperature"),
+    ({"model": MODEL, "prompt": "a", "temperature": "hot"}, 400, "invalid_request_error", "temperature"),
+    ({"model": MODEL, "prompt": "a", "top_p": 0}, 400, "invalid_request_error", "top_p"),
+    ({"model": MODEL, "prompt": "a", "n": 0}, 400, "invalid_request_error", "n"),
+    ({"model": MODEL, "prompt": "a", "n": MAX_BATCH + 1}, 400, "invalid_request_error", "n"),
+    ({"model": MODEL, "prompt": "a", "n": True}, 400, "invalid_request_error", "n"),
+    ({"model": MODEL, "prompt": "a", "max_tokens": 0}, 400, "invalid_request_error", "max_tokens"),
+    ({"model": MODEL, "prompt": "a", "max_tokens": T + 1}, 400, "invalid_request_error", "max_tokens"),
+    ({"model": MODEL, "prompt": "a", "max_tokens": 4.5}, 400, "invalid_request_error", "max_tokens"),
+    ({"model": MODEL, "prompt": "a", "seed": -1}, 400, "invalid_request_error", "seed"),
+    ({"model": MODEL, "prompt": "a", "stream": "yes"}, 400, "invalid_request_error", "stream"),
+    ({"model": MODEL, "prompt": "a", "stream_options": {"include_usage": True}}, 400, "invalid_request_error",
+     "stream_options"),
+    ({"model": MODEL, "prompt": "a", "stream": True, "stream_options": {"usage": True}}, 400, "invalid_request_error",
+     "stream_options"),
+    ({"model": MODEL, "prompt": "a", "logprobs": 3}, 400, "invalid_request_error", "logprobs"),
+    ({"model": MODEL, "prompt": "a", "logprobs": 6}, 400, "invalid_request_error", "logprobs"),
+    ({"model": MODEL, "prompt": "a", "logprobs": True}, 400, "invalid_request_error", "logprobs"),
+    ({"model": MODEL, "prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "invalid_request_error", "stop"),
+    ({"model": MODEL, "prompt": "a", "stop": [""]}, 400, "invalid_request_error", "stop"),
+    ({"model": MODEL, "prompt": "a", "stop": 7}, 400, "invalid_request_error", "stop"),
+    ({"model": MODEL, "prompt": "a", "echo": True}, 400, "invalid_request_error", "echo"),
+    ({"model": MODEL, "prompt": "a", "best_of": 2}, 400, "invalid_request_error", "best_of"),
+    ({"model": MODEL, "prompt": "a", "presence_penalty": 0.5}, 400, "invalid_request_error", "presence_penalty"),
+    ({"model": MODEL, "prompt": "a", "temprature": 0}, 400, "invalid_request_error", "temprature"),
+    ([{"model": MODEL, "prompt": "a"}], 400, "invalid_request_error", None),
 ]
 
 
@@ -140,52 +266,94 @@ def test_bad_requests_get_openai_errors(client, body, status, kind, param):
     assert error["type"] == kind and error["param"] == param and error["message"]
 
 
-def test_malformed_json_unknown_routes_and_methods(client):
+@pytest.mark.parametrize("field, value, message", [
+    ("n", MAX_BATCH + 1, f"n must be an integer in [1, {MAX_BATCH}], got {MAX_BATCH + 1}"),
+    ("max_tokens", T + 1, f"max_tokens must be an integer in [1, {T}], got {T + 1}"),
+    ("stop", ["a"] * 5, "stop must be a string or a list of at most 4 strings"),
+    ("logprobs", 9, "logprobs must be an integer in [0, 5], got 9"),
+    ("logprobs", 2, "only 0 (the sampled tokens' log-probs) or null is supported"),
+])
+def test_openai_client_sees_the_field_and_its_range(oai, field, value, message):
+    for stream in (False, True):  # a streamed request is refused before any event, with the same error
+        with pytest.raises(openai.BadRequestError) as info:
+            oai.completions.create(model=MODEL, prompt="a", stream=stream, **{field: value})
+        assert info.value.param == field and message in info.value.body["message"]
+
+
+def test_malformed_json_http_and_unknown_routes(client, server):
     for response, status in ((client.post("/v1/completions", content=b'{"model": "smoke-nvfp4", '), 400),
                              (client.post("/v1/completions", content=b"\xff\xfe"), 400),
-                             (client.get("/v1/chat/completions"), 404),
-                             (client.get("/v1/completions"), 405)):
+                             (client.post("/v1/completions", content=b'{"model": "smoke-nvfp4", "prompt": "a", '
+                                                                     b'"temperature": NaN}'), 400),
+                             (client.post("/v1/chat/completions", json={"model": MODEL, "messages": []}), 404),
+                             (client.get("/v1/completions"), 405),
+                             (client.get("/nowhere"), 404)):
         assert response.status_code == status
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    with socket.create_connection(("127.0.0.1", int(server[0].url.rsplit(":", 1)[1])), timeout=10) as s:
+        s.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        head, _, body = s.makefile("rb").read().partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and "error" in json.loads(body)
     assert _complete(client, prompt="a=1. b=a+1. What is b?\n", max_tokens=4).status_code == 200  # still serving
 
 
-def test_concurrent_requests_are_neither_lost_nor_mixed_up(server):
-    """64 concurrent requests with distinct prompts (greedy and seeded sampling, two prompt buckets)
-    plus 8 bad ones: every good answer equals the same request run alone, every bad one gets its
-    error, and the batcher did batch them."""
+# The load test's distinct requests: both prompt buckets, budgets 1..T, greedy and seeded sampling,
+# n of 1 and 2, logprobs or not, stop strings or not; then the bad ones.
+def _load_requests() -> list[dict]:
+    good = []
+    for i in range(40):
+        good.append({"prompt": _prompt(100 + i, task=LONG_TASK if i % 4 < 2 else configs.SMOKE_TASK),
+                     "max_tokens": (1, 3, 8, T)[i % 4], "n": 2 if i % 5 == 0 else 1,
+                     **({"temperature": 0} if i % 3 == 0 else {"temperature": 1.0, "seed": 1000 + i}),
+                     **({"logprobs": 0} if i % 2 else {}), **({"stop": ["=", "\n"]} if i % 7 == 3 else {})})
+    bad = [{"prompt": "a", "model": "nope"}, {"prompt": "a", "n": 0}, {"prompt": "x" * 48},
+           {"prompt": "a", "max_tokens": T + 1}, {"prompt": "a", "stop": list("abcde")}]
+    return good + bad
+
+
+def _answer(oai, request: dict, stream: bool):
+    """What the client got: (choices, usage) or the error's (status, param)."""
+    body = {"model": MODEL, **request}
+    try:
+        if stream:
+            chunks, choices = _stream(oai, stream_options={"include_usage": True}, **body)
+            return chunks[0].id, choices, chunks[-1].usage.model_dump()
+        completion = oai.completions.create(**body)
+        return completion.id, _choices(completion), completion.usage.model_dump()
+    except openai.APIStatusError as e:
+        return None, e.status_code, e.param
+
+
+def test_concurrent_load_is_neither_lost_nor_mixed_up(server, oai):
+    """320 requests from 32 client threads (streamed or not, mixed budgets, n, logprobs, stop strings,
+    a sixth of them bad): every answer equals the same request sent alone, no answer is lost or
+    repeated, every bad request gets its error, and the batcher did batch them."""
     background, service = server
-    good = [{"model": "smoke-nvfp4", "prompt": _prompt(100 + i, task=LONG_TASK if i % 4 < 2 else configs.SMOKE_TASK),
-             "max_tokens": T,
-             **({"temperature": 0} if i % 2 else {"temperature": 1.0, "seed": 1000 + i})} for i in range(64)]
-    bad = [{"model": "nope", "prompt": "a"} if i % 2 else {"model": "smoke-nvfp4", "prompt": "a", "n": 0} for i in range(8)]
-    bodies = good[:32] + bad + good[32:]
+    distinct = _load_requests()
+    alone = [_answer(oai, r, stream=False)[1:] for r in distinct]
+    assert sum(isinstance(a[0], int) for a in alone) == 5 and all(isinstance(a[0], list) for a in alone[:40])
+    rng = random.Random(0)
+    plan = [(k, rng.random() < 0.5) for k in rng.choices(range(len(distinct)), k=320)]
     batches_before = len(service.batcher.batch_sizes)
+    local, clients = threading.local(), []
 
-    async def fire():
-        async with httpx.AsyncClient(base_url=background.url, timeout=60.0) as client:
-            return await asyncio.gather(*(client.post("/v1/completions", json=b) for b in bodies))
+    def fire(item):
+        if not hasattr(local, "client"):  # one client (and connection pool) per thread, like separate users
+            local.client = _openai(background.url)
+            clients.append(local.client)
+        k, stream = item
+        return _answer(local.client, distinct[k], stream)
 
-    t0 = time.monotonic()
-    responses = asyncio.run(asyncio.wait_for(fire(), timeout=60.0))
-    elapsed = time.monotonic() - t0
-    assert elapsed < 60.0
-    by_body = dict(zip(map(id, bodies), responses))
-    for b in bad:
-        assert by_body[id(b)].status_code in (400, 404) and "error" in by_body[id(b)].json()
-    widths = set()
-    for b in good:
-        response = by_body[id(b)]
-        assert response.status_code == 200, response.text
-        ids = tuple(data.encode_prompt(b["prompt"][:-1]))
-        widths.add(service.engine.bucket_of(len(ids)))
-        row = RowRequest(ids, T, b["temperature"], 1.0, b.get("seed", 0), 0)
-        (alone,) = service.engine.run_batch([row])
-        (choice,) = response.json()["choices"]
-        assert tuple(choice["token_ids"]) == alone.token_ids, b["prompt"]
-        assert choice["text"] == service.engine.model.decode(alone.token_ids)
-    assert widths == {32, 48}  # both buckets were exercised
-    sizes = service.batcher.batch_sizes[batches_before:batches_before + 64]
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(fire, plan, timeout=120))
+    for c in clients:
+        c.close()
+    assert len(answers) == len(plan)
+    ids = [a[0] for a in answers if a[0] is not None]
+    assert len(ids) == len(set(ids))  # no response served twice
+    for (k, stream), answer in zip(plan, answers):
+        assert answer[1:] == alone[k], (distinct[k], stream)
+    sizes = service.batcher.batch_sizes[batches_before:]
     assert max(sizes) > 1, sizes  # requests were batched together
     assert client_survives(background.url)
 
