@@ -42,10 +42,10 @@ class DecodeBenchConfig:
 
 def run(config: DecodeBenchConfig) -> dict:
     for gemm in config.expert_gemms:
-        check_gemm(gemm)  # names the valid backends before anything compiles
+        check_gemm(gemm, auto=True)  # names the valid backends before anything compiles
     rows = []
     for gemm in config.expert_gemms:
-        mc = dataclasses.replace(ModelConfig.from_name(config.model), expert_gemm=gemm)
+        mc = dataclasses.replace(ModelConfig.from_name(config.model), expert_gemm=gemm).resolved()  # rows name the backend
         rows += _rows_of_backend(config, mc)
     return {"device": str(jax.devices()[0].device_kind), "model": config.model, "params": mc.param_count()._asdict(),
             "config": dataclasses.asdict(config), "rows": rows}

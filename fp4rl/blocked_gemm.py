@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp4rl.grouped import exact_precision, promoted
+from fp4rl.exact_dot import exact_precision, promoted
 
 F32 = jnp.float32
 MIN_BLOCK, MAX_BLOCK = 8, 128

@@ -30,6 +30,10 @@ Accumulation is float32 (`preferred_element_type`).
   forward of an NVFP4 weight (`ragged_matmul_nvfp4`) the Pallas Triton kernel that reads the
   weight packed and dequantizes it in registers (`pallas_kernels.grouped_gemm.packed_weight`):
   no bf16 copy of the weight in HBM, 3.6x fewer weight bytes (the decode path on Hopper).
+A config may also name "auto" (`ModelConfig.expert_gemm`'s default): `resolve_gemm` turns it into
+the fastest of these that the tests hold to the reference on the platform ("packed" on a Hopper GPU
+where the kernels take the model, "xla" elsewhere) once, where the model is built; the GEMM
+functions below take backends only.
 The kernels take bf16/f16 operands. One mixed case is exact on them too: an f32 wgrad operand
 (the dequantized backward's DQ(Q(x)) with per-token scales) against a bf16 one; the f32 operand
 is split into three bf16 parts whose sum is exactly it (8 significand bits each), each part's
@@ -45,17 +49,103 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-F32 = jnp.float32
+from fp4rl import blocked_gemm
+from fp4rl.exact_dot import F32, exact_precision, promoted
+
 GEMMS = ("xla", "blocked", "mosaic", "mosaic_interpret", "packed", "packed_interpret")
 PACKED_GEMMS = {"packed": "mosaic", "packed_interpret": "mosaic_interpret"}  # -> their bf16 GEMM backend
+# What a config may name: a backend, or "auto", which `resolve_gemm` turns into one before any
+# GEMM is traced (the functions below take backends only).
+AUTO = "auto"
+GEMM_OPTIONS = (AUTO, *GEMMS)
 _WGRAD_DIMS = lax.RaggedDotDimensionNumbers(
     dot_dimension_numbers=(([0], [0]), ([], [])), lhs_ragged_dimensions=[0], rhs_group_dimensions=[]
 )
 
 
-def check_gemm(gemm: str) -> None:
-    if gemm not in GEMMS:
-        raise ValueError(f"unknown grouped GEMM backend gemm={gemm!r}; valid options: {GEMMS}")
+def check_gemm(gemm: str, *, auto: bool = False) -> None:
+    """Raise, naming the valid options, unless `gemm` is a backend (or, with `auto`, "auto")."""
+    valid = GEMM_OPTIONS if auto else GEMMS
+    if gemm in valid:
+        return
+    if gemm == AUTO:
+        raise ValueError(f"gemm='auto' is no backend: it is resolved once, where the model is built "
+                         f"(`fp4rl.grouped.resolve_gemm`, `ModelConfig.resolved`); valid options here: {GEMMS}")
+    raise ValueError(f"unknown grouped GEMM backend gemm={gemm!r}; valid options: {valid}")
+
+
+def on_hopper() -> bool:
+    """JAX's default backend is a GPU of compute capability 9.x (H100, H200): the Mosaic GPU
+    kernels are built on its WGMMA and TMA instructions, which other GPU generations lack."""
+    if jax.default_backend() != "gpu":
+        return False
+    return str(getattr(jax.devices()[0], "compute_capability", "")).split(".")[0] == "9"
+
+
+@functools.cache
+def kernels_refuse(gemm: str, dtype: str, weights: tuple[tuple[int, int], ...]) -> str | None:
+    """Why the compiled kernels of `gemm` ("mosaic" or "packed") cannot run the grouped GEMMs of
+    expert weights [E, K, N] of these (K, N) on `dtype` operands; None when they can.
+
+    Every GEMM a ragged qdot runs on such a weight goes through the kernels' own argument checks:
+    forward K -> N, dgrad N -> K, wgrad [K, N], and with "packed" the forward of the weight's
+    NVFP4 form. Abstractly (`jax.eval_shape`) and in interpret mode, so no GPU is needed: the
+    checks raise before tracing, the same for the compiled kernels."""
+    from pallas_kernels.grouped_gemm import grouped_matmul, grouped_matmul_nvfp4, grouped_wgrad
+
+    spec = jax.ShapeDtypeStruct
+    rows, groups = 128, 2  # any: the kernels pad the rows to their blocks
+    sizes = spec((groups,), jnp.int32)
+    checks = []
+    for k, n in weights:
+        checks += [
+            (f"forward [{k} -> {n}]", functools.partial(grouped_matmul, interpret=True),
+             (spec((rows, k), dtype), spec((groups, k, n), dtype), sizes)),
+            (f"dgrad [{n} -> {k}]", functools.partial(grouped_matmul, transpose_rhs=True, interpret=True),
+             (spec((rows, n), dtype), spec((groups, k, n), dtype), sizes)),
+            (f"wgrad [{k}, {n}]", functools.partial(grouped_wgrad, interpret=True),
+             (spec((rows, k), dtype), spec((rows, n), dtype), sizes)),
+        ]
+        if gemm == "packed":
+            if k % 16:
+                return f"NVFP4 forward [{k} -> {n}]: K={k} is no whole number of 16-element NVFP4 blocks"
+            checks.append((f"NVFP4 forward [{k} -> {n}]", functools.partial(grouped_matmul_nvfp4, interpret=True),
+                           (spec((rows, k), jnp.float16), spec((groups, n, k // 2), jnp.uint8),
+                            spec((groups, n, k // 16), jnp.float8_e4m3fn), sizes)))
+    for what, kernel, args in checks:
+        try:
+            jax.eval_shape(kernel, *args)
+        except (TypeError, ValueError) as err:
+            return f"{what}: {err}"
+    return None
+
+
+def resolve_gemm(gemm: str, *, dtype: str, weights: tuple[tuple[int, int], ...]) -> str:
+    """The backend `gemm` names: itself, or for "auto" the fastest backend whose results the tests
+    hold to the XLA reference on this platform, for expert weights [E, K, N] of these (K, N) on
+    `dtype` operands (the model's compute dtype).
+
+    On a Hopper GPU: "packed". It made the fastest RL step measured (benchmarks/README.md, "RL step
+    time": 1.74x "xla" for the bf16 arm, 1.89x for `full`), and the compiled suites hold it to the
+    reference (`pytest -m gpu tests/kernels/test_grouped_gemm.py`). It serves every recipe: its
+    packed-weight kernel takes only the forward of an NVFP4 expert stack, and every other GEMM
+    (BF16 and MXFP8 sites, every backward) runs on "mosaic"'s kernels, so no arm of a matrix needs
+    another backend. Where the kernels refuse the model (`kernels_refuse`: f32 compute, as the
+    kernels take bf16/f16 operands, f32 would run as TF32; widths off their tiles), the next that
+    takes it: "mosaic" (the packed kernel alone refused), else "xla".
+    Anywhere else: "xla", the portable reference (the kernels run compiled on Hopper only; their
+    interpreters are for tests).
+    The choice depends on the platform, so it is made once where a model is built
+    (`ModelConfig.resolved`), and runs record the backend, never "auto"."""
+    check_gemm(gemm, auto=True)
+    if gemm != AUTO:
+        return gemm
+    if not on_hopper():
+        return "xla"
+    for candidate in ("packed", "mosaic"):
+        if kernels_refuse(candidate, str(dtype), tuple(weights)) is None:
+            return candidate
+    return "xla"
 
 
 def _batched(x, is_batched: bool, n: int):
@@ -66,20 +156,6 @@ def _folded_group_sizes(group_sizes_BxE, num_rows: int):
     """[B, E] -> [B * (E + 1)]: each problem's groups plus a dummy group for its remaining rows."""
     rest = num_rows - jnp.sum(group_sizes_BxE, axis=1, keepdims=True)
     return jnp.concatenate([group_sizes_BxE, rest], axis=1).reshape(-1).astype(jnp.int32)
-
-
-def promoted(a, b):
-    """Both operands in their common dtype (an exact widening, e.g. bf16 -> f32)."""
-    dtype = jnp.promote_types(a.dtype, b.dtype)
-    return a.astype(dtype), b.astype(dtype)
-
-
-def exact_precision(dtype):
-    """The `precision` that makes an XLA dot of `dtype` operands multiply exactly: HIGHEST for f32.
-    XLA:GPU's DEFAULT runs f32 dots as TF32 on Ampere and later (10 significand bits, ~5e-4
-    relative), which would round the f32 operand of the dequantized wgrad; bf16 products are
-    exact in f32 under any precision, so bf16 dots keep DEFAULT (and their programs unchanged)."""
-    return lax.Precision.HIGHEST if jnp.dtype(dtype) == F32 else None
 
 
 def _bf16_parts(x_f32):
@@ -243,8 +319,6 @@ def ragged_matmul(a_RxK, b_ExKxN, group_sizes_E, *, gemm: str = "xla", transpose
     check_gemm(gemm)
     gemm = PACKED_GEMMS.get(gemm, gemm)
     if gemm == "blocked":
-        from fp4rl import blocked_gemm  # it builds on this module's operand helpers
-
         return blocked_gemm.matmul(a_RxK, b_ExKxN, group_sizes_E, transpose_rhs=transpose_rhs)
     return _matmul_fn(gemm, transpose_rhs)(a_RxK, b_ExKxN, group_sizes_E)
 
@@ -254,7 +328,5 @@ def ragged_wgrad(a_RxK, g_RxN, group_sizes_E, *, gemm: str = "xla"):
     check_gemm(gemm)
     gemm = PACKED_GEMMS.get(gemm, gemm)
     if gemm == "blocked":
-        from fp4rl import blocked_gemm
-
         return blocked_gemm.wgrad(a_RxK, g_RxN, group_sizes_E)
     return _wgrad_fn(gemm)(a_RxK, g_RxN, group_sizes_E)

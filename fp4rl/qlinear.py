@@ -44,6 +44,7 @@ import numpy as np
 from jax import lax
 
 from fp4rl import grouped, operands
+from fp4rl.exact_dot import exact_precision, promoted
 from fp4rl.formats import hadamard, mx, nvfp4
 from fp4rl.recipe import SiteConfig
 
@@ -57,7 +58,7 @@ def _gemm(a_TxC, b_CxN, group_sizes, gemm: str, transpose_rhs: bool = False):
     ragged: rows of `a` grouped, b [E, C, N] per group, on the `gemm` backend (fp4rl.grouped)."""
     if group_sizes is None:
         return jnp.matmul(a_TxC, _swap(b_CxN) if transpose_rhs else b_CxN, preferred_element_type=F32,
-                          precision=grouped.exact_precision(jnp.promote_types(a_TxC.dtype, b_CxN.dtype)))
+                          precision=exact_precision(jnp.promote_types(a_TxC.dtype, b_CxN.dtype)))
     return grouped.ragged_matmul(a_TxC, b_CxN, group_sizes, gemm=gemm, transpose_rhs=transpose_rhs)
 
 
@@ -65,9 +66,9 @@ def _wgrad_gemm(a_TxK, g_TxN, group_sizes, gemm: str):
     """a^T @ g over tokens: [K, N], or per group [E, K, N] in the ragged layout. Operands of two
     dtypes (f32 and bf16) are widened exactly (XLA) or split exactly (Mosaic, fp4rl.grouped)."""
     if group_sizes is None:
-        a_TxK, g_TxN = grouped.promoted(a_TxK, g_TxN)
+        a_TxK, g_TxN = promoted(a_TxK, g_TxN)
         return lax.dot_general(a_TxK, g_TxN, (([0], [0]), ([], [])), preferred_element_type=F32,
-                               precision=grouped.exact_precision(a_TxK.dtype))
+                               precision=exact_precision(a_TxK.dtype))
     return grouped.ragged_wgrad(a_TxK, g_TxN, group_sizes, gemm=gemm)
 
 

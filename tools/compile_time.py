@@ -62,7 +62,7 @@ def update(preset: str = "h200", arms: str = "bf16", seeds: str = "4", gemms: st
             flags = os.environ.get("XLA_FLAGS", "") or "default XLA_FLAGS"
             gib = "n/a" if memory is None else " ".join(
                 f"{name} {getattr(memory, f'{name}_size_in_bytes') / 2**30:.1f}" for name in ("argument", "output", "temp"))
-            print(f"{preset} {arm:6s} seeds {seeds} gemm {gemm:8s} compile {seconds:6.1f} s, GiB: {gib} ({flags})",
+            print(f"{preset} {arm:6s} seeds {seeds} gemm {run.model_config.expert_gemm:8s} compile {seconds:6.1f} s, GiB: {gib} ({flags})",
                   flush=True)
 
 

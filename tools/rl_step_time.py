@@ -45,7 +45,8 @@ def measure(preset: str, arm: str, gemm: str, seeds: int, steps: int, warmup) ->
     config = dataclasses.replace(configs.RL_PRESETS[preset], arm=arm, seeds=seeds, steps=steps, expert_gemm=gemm,
                                  eval_every=0, checkpoint_every=steps, out=tempfile.mkdtemp(prefix="rl_step_time_"))
     t0 = time.perf_counter()
-    history = trainer.Trainer(config, progress=False, warmup=warmup).run()
+    run = trainer.Trainer(config, progress=False, warmup=warmup)
+    history = run.run()
     wall = time.perf_counter() - t0
     later = [step[1:] for step in history]  # per seed, steps after the first
 
@@ -53,7 +54,7 @@ def measure(preset: str, arm: str, gemm: str, seeds: int, steps: int, warmup) ->
         return float(np.median([r[key] for seed in later for r in seed]))
 
     step_s, rollout_s = median("time/step_s"), median("time/rollout_s")
-    return {"arm": arm, "gemm": gemm, "seeds": seeds, "step_s": step_s, "rollout_s": rollout_s,
+    return {"arm": arm, "gemm": run.model_config.expert_gemm, "seeds": seeds,  # "auto" as resolved "step_s": step_s, "rollout_s": rollout_s,
             "rest_s": step_s - rollout_s, "first_step_s": float(np.mean([s[0]["time/step_s"] for s in history])),
             "reward_step0": float(np.mean([s[0]["reward/mean"] for s in history])), "wall_s": wall}
 
@@ -70,7 +71,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     gemms = args.gemms.split(",")
     for gemm in gemms:
-        check_gemm(gemm)  # names the valid backends
+        check_gemm(gemm, auto=True)  # names the valid backends
     if args.steps < 2:
         parser.error("--steps must be >= 2 (the first step compiles and is not timed)")
     warmup, source = _warmup(args.preset, args.init or configs.RL_PRESETS[args.preset].init)

@@ -303,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     the settings its runs' config.json record and the commands that produced them."""
     import argparse
 
-    from fp4rl.rl.ablation import settings_text  # the runner's own settings section (imports JAX)
+    from fp4rl.rl.run_settings import settings_text  # the runner's settings section; imports JAX, so only here
 
     parser = argparse.ArgumentParser(prog="python -m fp4rl.analysis.report", description=main.__doc__)
     parser.add_argument("run_dir", help="an ablation run directory: <arm>/seed<k>/metrics.jsonl")

@@ -244,7 +244,7 @@ def from_pretrained(path: str, recipe="bf16", dtype: str = "float32") -> HFModel
         raise FileNotFoundError(f"{config_path} not found (from_pretrained reads local directories only)")
     with open(config_path) as f:
         hf_config = json.load(f)
-    config = config_from_hf(hf_config, dtype)
+    config = config_from_hf(hf_config, dtype).resolved()  # the model's own config names its backend
     W = _Tensors(read_tensors(path))
     model = _load_params(config, W)
     W.check(path)

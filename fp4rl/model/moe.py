@@ -16,42 +16,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp4rl.model.config import ModelConfig
+from fp4rl.model.expert_dispatch import dispatch
 from fp4rl.model.layers import SwiGLU, dtype_of, normal_init, swiglu_act, widen
 from fp4rl.model.sites import Ctx, site_dot
+from fp4rl.parallel import expert as expert_parallel
 from fp4rl.parallel.mesh import active_mesh
 
 F32 = jnp.float32
-
-
-def padded_rows(num_tokens: int, top_k: int, num_experts: int, align: int) -> int:
-    """R: the static row bound of the sorted buffer. Each group wastes at most align - 1 rows."""
-    rows = num_tokens * top_k + num_experts * (align - 1)
-    return -(-rows // align) * align
-
-
-def dispatch(expert_TxK, num_experts: int, align: int):
-    """Where each (token, choice) pair goes in the padded, expert-sorted buffer.
-
-    Returns (row_of_pair [T*k] int32, token_of_row [R] int32 (T for padding rows),
-    group_sizes [E] int32: each expert's count rounded up to `align`; their sum <= R, and
-    qdot's ragged GEMM, told that rows past the sum are padding, leaves them at zero).
-    """
-    T, k = expert_TxK.shape
-    R = padded_rows(T, k, num_experts, align)
-    expert_P = expert_TxK.reshape(-1).astype(jnp.int32)  # pair p = t * k + j
-    # Stable: pairs of one expert keep token order, so a token's row never depends on later tokens
-    # of its own group (it can still shift by whole `align` blocks when earlier groups grow).
-    order_P = jnp.argsort(expert_P, stable=True)
-    counts_E = jnp.bincount(expert_P, length=num_experts).astype(jnp.int32)
-    sizes_E = (counts_E + align - 1) // align * align
-    start_E = jnp.cumsum(counts_E) - counts_E  # exclusive prefix sums
-    padded_start_E = jnp.cumsum(sizes_E) - sizes_E
-    sorted_expert_P = expert_P[order_P]
-    rank_P = jnp.arange(T * k, dtype=jnp.int32) - start_E[sorted_expert_P]  # rank inside its group
-    row_of_sorted_P = padded_start_E[sorted_expert_P] + rank_P
-    row_of_pair_P = jnp.zeros(T * k, jnp.int32).at[order_P].set(row_of_sorted_P)
-    token_of_row_R = jnp.full(R, T, jnp.int32).at[row_of_pair_P].set(jnp.arange(T * k, dtype=jnp.int32) // k)
-    return row_of_pair_P, token_of_row_R, sizes_E
 
 
 class MoE(nnx.Module):
@@ -67,7 +38,7 @@ class MoE(nnx.Module):
             self.shared_gate = nnx.Param(normal_init(rngs, (D, 1), D, pd))
         self.layer, self.num_experts, self.top_k = layer, E, config.top_k
         self.norm_topk_prob, self.group_align = config.norm_topk_prob, config.group_align
-        self.expert_gemm = config.expert_gemm
+        self.expert_gemm = config.resolved().expert_gemm  # a backend, also for an MoE built alone
         self.has_shared, self.has_shared_gate = bool(config.shared_expert_d_ff), config.shared_expert_gate
 
     def site_kinds(self) -> dict[str, str]:
@@ -94,8 +65,6 @@ class MoE(nnx.Module):
         `jax.set_mesh` of a (data, expert) mesh the experts run sharded (`fp4rl.parallel.expert`)."""
         mesh = active_mesh()
         if mesh is not None:
-            from fp4rl.parallel import expert as expert_parallel  # lazy: it imports this module
-
             return expert_parallel.experts(self, x_TxD, weight_TxK, expert_TxK, ctx, mesh)
         T, D = x_TxD.shape
         row_of_pair_P, token_of_row_R, sizes_E = dispatch(expert_TxK, self.num_experts, self.group_align)

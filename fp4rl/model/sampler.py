@@ -124,7 +124,7 @@ def operands_ahead(qparams, config):
     so the emulated forward would form it again at every step. The same values, so the same
     tokens and log-probs. With a packed-weight expert GEMM (`expert_gemm="packed"`) the expert
     stacks stay packed: its kernel reads them so."""
-    keep_packed = config.expert_gemm in PACKED_GEMMS
+    keep_packed = config.resolved().expert_gemm in PACKED_GEMMS
 
     def ahead(w):
         if keep_packed and isinstance(w, nvfp4.NVFP4Tensor) and w.codes.ndim == 3:

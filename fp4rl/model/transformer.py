@@ -159,6 +159,9 @@ def run_blocks(blocks, x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx: Ctx, 
 
 class Transformer(nnx.Module):
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        # expert_gemm "auto" becomes this platform's backend here, once: the graphdef (and the
+        # sampler, which reads `model.config`) then names the backend every program runs on.
+        config = config.resolved()
         pd = dtype_of(config.param_dtype)
         self.config = config
         # Untied: N(0, 1) rows (RMSNorm follows immediately). Tied: the head reuses the rows, so

@@ -14,7 +14,7 @@ Per device, with M = |expert| and E_l = E / M local experts:
    order, unused slots are zero rows carrying the local-expert id E_l ("none").
 2. `lax.all_to_all` over "expert" exchanges the [M, C, D] rows and the [M, C] local-expert ids.
 3. The received rows are grouped by local expert exactly as the one-device MoE groups its
-   tokens (`moe.dispatch`, padded to `group_align`; the "none" rows form a last group that the
+   tokens (`expert_dispatch.dispatch`, padded to `group_align`; the "none" rows form a last group that the
    ragged GEMM is told is padding), run through the same `site_dot`s, and
 4. a second `all_to_all` returns each result to the slot it came from; the k results of a
    token are combined in f32 with its router weights, as on one device.
@@ -39,8 +39,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from fp4rl.model.expert_dispatch import dispatch
 from fp4rl.model.layers import swiglu_act, widen
-from fp4rl.model.moe import dispatch
 from fp4rl.model.sites import site_dot
 from fp4rl.parallel.mesh import DATA, EXPERT
 

@@ -11,7 +11,8 @@ Resumable: a finished arm (`done.json`) is skipped, an unfinished one continues 
 last checkpoint, so rerunning the same command after an interruption only does what is left.
 A rerun under other settings is refused for finished arms as for unfinished ones
 (`fp4rl.rl.resume`), and the report states the settings each arm ran with, read from its
-config.json, not those of the command that wrote the report.
+config.json, not those of the command that wrote the report (`fp4rl.rl.run_settings`). All runs
+of one directory run their expert GEMMs on one backend: a run that would use another is refused.
 
 Compiling ahead: after the gradient measurements, the learning run and the arms still to run are
 set up and `compile_workers` threads compile their programs (`Trainer.compile_tasks`: the learning
@@ -33,8 +34,9 @@ from fp4rl.analysis import gradient_report, learning
 from fp4rl.analysis.report import write_report, write_sections_report
 from fp4rl.analysis.runs import has_arm_metrics
 from fp4rl.recipe import ABLATION_ARMS, BASELINE_ARMS, PrecisionRecipe
-from fp4rl.rl import gradients, merge_seeds, resume, sft, trainer
-from fp4rl.rl.run_dir import prepare_out, read_json
+from fp4rl.rl import gradients, resume, sft, trainer
+from fp4rl.rl.run_dir import prepare_out
+from fp4rl.rl.run_settings import expert_gemm_of, run_records, settings_text
 
 # Sub-config fields the runner sets itself (`arm_config`, `learning_config`, `run`), with the
 # runner option that controls each: a value given for one would be ignored, so any value other
@@ -119,35 +121,6 @@ def learning_config(config: AblationConfig) -> trainer.RLConfig:
     return _run_config(config, "bf16", config.seeds, steps=config.learning_steps, out=str(Path(config.out) / "learning"))
 
 
-def settings_text(out: Path) -> str:
-    """The settings every run under `out` ran with, read from their directories: the warm-up's
-    sft_meta.json, and each arm's (and the learning run's) config.json, the settings all share
-    once and then each run's own."""
-    lines = []
-    if sft.is_finished(out / "sft"):
-        lines += ["warm-up (sft/sft_meta.json):", json.dumps(read_json(out / "sft" / sft.META_FILE)["sft_config"],
-                                                             sort_keys=True), ""]
-    dirs = sorted(p for p in out.iterdir() if (p / resume.CONFIG_FILE).is_file())
-    if (out / "learning" / "bf16" / resume.CONFIG_FILE).is_file():
-        dirs.append(out / "learning" / "bf16")
-    records = {str(d.relative_to(out)): read_json(d / resume.CONFIG_FILE) for d in dirs}
-    runs = {name: resume.flatten(record["rl_config"]) for name, record in records.items()}
-    if not runs:
-        return "\n".join(lines + ["(no arm has a config.json)"])
-    first = next(iter(runs.values()))
-    common = {k: v for k, v in first.items() if all(k in r and r[k] == v for r in runs.values())}
-    lines.append(f"RL settings common to {', '.join(runs)} (<run>/config.json):")
-    lines += [f"  {k}={json.dumps(v)}" for k, v in common.items()]
-    for name, flat in runs.items():
-        own = {k: v for k, v in flat.items() if k not in common}
-        lines.append(f"{name}: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in own.items()))
-        if merged := merge_seeds.merged_text(records[name]):
-            lines.append(f"  {merged}")
-        if (out / name / resume.CHANGES_FILE).is_file():
-            lines.append(f"  settings changed on resume: see {name}/{resume.CHANGES_FILE}")
-    return "\n".join(lines)
-
-
 def _check_finished(run_config: trainer.RLConfig, label: str) -> None:
     """A finished run is skipped; a rerun under other settings is refused unless forced (it would
     report the old results as if they were of the new settings)."""
@@ -155,6 +128,24 @@ def _check_finished(run_config: trainer.RLConfig, label: str) -> None:
     if changes:
         print(f"[{label}] finished earlier; setting(s) differ from this command's ({resume.describe(changes)}): "
               "kept as run, the report states the settings it ran with")
+
+
+def _check_one_backend(config: AblationConfig, out: Path) -> None:
+    """One matrix, one expert-GEMM backend: the runs still to do run on the backend every run
+    recorded under `out` ran on. Runs of one process share the resolution of "auto"; a run made by
+    another process (another platform, another --rl.expert_gemm) may not, and its arm would then
+    differ from the others in summation order and time per step."""
+    records = run_records(out)
+    if not records:  # nothing ran yet: the runs to do share this process's resolution
+        return
+    warmup = trainer.warmup_model_config(out / "sft")
+    gemm = trainer.resolve_settings(config.rl, warmup).expert_gemm or warmup.expert_gemm
+    for name, record in records.items():
+        if (recorded := expert_gemm_of(record)) != gemm:
+            raise ValueError(f"{out / name} ran its expert GEMMs on expert_gemm={recorded!r}, but this command's runs "
+                             f"would run on {gemm!r} (--rl.expert_gemm={config.rl.expert_gemm!r}, the warm-up's "
+                             f"{warmup.expert_gemm!r}): one matrix never mixes backends; pass "
+                             f"--rl.expert_gemm={recorded} or start a new --out")
 
 
 def _sections(config: AblationConfig, out: Path) -> list[str]:
@@ -199,10 +190,12 @@ def run(config: AblationConfig, commands: tuple[str, ...] = (), progress: bool =
         print(f"[warm-up] training {config.sft.model} for {config.sft.steps} steps -> {sft_dir}")
         status["sft"] = "ran"
     sft.train(dataclasses.replace(config.sft, out=str(sft_dir)), progress=progress)
-    grad_dir = out / "gradients"
-    measure = config.measure_gradients and not (grad_dir / gradient_report.RESULTS_FILE).exists()
     learning_run = learning_config(config) if config.learning_steps else None
     learn = learning_run is not None and not trainer.is_finished(learning_run)
+    if pending or learn:
+        _check_one_backend(config, out)
+    grad_dir = out / "gradients"
+    measure = config.measure_gradients and not (grad_dir / gradient_report.RESULTS_FILE).exists()
     warmup = sft.load(sft_dir) if pending or measure or learn else None  # loaded once for every run
     pool = concurrent.futures.ThreadPoolExecutor(config.compile_workers) if config.compile_workers and (
         pending or learn) else None

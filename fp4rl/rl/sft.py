@@ -78,8 +78,12 @@ class SFTConfig:
 
 
 def model_config(config: SFTConfig) -> ModelConfig:
+    """The warm-up's model: the preset with the tokenizer's vocabulary, long enough for a prompt and
+    its answer, and expert_gemm resolved on this platform (sft_meta.json records the backend, which
+    every RL run from the warm-up keeps unless it names another)."""
     base = ModelConfig.from_name(config.model)
-    return dataclasses.replace(base, vocab_size=tokenizer.vocab_size, max_seq_len=max(base.max_seq_len, config.max_len + config.max_new_tokens))
+    return dataclasses.replace(base, vocab_size=tokenizer.vocab_size,
+                               max_seq_len=max(base.max_seq_len, config.max_len + config.max_new_tokens)).resolved()
 
 
 def _lm_loss(graphdef, params, batch):
@@ -111,7 +115,7 @@ def load(out: str | Path):
     """(graphdef, params, meta) of a finished warm-up run directory."""
     directory = checkpoint_dir(out)
     meta = read_json(Path(out) / META_FILE)
-    mc = ModelConfig(**meta["model_config"])
+    mc = ModelConfig.from_dict(meta["model_config"])
     graphdef, like = transformer.init(mc, 0)
     ckpt = Checkpointer(directory)
     restored = ckpt.restore_latest(like)

@@ -38,7 +38,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fp4rl import operands
-from fp4rl.grouped import check_gemm
+from fp4rl.grouped import AUTO, check_gemm
 from fp4rl.model import sync as model_sync
 from fp4rl.model.config import ModelConfig
 from fp4rl.model.transformer import graphdef_of
@@ -49,6 +49,7 @@ from fp4rl.rl import data, dapo, evaluation, policy, resume, rollout, sft, verif
 from fp4rl.rl.checkpoint import Checkpointer
 from fp4rl.rl.metrics_log import MetricsWriter, truncate_after
 from fp4rl.rl.run_dir import RunLog, prepare_out, read_json, write_json_atomic
+from fp4rl.rl.run_settings import expert_gemm_of
 from fp4rl.rl.task import TaskConfig
 
 
@@ -95,7 +96,9 @@ class RLConfig:
     settings and records the change in config_changes.jsonl.
     mesh: data x expert devices (`fp4rl.parallel`, docs/parallel.md); 1 x 1 is the one-device program.
     expert_gemm: the routed experts' grouped-GEMM backend (`fp4rl.grouped.GEMMS`) for this run's
-      programs; "" keeps the warm-up's (`ModelConfig.expert_gemm`). Changes how, not what, it computes.
+      programs; "" keeps the warm-up's (`ModelConfig.expert_gemm`, resolved when the warm-up was
+      trained); "auto" the fastest on this platform for the warm-up's model, resolved when the run
+      starts (`resolve_settings`: config.json records the backend). Changes how, not what, it computes.
     """
 
     arm: str = "bf16"
@@ -130,7 +133,7 @@ class RLConfig:
     def __post_init__(self):
         PrecisionRecipe.from_name(self.arm)  # names the valid arms on a typo
         if self.expert_gemm:
-            check_gemm(self.expert_gemm)  # names the valid backends on a typo
+            check_gemm(self.expert_gemm, auto=True)  # names the valid backends on a typo
         if self.mini_batches < 1 or self.prompts_per_step % self.mini_batches:
             raise ValueError(f"prompts_per_step={self.prompts_per_step} must be a multiple of {self.mini_batches=} "
                              "(each mini-batch takes whole groups, balanced over the mini-batches)")
@@ -181,10 +184,36 @@ def settings(config: RLConfig) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(config), default=str))
 
 
-def check_settings(config: RLConfig) -> dict:
-    """The setting changes of `config` against its run directory's config.json (`resume.check`:
-    raises unless they may differ or config.resume is "force")."""
-    return resume.check(arm_dir(config), settings(config), config.resume)
+def warmup_model_config(init: str | Path) -> ModelConfig:
+    """The model config of the warm-up in `init` (its sft_meta.json), naming its backend."""
+    return ModelConfig.from_dict(read_json(Path(init) / sft.META_FILE)["model_config"]).resolved()
+
+
+def resolve_settings(config: RLConfig, model_config: ModelConfig | None = None) -> RLConfig:
+    """`config` with expert_gemm "auto" resolved for the warm-up's model on this platform
+    (`model_config`, else read from config.init): the settings a run trains under and config.json
+    records. Any other value is kept ("": the warm-up's backend)."""
+    if config.expert_gemm != AUTO:
+        return config
+    mc = warmup_model_config(config.init) if model_config is None else model_config
+    return dataclasses.replace(config, expert_gemm=dataclasses.replace(mc, expert_gemm=AUTO).resolved().expert_gemm)
+
+
+def check_settings(config: RLConfig, model_config: ModelConfig | None = None) -> dict:
+    """The setting changes of `config` ("auto" resolved: `resolve_settings`) against its run
+    directory's config.json (`resume.check`: raises unless they may differ or config.resume is
+    "force"). A run asking for "auto" where it resolves to another backend than the run ran on
+    raises, naming both, whatever config.resume says: it continues on its backend when named."""
+    resolved = resolve_settings(config, model_config)
+    path = arm_dir(config) / resume.CONFIG_FILE
+    if config.expert_gemm == AUTO and path.is_file():
+        record = read_json(path)
+        recorded = expert_gemm_of(record) if isinstance(record, dict) and isinstance(record.get("rl_config"), dict) else None
+        if recorded is not None and recorded != resolved.expert_gemm:
+            raise ValueError(f"{path}: the run ran its expert GEMMs on expert_gemm={recorded!r}, but expert_gemm='auto' "
+                             f"resolves to {resolved.expert_gemm!r} here; resume with --expert_gemm={recorded} "
+                             "(--rl.expert_gemm in experiments.ablation) to keep its backend, or start a new --out")
+    return resume.check(arm_dir(config), settings(resolved), config.resume)
 
 
 @jax.jit
@@ -242,10 +271,14 @@ class Trainer:
     already (the ablation runner loads it once for every arm)."""
 
     def __init__(self, config: RLConfig, progress: bool = True, warmup=None):
-        self.config, self.progress = config, progress
+        requested = config
+        self.progress = progress
         self.recipe = PrecisionRecipe.from_name(config.arm)
         self.graphdef, self.ref_params, self.sft_meta = sft.load(config.init) if warmup is None else warmup
-        self.model_config = ModelConfig(**self.sft_meta["model_config"])
+        # The warm-up's model (a config saved without a backend, or with "auto", resolves as
+        # `sft.load` built its graphdef), then this run's backend: "auto" resolved once, here.
+        self.warmup_config = self.model_config = ModelConfig.from_dict(self.sft_meta["model_config"]).resolved()
+        self.config = config = resolve_settings(config, self.warmup_config)
         if config.expert_gemm and config.expert_gemm != self.model_config.expert_gemm:
             self.model_config = dataclasses.replace(self.model_config, expert_gemm=config.expert_gemm)
             self.graphdef = graphdef_of(self.model_config)
@@ -284,7 +317,7 @@ class Trainer:
             self.ref_params = placement.place_state(self.ref_params, self.mesh)  # every state derives from it
         # Checked here, before anything compiles; only a run with a checkpoint resumes (without one
         # it starts over and rewrites config.json).
-        self.setting_changes = check_settings(config) if self.ckpt.steps() else {}
+        self.setting_changes = check_settings(requested, self.warmup_config) if self.ckpt.steps() else {}
 
     @functools.cached_property
     def ref_params_S(self):
@@ -393,8 +426,11 @@ class Trainer:
                                      f"nothing was saved; {advice}")
 
     def _config_record(self) -> dict:
+        model_config = self.sft_meta["model_config"]
+        if model_config.get("expert_gemm") == AUTO:  # a warm-up config written by hand: what it resolved to
+            model_config = {**model_config, "expert_gemm": self.warmup_config.expert_gemm}
         return {"rl_config": settings(self.config), "recipe": json.loads(self.recipe.to_json()),
-                "model_config": self.sft_meta["model_config"]}
+                "model_config": model_config}
 
     def _seed_dirs(self):
         return [self.dir / f"seed{s}" for s in self.seeds]

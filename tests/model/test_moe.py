@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from fp4rl.model import init
-from fp4rl.model.moe import dispatch, padded_rows
+from fp4rl.model.expert_dispatch import dispatch, padded_rows
 from fp4rl.model.sites import Ctx
 from fp4rl.recipe import PrecisionRecipe
 from tests.model.common import TINY

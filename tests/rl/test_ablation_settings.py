@@ -84,6 +84,33 @@ def test_the_report_shows_settings_that_differ_between_arms(tmp_path):
     assert 'full: arm="full", optim.lr=0.0003' in section and 'bf16: arm="bf16", optim.lr=0.0001' in section
 
 
+def test_one_matrix_runs_on_one_expert_gemm_backend(tmp_path):
+    """The report names the backend the runs ran on; an arm still to run that would run on another
+    backend than a recorded one is refused before anything trains, naming both."""
+    out = tmp_path / "ablation"
+    config = _config(out)
+    _finished_run(out, config)
+    meta_path = out / "sft" / sft.META_FILE
+    meta = json.loads(meta_path.read_text())
+    meta["model_config"] = dataclasses.asdict(sft.model_config(config.sft))  # as a warm-up records it
+    assert meta["model_config"]["expert_gemm"] == "xla"  # resolved on this CPU, never "auto"
+    meta_path.write_text(json.dumps(meta))
+    section = _configuration_section(ablation.run(config, progress=False)["report"].read_text())
+    assert "routed experts' grouped GEMMs (expert_gemm) of every run: xla" in section
+
+    record = json.loads((out / "full" / "config.json").read_text())
+    record["rl_config"]["expert_gemm"] = "packed"  # e.g. the arm ran in another process, on a GPU
+    (out / "full" / "config.json").write_text(json.dumps(record))
+    forced = _config(out, "--rl.resume=force")  # a finished arm's other settings are kept, reported
+    section = _configuration_section(ablation.run(forced, progress=False)["report"].read_text())
+    assert "routed experts' grouped GEMMs (expert_gemm): bf16 xla, full packed" in section
+    (out / "bf16" / "done.json").unlink()  # bf16 still to run, here on the warm-up's "xla"
+    with pytest.raises(ValueError, match=r"full ran its expert GEMMs on expert_gemm='packed', but this command's runs "
+                                         r"would run on 'xla' .*one matrix never mixes backends; pass "
+                                         r"--rl.expert_gemm=packed"):
+        ablation.run(forced, progress=False)
+
+
 def test_a_run_without_matrix_arms_reports_what_it_ran_and_what_the_matrix_would_add(tmp_path):
     out = tmp_path / "ablation"
     _finished_run(out, _config(out, "--arms="))  # the warm-up alone: nothing else to run

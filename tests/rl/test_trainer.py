@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -435,6 +436,36 @@ def test_kill_and_resume_reproduces_an_uninterrupted_run(warmup_dir, tmp_path):
     got = [_without_timing(r) for r in _records(metrics)]
     assert [r["step"] for r in got] == list(range(steps))
     assert got == want
+
+
+def test_runs_record_the_resolved_backend_never_auto(warmup_dir, tmp_path):
+    """expert_gemm "auto" is resolved once, when a run starts: the warm-up's sft_meta.json and a
+    run's config.json name the backend; a run recorded on another backend is not resumed under
+    "auto" (the error names both); a warm-up recorded with "xla", or before the field existed,
+    loads under the default and keeps its backend."""
+    meta = json.loads((warmup_dir / sft.META_FILE).read_text())
+    assert meta["model_config"]["expert_gemm"] == "xla"  # resolved on this CPU when the warm-up trained
+    run = trainer.Trainer(_smoke(warmup_dir, tmp_path / "a", expert_gemm="auto"), progress=False)
+    assert run.config.expert_gemm == run.model_config.expert_gemm == "xla"
+    record = run._config_record()  # what config.json holds
+    assert record["rl_config"]["expert_gemm"] == "xla" and record["model_config"]["expert_gemm"] == "xla"
+
+    arm = tmp_path / "b" / "bf16"
+    arm.mkdir(parents=True)
+    (arm / "config.json").write_text(json.dumps({**record, "rl_config": {**record["rl_config"], "expert_gemm": "packed"}}))
+    for resume in ("check", "force"):
+        with pytest.raises(ValueError, match=r"ran its expert GEMMs on expert_gemm='packed', but expert_gemm='auto' "
+                                             r"resolves to 'xla' here; resume with --expert_gemm=packed"):
+            trainer.check_settings(_smoke(warmup_dir, tmp_path / "b", expert_gemm="auto", resume=resume))
+
+    old = tmp_path / "old_warmup"  # a warm-up saved before the field existed
+    shutil.copytree(warmup_dir, old)
+    del meta["model_config"]["expert_gemm"]
+    (old / sft.META_FILE).write_text(json.dumps(meta))
+    for init in (warmup_dir, old):
+        default = trainer.Trainer(_smoke(init, tmp_path / f"c{init.name}"), progress=False)
+        assert default.config.expert_gemm == "" and default.model_config.expert_gemm == "xla"
+        assert default.model_config == trainer.warmup_model_config(init)
 
 
 def test_expert_gemm_override_rebuilds_the_model_structure_only(warmup_dir, tmp_path):
