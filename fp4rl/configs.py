@@ -66,6 +66,38 @@ SFT_PRESETS = {
                                out="runs/h200-long/sft"),
 }
 
+# The model-size ladder (`experiments.scaling`): in depth at h200's width (8, 16, 32 layers) and in width at
+# 6 layers (d_model 512, 1024, 2048), the `ladder-*` model presets (fp4rl/model/config.py). Each rung's
+# warm-up, RL and gradient presets are h200's with the learning rates scaled and, for the widest, smaller
+# batches; ladder-w512-l8 is h200 itself (its warm-up is h200's, in runs/h200/sft) measured with the
+# ladder's settings. The warm-up must land in the RL band (sampled accuracy 0.2-0.45 on RL_TASK): the band
+# is checked by the run, where `experiments.scaling fit` reads each measurement's rollout accuracy and
+# marks a rung outside it (rerun that warm-up with other --steps).
+SCALING_LADDER = ("ladder-w512-l8", "ladder-w512-l16", "ladder-w512-l32", "ladder-w512-l6", "ladder-w1024-l6",
+                  "ladder-w2048-l6")
+# name -> (lr factor, warm-up batch size, prompts per gradient batch, AdamW warm-up batches). The factor
+# multiplies h200's warm-up and RL learning rates: 512 / d_model (Adam's hidden-matrix updates grow with
+# the width they sum over) times sqrt(8 / layers) for the deeper rungs (more residual branches add up),
+# rounded. Every warm-up sees h200's 51,200 sequences; ladder-w2048-l6's in batches of 32 x 1600 steps
+# (the plan: 128 would not fit one H200), at sqrt(32 / 128) of its learning rate. Its measurement takes
+# 16 prompts per batch and no warmed AdamW state (each would hold 30 GB more: the plan's estimate).
+_LADDER = {"ladder-w512-l8": (1.0, 128, 32, 16), "ladder-w512-l16": (0.7, 128, 32, 16), "ladder-w512-l32": (0.5, 128, 32, 16),
+           "ladder-w512-l6": (1.0, 128, 32, 16), "ladder-w1024-l6": (0.5, 128, 32, 16),
+           "ladder-w2048-l6": (0.25, 32, 16, 0)}
+
+
+def _ladder_warmup(name: str) -> sft.SFTConfig:
+    h200 = SFT_PRESETS["h200"]
+    if name == "ladder-w512-l8":
+        return h200
+    factor, batch, _, _ = _LADDER[name]
+    steps = h200.steps * h200.batch_size // batch
+    return dataclasses.replace(h200, model=name, lr=h200.lr * factor * (batch / h200.batch_size) ** 0.5, batch_size=batch,
+                               steps=steps, warmup_steps=steps // 10, out=f"runs/{name}/sft")
+
+
+SFT_PRESETS.update({name: _ladder_warmup(name) for name in _LADDER})
+
 
 def warmup_config(preset: str | None, init: str) -> sft.SFTConfig:
     """The warm-up `--preset NAME` trains into `init` when none is there: the SFT preset of the
@@ -95,6 +127,16 @@ RL_PRESETS = {
                                   checkpoint_every=25, init="runs/h200-long/sft", out="runs/h200-long/rl"),
 }
 
+
+
+def _ladder_rl(name: str) -> trainer.RLConfig:
+    h200 = RL_PRESETS["h200"]
+    return dataclasses.replace(h200, optim=dataclasses.replace(h200.optim, lr=h200.optim.lr * _LADDER[name][0]),
+                               init=SFT_PRESETS[name].out, out=f"runs/{name}/rl")
+
+
+RL_PRESETS.update({name: _ladder_rl(name) for name in _LADDER})
+
 # -------------------------------------------------------- gradient measurements (experiments.gradients)
 
 
@@ -123,6 +165,15 @@ GRADIENTS_PRESETS = {
     "h200-long": _gradients_preset("h200-long", prompts_per_step=32, batches=128, sr_keys=2, mismatch_batches=4,
                                    kl_batches=16, sketch_dim=1 << 15, compile_workers=4),
 }
+# The ladder: h200's measurement, with each recipe's AdamW state warmed on 16 batches before the policy
+# change is measured on the next 16 (a fresh state's first update is ~ -lr sign(g) in every recipe). The
+# widest measures the paper's arms and the MXFP8 validation, whose gradients need one key draw (the
+# pretraining recipe's SR backward would hold two: the plan's memory estimate).
+GRADIENTS_PRESETS.update({
+    name: _gradients_preset(name, prompts_per_step=prompts, batches=128, sr_keys=2, mismatch_batches=4, kl_batches=16,
+                            adam_warmup_batches=warm, sketch_dim=1 << 15, compile_workers=4,
+                            **({} if warm else {"recipes": tuple(r for r in gradients.DEFAULT_RECIPES if r != "nvfp4-pt")}))
+    for name, (_, _, prompts, warm) in _LADDER.items()})
 
 # ------------------------------------------------------------------ the main job (experiments.ablation)
 

@@ -15,6 +15,9 @@ criteria" and "The report").
 - `fp4rl.analysis.explore`, `fp4rl.analysis.explore_plots`: the tables and figures of
   notebooks/ablations.ipynb beyond the report;
 - `fp4rl.analysis.four_over_six`: the 4/6-choice figures of notebooks/numerics.ipynb (imports jax).
+- `fp4rl.analysis.batch_scaling`: the gradient measurements' error and noise per update size;
+  `fp4rl.analysis.scaling_plan` and `fp4rl.analysis.scaling`: the model-size ladder's plan and the
+  fit over sizes (`experiments.scaling`).
 
 Only numpy is imported here; import `report`/`plots` explicitly for matplotlib.
 """

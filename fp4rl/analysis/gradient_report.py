@@ -14,7 +14,14 @@ of the recipe's gradients over its K keys and v_b their variance over keys (unbi
 - coherent_bias = sqrt(U(d) / U(ref)): U(x) = mean over pairs of distinct batches of <x_b, x_b'>,
                an unbiased estimate of ||E x||^2, so the batch noise left in `bias` cancels;
 - noise floor = the batch-to-batch variance of the BF16 gradient, sum_b ||g_b - mean g||^2 / (B-1);
-  noise_fraction = mean_b E_k||g_bk - g_bf16,b||^2 / noise floor (both squared norms: variances add).
+  noise_fraction = mean_b E_k||g_bk - g_bf16,b||^2 / noise floor (both squared norms: variances add);
+  every squared ratio is also given in norm terms (its square root, `*_norm`: RMS error / RMS noise),
+  and the coherent bias squared (`coherent_bias_sq`);
+- per recipe and group, `batch_scaling` (`fp4rl.analysis.batch_scaling`): the noise fraction and the
+  FP4-All-the-Way ratio ||g|| / ||g_r - g_bf16|| of an update on k = 1..B stored batches, the
+  components A, b^2, T_s that give them at any tokens per update, and T*, the tokens per update at
+  which the noise fraction reaches the rule's threshold;
+- `decision_by_group`: the decision rule applied to each group on its own.
 
 Longer than ~400 lines because statistics, decision, report and plots read the same raw arrays and
 one matrix of bootstrap resamples (which pairs the intervals of quantities measured on the same
@@ -32,6 +39,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from fp4rl.analysis import batch_scaling
 from fp4rl.analysis.plots import arm_color
 
 CI_LEVEL = 0.95
@@ -50,9 +58,15 @@ DECISION_RULE = (
     f"or (2), or the test gives p < {TAIL_ALPHA}; otherwise, when an interval straddles a threshold, it is UNDECIDED. "
     "If every recipe passes, the paper's mechanism (a precision-induced gradient error large enough to destabilise "
     "RL) does not operate at this scale; if any recipe exceeds, it does, for the recipes that exceed; otherwise the "
-    "answer is UNDECIDED.")
+    f"answer is UNDECIDED. In norm terms, threshold (1) is an RMS error of {math.sqrt(NOISE_FRACTION_MAX):.3f} of the "
+    f"RMS noise, and threshold (2) a squared ratio of {COHERENT_BIAS_MAX**2:g}. The same rule is also applied to each "
+    "parameter group on its own (its error against its own noise floor and signal, its own grad-norm tail).")
 
 RESULTS_FILE = "gradients.json"  # every number of a run; the ablation runner reads its decision
+# Per recipe and group, the batch-scaling components with this many bootstrap replicates, for the
+# fit over model sizes (`fp4rl.analysis.scaling` reads it from every preset's measurement).
+SCALING_POINT_FILE = "scaling_point.json"
+SCALING_REPLICATES = 200
 
 
 # ---------------------------------------------------------------------------------- statistics
@@ -141,7 +155,11 @@ def compare_stats(per_batch: Mapping, ref: str, k: int, gram_diff, gram_ref, cou
             "coherent_bias": _stat(_sqrt_ratio(pair_mean(gram_diff[g], counts), pair_mean(gram_ref[g], counts))),
         }
         if floor is not None:
-            stats["noise_fraction"] = _stat(_safe_ratio((counts @ total) / counts.sum(1), floor[g]))
+            fraction = _safe_ratio((counts @ total) / counts.sum(1), floor[g])
+            stats["noise_fraction"] = _stat(fraction)
+            with np.errstate(invalid="ignore"):
+                stats["noise_fraction_norm"] = _stat(np.sqrt(fraction))  # RMS error / RMS noise
+        stats["coherent_bias_sq"] = {k: v * v for k, v in stats["coherent_bias"].items()}
         out[g] = stats
     return out
 
@@ -152,9 +170,13 @@ def analyze(raw: Mapping, n_boot: int = 1000, seed: int = 0) -> dict:
     index, counts = resample(raw["batches"], n_boot, seed)
     gram_bf16 = raw["gram_ref"][ref]
     floor = np.stack([batch_variance(gram_bf16[g], counts) for g in range(len(groups))])
-    noise = {group: {"noise_share": _stat(_safe_ratio(floor[g], counts @ np.diag(gram_bf16[g]) / counts.sum(1))),
-                     "noise_to_signal": _stat(_safe_ratio(floor[g], pair_mean(gram_bf16[g], counts)))}
-             for g, group in enumerate(groups)}
+    noise = {}
+    for g, group in enumerate(groups):
+        share = _safe_ratio(floor[g], counts @ np.diag(gram_bf16[g]) / counts.sum(1))
+        to_signal = _safe_ratio(floor[g], pair_mean(gram_bf16[g], counts))
+        with np.errstate(invalid="ignore"):  # nan in resamples of a single distinct batch
+            noise[group] = {"noise_share": _stat(share), "noise_share_norm": _stat(np.sqrt(share)),
+                            "noise_to_signal": _stat(to_signal), "noise_to_signal_norm": _stat(np.sqrt(to_signal))}
     sources = {}
     for src in raw["sources"]:
         pb, k = raw["per_batch"][src], raw["sr_keys"][src]
@@ -204,7 +226,77 @@ def analyze(raw: Mapping, n_boot: int = 1000, seed: int = 0) -> dict:
                      "coherent_bias": e["vs_bf16"][DECISION_GROUP]["coherent_bias"],
                      "fisher_p": e["grad_norm"]["fisher_p_vs_bf16"]} for name, e in recipes.items() if name != ref}
     results["decision"] = decide(judged)
+    tokens = float(np.mean(raw["rollouts"]["loss_tokens"]))
+    results["tokens_per_batch"] = tokens
+    replicates = {}
+    for name, entry in recipes.items():
+        entry["batch_scaling"], replicates[name] = _batch_scaling(raw, name, counts, tokens)
+    results["decision_by_group"] = _decide_by_group(raw, recipes, groups)
+    # A few hundred bootstrap replicates of the batch-scaling components per recipe and group, for
+    # `fp4rl.analysis.scaling` (written to SCALING_POINT_FILE by `write`, not into gradients.json).
+    results["scaling_replicates"] = replicates
     return results
+
+
+def _batch_scaling(raw: Mapping, name: str, counts, tokens: float) -> tuple[dict, dict]:
+    """Per group: the batch-scaling components, the noise fraction and the FP4-All-the-Way yardstick
+    per effective batch of k stored batches (`batch_scaling`), with intervals; and the components'
+    first SCALING_REPLICATES bootstrap replicates."""
+    out, reps = {}, {}
+    for g, group in enumerate(raw["groups"]):
+        with np.errstate(invalid="ignore", divide="ignore"):  # nan/inf in resamples of one distinct batch
+            out[group], reps[group] = _batch_scaling_group(raw, name, g, counts, tokens)
+    return out, reps
+
+
+def _batch_scaling_group(raw: Mapping, name: str, g: int, counts, tokens: float) -> tuple[dict, dict]:
+    pb, k = raw["per_batch"][name], raw["sr_keys"][name]
+    cmp = pb["cmp"]["bf16"]
+    error_sq = cmp["err_sq"][:, g] + (k - 1) / k * pb["sr_var"][:, g]
+    m = batch_scaling.moments(error_sq, raw["gram_diff"][name]["bf16"][g], raw["gram_ref"][raw["reference"]][g], counts)
+    c = batch_scaling.components(m, tokens)
+    point = {key: v[:1] for key, v in m.items()}  # the sample alone, for the curve over every k
+    every_k = np.arange(1, raw["batches"] + 1)
+    curve = {"k": every_k.tolist(), "tokens": (every_k * tokens).tolist()}
+    for key, fn in (("error", batch_scaling.error_at), ("noise_floor", batch_scaling.noise_floor_at),
+                    ("noise_fraction", batch_scaling.noise_fraction_at), ("fp4_ratio", batch_scaling.yardstick_at)):
+        curve[key] = [float(fn(point, kk)[0]) for kk in every_k]
+    stats = {
+        "A": _stat(c["A"]), "coherent_bias_sq": _stat(c["b2"]), "noise_scale_tokens": _stat(c["Ts"]),
+        "tokens_to_threshold": _stat(batch_scaling.tokens_to_threshold(c, NOISE_FRACTION_MAX)),
+        "fp4_ratio": _stat(batch_scaling.yardstick_at(m, 1)),
+        "fp4_ratio_sq": _stat(batch_scaling.yardstick_at(m, 1) ** 2),
+        "at_k": {str(kk): {"tokens": kk * tokens, "noise_fraction": _stat(batch_scaling.noise_fraction_at(m, kk)),
+                           "noise_fraction_norm": _stat(np.sqrt(batch_scaling.noise_fraction_at(m, kk))),
+                           "fp4_ratio": _stat(batch_scaling.yardstick_at(m, kk))}
+                 for kk in batch_scaling.k_grid(raw["batches"])},
+        "curve": curve,
+    }
+    reps = {key: {"value": float(v[0]), "replicates": v[1:1 + SCALING_REPLICATES].tolist()} for key, v in c.items()}
+    return stats, reps
+
+
+def _decide_by_group(raw: Mapping, recipes: Mapping, groups: list[str]) -> dict:
+    """DECISION_RULE applied to each parameter group on its own: the error of the group's
+    parameters against the group's own noise floor and signal, and the tail of the group's grad
+    norm. A group whose BF16 gradient is identically 0 (no such parameters) is left out."""
+    ref = raw["reference"]
+    out = {}
+    for g, group in enumerate(groups):
+        ref_norms = np.sqrt(raw["per_batch"][ref]["cmp"]["bf16"]["g0_sq"][:, g])
+        if not np.any(ref_norms > 0):
+            continue
+        judged = {}
+        for name, entry in recipes.items():
+            if name == ref:
+                continue
+            norms = np.sqrt(raw["per_batch"][name]["cmp"]["bf16"]["g0_sq"][:, g])
+            t, t_ref = tail_count(norms), tail_count(ref_norms)
+            judged[name] = {"noise_fraction": entry["vs_bf16"][group]["noise_fraction"],
+                            "coherent_bias": entry["vs_bf16"][group]["coherent_bias"],
+                            "fisher_p": fisher_exact_greater(t, len(norms) - t, t_ref, len(ref_norms) - t_ref)}
+        out[group] = decide(judged)
+    return out
 
 
 # ---------------------------------------------------------------------------------- decision
@@ -250,8 +342,8 @@ def _jsonable(x):
         return [_jsonable(v) for v in x]
     if isinstance(x, (float, np.floating)):
         return float(x) if np.isfinite(x) else None
-    if isinstance(x, np.integer):
-        return int(x)
+    if isinstance(x, (np.integer, np.bool_)):
+        return x.item()
     return x
 
 
@@ -292,9 +384,10 @@ def report_markdown(results: Mapping) -> str:
         lines += [f"**Warning**: {r['batches_without_loss_tokens']} of {results['batches']} batches have no loss token (every "
                   "group's rewards were equal): their gradient is the load-balancing term alone.", ""]
     lines += ["## RL noise floor (BF16, batch to batch)", ""]
-    lines += _table(["group", "noise share of per-batch energy", "noise / signal ||E g||^2"],
-                    [[grp, fmt(results["noise_floor"][grp]["noise_share"]), fmt(results["noise_floor"][grp]["noise_to_signal"])]
-                     for grp in groups])
+    nf = results["noise_floor"]
+    lines += _table(["group", "noise share of per-batch energy", "in norm terms", "noise / signal ||E g||^2", "in norm terms"],
+                    [[grp, fmt(nf[grp]["noise_share"]), fmt(nf[grp]["noise_share_norm"]), fmt(nf[grp]["noise_to_signal"]),
+                      fmt(nf[grp]["noise_to_signal_norm"])] for grp in groups])
     lines += ["", f"## Gradient error, group '{g}'", ""]
     header = ["recipe", "rel. error vs bf16", "cosine vs bf16", "bias vs bf16", "coherent bias vs bf16", "noise fraction",
               "SR std", "rel. error vs STE", "cosine vs STE", "coherent bias vs STE"]
@@ -309,8 +402,22 @@ def report_markdown(results: Mapping) -> str:
     lines += ["", "## Noise fraction per group (error vs bf16 / RL noise floor)", ""]
     per_group = lambda key: [[n, *(fmt(e["vs_bf16"][grp][key]) for grp in groups)] for n, e in recipes.items()]  # noqa: E731
     lines += _table(["recipe", *groups], per_group("noise_fraction"))
+    lines += ["", "## Noise fraction per group in norm terms (RMS error / RMS noise; the rule's 5% is "
+              f"{math.sqrt(NOISE_FRACTION_MAX):.3f})", ""]
+    lines += _table(["recipe", *groups], per_group("noise_fraction_norm"))
     lines += ["", "## Relative error vs bf16 per group", ""]
     lines += _table(["recipe", *groups], per_group("rel_error"))
+    lines += ["", f"## Ratios in norm terms and squared, group '{g}'", "",
+              "The noise fraction is a ratio of squared norms (variances add); the coherent bias and the relative error "
+              f"are ratios of norms. Thresholds: noise fraction {NOISE_FRACTION_MAX:g} squared = "
+              f"{math.sqrt(NOISE_FRACTION_MAX):.3f} in norm terms; coherent bias {COHERENT_BIAS_MAX:g} in norm terms = "
+              f"{COHERENT_BIAS_MAX**2:g} squared.", ""]
+    lines += _table(["recipe", "noise fraction (squared)", "noise fraction (norm)", "coherent bias (norm)",
+                     "coherent bias (squared)"],
+                    [[n, fmt(e["vs_bf16"][g]["noise_fraction"]), fmt(e["vs_bf16"][g]["noise_fraction_norm"]),
+                      fmt(e["vs_bf16"][g]["coherent_bias"]), fmt(e["vs_bf16"][g]["coherent_bias_sq"])]
+                     for n, e in recipes.items()])
+    lines += _scaling_sections(results)
     lines += ["", "## Straight-through views vs bf16 (the forward's quantization alone)", ""]
     lines += _table(["view", "rel. error", "cosine", "coherent bias", "noise fraction"],
                     [[n, fmt(e["vs_bf16"][g]["rel_error"]), fmt(e["vs_bf16"][g]["cosine"]), fmt(e["vs_bf16"][g]["coherent_bias"]),
@@ -322,9 +429,16 @@ def report_markdown(results: Mapping) -> str:
                       f"{e['max_abs_ratio_minus_1']:.2g}"] for n, e in recipes.items()])
     lines += ["", "## Policy change KL(old || new) of one AdamW update (k3, response tokens)", ""]
     lrs = [f"{lr:g}" for lr in results["lrs"]]
-    kl_batches = results["config"]["kl_batches"]
-    if kl_batches is not None:
-        lines += [f"Measured on the first {kl_batches} of the {results['batches']} batches.", ""]
+    kl_batches, warm = results["config"]["kl_batches"], results["config"].get("adam_warmup_batches", 0)
+    if warm:
+        lines += [f"AdamW state warmed on the first {warm} batches (each recipe's own gradients, parameters unchanged); "
+                  f"the update is measured on the {kl_batches or results['batches'] - warm} batches after them.", ""]
+    else:
+        lines += ["From a fresh AdamW state: its first update is about -lr * sign(g) per parameter whatever the "
+                  "gradient's error, so equal KL across recipes is built into this measurement "
+                  "(`--adam_warmup_batches=N` warms the state first).", ""]
+        if kl_batches is not None:
+            lines += [f"Measured on the first {kl_batches} of the {results['batches']} batches.", ""]
     lines += _table(["recipe", *(f"lr {lr}" for lr in lrs)],
                     [[n, *(fmt(e["policy_change_kl"][lr]) for lr in lrs)] for n, e in recipes.items()])
     lines += ["", "## Sampler vs trainer k3 KL at the warm-up policy, per forward class", ""]
@@ -344,6 +458,14 @@ def report_markdown(results: Mapping) -> str:
                     [[n, v["checks"]["noise_fraction"], v["checks"]["coherent_bias"], v["checks"]["tail"], f"**{v['verdict']}**"]
                      for n, v in d["per_recipe"].items()])
     lines += ["", f"**{d['conclusion']}**", ""]
+    by_group = results.get("decision_by_group", {})
+    if by_group:
+        lines += ["## Decision per parameter group", "",
+                  "The same rule with each group's error against that group's own noise floor and signal, and the tail "
+                  "of that group's grad norm (a group without parameters is left out). The decision above judges 'all'.", ""]
+        lines += _table(["recipe", *by_group], [[n, *(by_group[grp]["per_recipe"][n]["verdict"] for grp in by_group)]
+                                                 for n in d["per_recipe"]])
+        lines += [""] + [f"- {grp}: {by_group[grp]['conclusion']}" for grp in by_group] + [""]
     lines += ["## Timings", ""]
     parts = results.get("merged_from")
     if parts:  # one line per device call / process that measured a part
@@ -358,6 +480,47 @@ def report_markdown(results: Mapping) -> str:
         lines += [_timing_line(results["timings"])]
     lines += [""]
     return "\n".join(lines)
+
+
+def _scaling_sections(results: Mapping) -> list[str]:
+    """The FP4-All-the-Way yardstick and the batch scaling (`batch_scaling`), per recipe and group."""
+    recipes = {n: e for n, e in results["recipes"].items() if n != "bf16"}
+    groups, g, b = results["groups"], DECISION_GROUP, results["batches"]
+    tokens = results["tokens_per_batch"]
+    ks = list(next(iter(recipes.values()))["batch_scaling"][g]["at_k"]) if recipes else []
+    lines = ["", "## FP4 All the Way yardstick: ||g_bf16|| / ||g_r - g_bf16|| per update", "",
+             "Chmiel et al. 2025 (arXiv 2505.19115): quantized training stops being effective once the gradient norm "
+             f"falls below about sqrt(3) = {batch_scaling.SQRT3:.3f} times the quantization noise. Here the norm of an "
+             "update's BF16 gradient (noise included) over the norm of the recipe's error of that update (vs BF16), as "
+             f"root mean squares; one stored batch is {tokens:.0f} loss tokens (= 1 / rel. error). Below sqrt(3): the "
+             "recipe's gradient is more error than gradient by that criterion. Squared, the line is 3.", ""]
+    for label, k in (("one batch", "1"), (f"{b} batches", str(b))):
+        lines += [f"At {label} ({float(k) * tokens:.0f} tokens per update):", ""]
+        lines += _table(["recipe", *groups], [[n, *(fmt(e["batch_scaling"][grp]["at_k"][k]["fp4_ratio"]) for grp in groups)]
+                                               for n, e in recipes.items()]) + [""]
+    lines += [f"## Batch scaling from the stored batches, group '{g}'", "",
+              "An update on k stored batches (their mean gradient) without new rollouts: the noise floor falls as 1/k, the "
+              "coherent error does not (`fp4rl/analysis/batch_scaling.py`). A = incoherent error / noise (independent of "
+              "the update size), b^2 = coherent bias squared, T_s = the noise scale in tokens (noise = signal there); "
+              "noise fraction(T) = A + b^2 T / T_s. T*: tokens per update at which the noise fraction reaches the rule's "
+              f"{NOISE_FRACTION_MAX:g} (0: above it at any size; n/a or inf: never).", ""]
+    header = ["recipe", "A", "b^2", "T_s (tokens)", *(f"noise fraction, k={k}" for k in ks), "T* (tokens)"]
+    rows = []
+    for n, e in recipes.items():
+        s = e["batch_scaling"][g]
+        rows.append([n, fmt(s["A"]), fmt(s["coherent_bias_sq"]), fmt(s["noise_scale_tokens"]),
+                     *(fmt(s["at_k"][k]["noise_fraction"]) for k in ks), fmt(s["tokens_to_threshold"])])
+    lines += _table(header, rows)
+    lines += ["", "In norm terms (RMS error / RMS noise; the rule's line is "
+              f"{math.sqrt(NOISE_FRACTION_MAX):.3f}):", ""]
+    lines += _table(["recipe", *(f"k={k}" for k in ks)],
+                    [[n, *(fmt(e["batch_scaling"][g]["at_k"][k]["noise_fraction_norm"]) for k in ks)]
+                     for n, e in recipes.items()])
+    lines += ["", "T* per group (tokens per update at which the group's noise fraction reaches "
+              f"{NOISE_FRACTION_MAX:g}):", ""]
+    lines += _table(["recipe", *groups], [[n, *(fmt(e["batch_scaling"][grp]["tokens_to_threshold"]) for grp in groups)]
+                                           for n, e in recipes.items()])
+    return lines
 
 
 def _timing_line(t: Mapping) -> str:
@@ -456,16 +619,56 @@ def plot_policy_change(results: Mapping, path: Path) -> Path:
     return _save(fig, path)
 
 
+def plot_batch_scaling(results: Mapping, path: Path) -> Path:
+    """Group 'all', per recipe against tokens per update (k stored batches): the noise fraction with
+    the rule's threshold, and the FP4-All-the-Way ratio ||g|| / ||error|| with its sqrt(3) line."""
+    fig = Figure(figsize=(12, 4.5), layout="constrained")
+    ax_nf, ax_r = fig.subplots(1, 2)
+    positive = {ax_nf: False, ax_r: False}
+    for name, e in results["recipes"].items():
+        if name == "bf16":  # the reference: no error
+            continue
+        curve = e["batch_scaling"][DECISION_GROUP]["curve"]
+        tokens = np.asarray(curve["tokens"], np.float64)
+        for ax, key in ((ax_nf, "noise_fraction"), (ax_r, "fp4_ratio")):
+            y = np.array([np.nan if v is None else v for v in curve[key]], np.float64)
+            y = np.where((y > 0) & np.isfinite(y) & (tokens > 0), y, np.nan)
+            ax.plot(tokens, y, color=arm_color(name), label=name)
+            positive[ax] |= bool(np.any(np.isfinite(y)))
+    ax_nf.axhline(NOISE_FRACTION_MAX, color="#d62728", linestyle="--", linewidth=1)
+    ax_r.axhline(batch_scaling.SQRT3, color="#d62728", linestyle="--", linewidth=1)
+    for ax, label in ((ax_nf, "error / RL noise floor (squared norms)"), (ax_r, "||g_bf16|| / ||g_r - g_bf16||")):
+        if positive[ax]:  # else nothing to scale (e.g. no batch with a loss token)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        ax.set_xlabel("loss tokens per update (k stored batches)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_nf.set_title(f"Noise fraction; dashed: the rule's {NOISE_FRACTION_MAX:g}", fontsize=10)
+    ax_r.set_title("FP4 All the Way yardstick; dashed: sqrt(3)", fontsize=10)
+    ax_nf.legend(fontsize=8, ncols=2, frameon=False)
+    return _save(fig, path)
+
+
 def write(results: Mapping, out: str | Path) -> dict[str, Path]:
-    """gradients.json (every number), report.md and three PNGs under `out`; returns their paths.
-    The raw arrays are written beside them by `fp4rl.rl.gradient_store.save_raw`."""
+    """gradients.json (every number but the bootstrap replicates), SCALING_POINT_FILE (this
+    measurement as one point of the fit over model sizes: the model, the tokens per batch and the
+    batch-scaling components with their replicates), report.md and four PNGs under `out`; returns
+    their paths. The raw arrays are written beside them by `fp4rl.rl.gradient_store.save_raw`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / RESULTS_FILE, "report": out / "report.md"}
-    paths["json"].write_text(json.dumps(_jsonable(results), indent=1))
+    paths = {"json": out / RESULTS_FILE, "report": out / "report.md", "scaling_point": out / SCALING_POINT_FILE}
+    replicates = results.get("scaling_replicates", {})
+    paths["json"].write_text(json.dumps(_jsonable({k: v for k, v in results.items() if k != "scaling_replicates"}), indent=1))
     clean = json.loads(paths["json"].read_text())
+    point = {"model": clean["model"]["config"], "tokens_per_batch": clean["tokens_per_batch"],
+             "samples_per_batch": clean["config"]["rollout"]["prompts_per_step"] * clean["config"]["rollout"]["group_size"],
+             "batches": clean["batches"], "accuracy": clean["rollouts"]["accuracy"], "init": clean["config"]["init"],
+             "warmup_sha256": clean.get("warmup_sha256"), "recipes": replicates}
+    paths["scaling_point"].write_text(json.dumps(_jsonable(point)))
     paths["report"].write_text(report_markdown(clean))
     paths["errors_png"] = plot_errors(clean, out / "gradient_error.png")
     paths["grad_norms_png"] = plot_grad_norms(clean, out / "grad_norms.png")
     paths["policy_change_png"] = plot_policy_change(clean, out / "policy_change.png")
+    paths["batch_scaling_png"] = plot_batch_scaling(clean, out / "batch_scaling.png")
     return paths

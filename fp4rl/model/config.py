@@ -17,7 +17,7 @@ import dataclasses
 import json
 from typing import NamedTuple
 
-from fp4rl.grouped import check_gemm
+from fp4rl.grouped import AUTO, check_gemm, resolve_gemm
 
 DTYPES = ("float32", "bfloat16")
 # Expert groups are padded to a multiple of this many rows; qlinear's quantized backward needs
@@ -55,8 +55,14 @@ class ModelConfig:
     expert_gemm: the routed experts' grouped-GEMM backend, forward and backward (`fp4rl.grouped`:
       "xla" portable, "mosaic" Pallas Mosaic GPU kernels on a Hopper GPU, "packed" the same plus the
       NVFP4 weights' forward read packed (dequantized in the kernel), "mosaic_interpret" /
-      "packed_interpret" the kernels interpreted on the CPU, tests only). Not part of the numerics contract: the
-      backends differ only in f32 accumulation order. Configs saved before the field load "xla".
+      "packed_interpret" the kernels interpreted on the CPU, tests only), or "auto" (the default):
+      the fastest backend the tests hold to the reference on this platform, "packed" on a Hopper GPU
+      where the kernels take the model (bf16 compute, widths on their tiles), else "xla"
+      (`fp4rl.grouped.resolve_gemm`). "auto" is resolved where a model is built (`resolved`,
+      called by `Transformer` and `MoE` and by the trainers before they record a config), so
+      stored configs and a model's own config name the backend. Not part of the numerics
+      contract: the backends differ only in f32 accumulation order. Stored configs saved before
+      the field load "xla" (`from_dict`).
     """
 
     vocab_size: int
@@ -83,7 +89,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     group_align: int = 32
-    expert_gemm: str = "xla"
+    expert_gemm: str = AUTO
 
     def __post_init__(self):
         # A list from JSON becomes a tuple, so the config stays hashable (a static jit argument).
@@ -116,7 +122,7 @@ class ModelConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r}; valid options: {DTYPES}")
         if self.group_align < 1 or self.group_align % _GROUP_ALIGN_UNIT:
             raise ValueError(f"group_align={self.group_align} must be a positive multiple of {_GROUP_ALIGN_UNIT}")
-        check_gemm(self.expert_gemm)  # raises, naming the valid options
+        check_gemm(self.expert_gemm, auto=True)  # raises, naming the valid options
         if self.rope_theta <= 0 or self.rms_eps <= 0:
             raise ValueError(f"rope_theta={self.rope_theta} and rms_eps={self.rms_eps} must be > 0")
         if self.aux_loss_coef < 0:
@@ -134,6 +140,23 @@ class ModelConfig:
     @property
     def num_moe_layers(self) -> int:
         return len(self.moe_layers)
+
+    @property
+    def expert_weight_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(K, N) of each routed-expert stack [E, K, N] (gate|up [D, 2F], down [F, D]); none
+        without MoE layers."""
+        if not self.num_moe_layers:
+            return ()
+        return (self.d_model, 2 * self.moe_d_ff), (self.moe_d_ff, self.d_model)
+
+    def resolved(self) -> "ModelConfig":
+        """This config with expert_gemm "auto" replaced by the backend it resolves to on this
+        platform (`fp4rl.grouped.resolve_gemm`): what a model is built with and a run records.
+        A config that names a backend is returned as it is."""
+        if self.expert_gemm != AUTO:
+            return self
+        gemm = resolve_gemm(AUTO, dtype=self.dtype, weights=self.expert_weight_shapes)
+        return dataclasses.replace(self, expert_gemm=gemm)
 
     # ------------------------------------------------------------------ sizes
     def param_count(self) -> ParamCount:
@@ -192,7 +215,13 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, text: str) -> "ModelConfig":
-        return cls(**json.loads(text))
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "ModelConfig":
+        """A stored config (sft_meta.json's and config.json's "model_config"). One saved before the
+        expert_gemm field ran on "xla", the only backend then, and loads so, not as "auto"."""
+        return cls(**{"expert_gemm": "xla", **fields})
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> "ModelConfig":
@@ -233,4 +262,28 @@ PRESETS: dict[str, ModelConfig] = {
         dense_d_ff=1536, moe_d_ff=128, num_experts=32, top_k=4, shared_expert_d_ff=512,
         max_seq_len=1024, dtype="bfloat16",
     ),
+    # The model-size ladder (`experiments.scaling`; its plan computes sizes, FLOPs and memory): in
+    # depth, h200 itself and h200's layer at 16 and 32 layers; in width, at 6 layers, h200's layer
+    # and the two below (the h200-layer rungs are made after the dict). Every depth keeps 12-19% of
+    # its layers in BF16 under selective precision (1 of 6, 1 of 8, 2 of 16, 5 of 32).
+    # Halfway (geometrically) from h200's layer to the paper's: 64 experts, their width and top-k
+    # between 128 / 4 and 768 / 8 (the width 384, not the geometric 313: the grouped-GEMM kernels
+    # tile by 128, and `auto` must not fall back to XLA on one rung), attention between 8 x 64 and
+    # 32 x 128.
+    "ladder-w1024-l6": ModelConfig(
+        vocab_size=128, d_model=1024, num_layers=6, num_heads=16, num_kv_heads=4, head_dim=96,
+        dense_d_ff=3072, moe_d_ff=384, num_experts=64, top_k=6, shared_expert_d_ff=1024,
+        max_seq_len=1024, dtype="bfloat16",
+    ),
+    # The paper's layer (Qwen3-30B-A3B's shape: d_model 2048, 32 query and 4 KV heads of 128, 128
+    # experts x 768, top-8) plus h200's shared expert of width d_model (the recipes keep a shared
+    # expert in BF16): ~3.8B parameters, ~0.42B active. 6 layers, so that its BF16 warm-up fits one
+    # H200 (the plan's estimate; 8 layers would not: the warm-up step holds the parameters and the
+    # AdamW state twice, 24 bytes per parameter, before any activation).
+    "ladder-w2048-l6": ModelConfig(
+        vocab_size=128, d_model=2048, num_layers=6, num_heads=32, num_kv_heads=4, head_dim=128,
+        dense_d_ff=6144, moe_d_ff=768, num_experts=128, top_k=8, shared_expert_d_ff=2048,
+        max_seq_len=1024, dtype="bfloat16",
+    ),
 }
+PRESETS.update({f"ladder-w512-l{layers}": dataclasses.replace(PRESETS["h200"], num_layers=layers) for layers in (6, 16, 32)})

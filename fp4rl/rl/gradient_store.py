@@ -31,7 +31,10 @@ RAW_FILE, RAW_META_FILE = "gradients.npz", "raw.json"
 # (2^-8 = 3.9e-3 relative); deterministic ops would cost ~3.5x the time. A larger drift means other
 # parameters or batches. Far below the decision's thresholds (5% of the noise, 0.1 of the signal).
 REFERENCE_DRIFT_MAX = 1e-2
-SHARED_SETTINGS = ("rollout", "batches", "sr_keys", "optim", "impl", "sketch_dim", "kl_batches", "seed")
+SHARED_SETTINGS = ("rollout", "batches", "sr_keys", "optim", "impl", "sketch_dim", "kl_batches", "adam_warmup_batches",
+                   "seed")
+# A setting added after measurements were stored: what those measurements ran with.
+SETTING_DEFAULTS = {"adam_warmup_batches": 0}
 
 
 # ---------------------------------------------------------------------------------- rollouts
@@ -165,8 +168,9 @@ def merge(parts: Sequence[tuple[dict, dict]]) -> tuple[dict, dict]:
             if raw.get(name) != raw0.get(name):
                 raise ValueError(f"part {i}: {name} {raw.get(name)} != part 0's {raw0.get(name)}: not the same batches")
         for name in SHARED_SETTINGS:
-            if settings.get(name) != settings0.get(name):
-                raise ValueError(f"part {i}: setting {name}={settings.get(name)} != part 0's {settings0.get(name)}")
+            value, value0 = (s.get(name, SETTING_DEFAULTS.get(name)) for s in (settings, settings0))
+            if value != value0:
+                raise ValueError(f"part {i}: setting {name}={value} != part 0's {value0}")
         ref = raw0["reference"]
         ref_sq, ref_sq0 = (r["per_batch"][ref]["cmp"]["bf16"]["ref_sq"] for r in (raw, raw0))
         rel = np.abs(np.sqrt(ref_sq) - np.sqrt(ref_sq0)) / np.maximum(np.sqrt(ref_sq0), 1e-30)

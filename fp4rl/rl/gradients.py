@@ -13,7 +13,8 @@ paper's baseline: nvfp4, +46, +hp, full-dq, mxfp8) is its own straight-through g
 comparison with it is exactly 0. Per batch the mean over keys is also
 projected (`Projection`) so that the cross-batch Gram matrices give the error of the mean
 gradient and the batch-to-batch noise of BF16 (the RL noise floor). Also measured: the policy
-change KL(old || new) of one AdamW update per learning rate, and the sampler/trainer k3 KL per
+change KL(old || new) of one AdamW update per learning rate (from a fresh AdamW state, or one warmed
+on `adam_warmup_batches` earlier batches of the recipe's own gradients), and the sampler/trainer k3 KL per
 forward class, compute dtype and quantizer implementation. `fp4rl.analysis.gradient_report` turns
 the raw arrays into statistics with bootstrap CIs over batches, the decision, report and plots.
 
@@ -104,8 +105,15 @@ class GradientsConfig:
       many (0: always), else a CountSketch of this many buckets (`Projection`).
     bootstrap: resamples of the batches per confidence interval (95%, percentile).
     compile_workers: threads compiling the programs ahead (0: each compiles on first use).
-    kl_batches: the one-update policy change is measured on the first this many batches (None: all);
-      three optimizer steps and forwards per recipe and batch make it the costliest measurement.
+    kl_batches: the one-update policy change is measured on the first this many batches after the
+      AdamW warm-up batches (None: all of them); three optimizer steps and forwards per recipe and
+      batch make it the costliest measurement.
+    adam_warmup_batches: W > 0: before the policy change is measured, each recipe's AdamW state is
+      warmed on its own gradients of the first W batches (moments only: the parameters stay the
+      warm-up's), and the update is measured on the batches after them. A fresh AdamW's first update
+      is about -lr * sign(g) per parameter whatever the gradient's error, so with W = 0 (a fresh state)
+      equal KL across recipes is built in. Keeps one AdamW state (2x the parameters in f32) per recipe
+      on the device.
     rollouts_file: an .npz of the rollout batches (`gradient_store`): read when it exists (it must
       match this warm-up and these rollout settings), else drawn and written there ("": not stored).
     merge: --out directories of earlier measurements on the same rollouts file: their raw arrays
@@ -126,6 +134,7 @@ class GradientsConfig:
     bootstrap: int = 1000
     compile_workers: int = 0
     kl_batches: int | None = None
+    adam_warmup_batches: int = 0
     rollouts_file: str = ""
     merge: tuple[str, ...] = ()
     init: str = "runs/sft"
@@ -137,8 +146,13 @@ class GradientsConfig:
             PrecisionRecipe.from_name(name)  # a typo names the valid recipes
         if self.batches < 2 or self.sr_keys < 2:
             raise ValueError(f"need {self.batches=} >= 2 (noise floor) and {self.sr_keys=} >= 2 (SR variance)")
-        if self.kl_batches is not None and not 2 <= self.kl_batches <= self.batches:
-            raise ValueError(f"need 2 <= {self.kl_batches=} <= {self.batches=} (or None: every batch)")
+        if not 0 <= self.adam_warmup_batches <= self.batches - 2:
+            raise ValueError(f"need 0 <= {self.adam_warmup_batches=} <= batches - 2 = {self.batches - 2} "
+                             "(the policy change needs 2 batches after the AdamW warm-up)")
+        after = self.batches - self.adam_warmup_batches
+        if self.kl_batches is not None and not 2 <= self.kl_batches <= after:
+            raise ValueError(f"need 2 <= {self.kl_batches=} <= batches - adam_warmup_batches = {after} "
+                             "(or None: every batch after the AdamW warm-up)")
         if not 1 <= self.mismatch_batches <= self.batches:
             raise ValueError(f"need 1 <= {self.mismatch_batches=} <= {self.batches=}")
         for impl in (self.impl, *self.impls):
@@ -217,7 +231,7 @@ class Session:
     def __init__(self, config: GradientsConfig, recipes: dict[str, PrecisionRecipe], warmup=None, progress: bool = True):
         self.config, self.recipes, self.progress = config, dict(recipes), progress
         self.graphdef, self.params, meta = sft.load(config.init) if warmup is None else warmup
-        self.model_config = ModelConfig(**meta["model_config"])
+        self.model_config = ModelConfig.from_dict(meta["model_config"]).resolved()
         self.warmup_sha256 = meta.get("params_sha256") or sft.params_digest(self.params)
         self.impl = operands.resolve_impl(config.impl)
         self.groups = leaf_groups(self.params, self.model_config.num_layers)
@@ -241,6 +255,7 @@ class Session:
         self.refs_of = {src: {"bf16": REFERENCE} for src in self.sources.values()}
         for name, recipe in self.recipes.items():
             self.refs_of[name] = {"bf16": REFERENCE, "ste": self.sources[straight_through(recipe)]}
+        self.reference_sources = {ref for refs in self.refs_of.values() for ref in refs.values()}
         self.classes = {}  # forward class (a `forward_only()` view) -> the names of its recipes
         for name, recipe in [*self.recipes.items(), (REFERENCE, bf16)]:
             names = self.classes.setdefault(recipe.forward_only(), [])
@@ -291,8 +306,8 @@ class Session:
         return key
 
     def gradient(self, recipe: PrecisionRecipe):
-        """(params, batch, keys_K) -> g0 (the first key's gradient), mean over keys, SR variance per
-        group (unbiased over keys), max |ratio - 1| (on-policy check)."""
+        """(params, batch, keys_K) -> g0 (the first key's gradient), mean over keys (absent with one
+        key: g0 is the mean), SR variance per group (unbiased over keys), max |ratio - 1| (on-policy check)."""
         key, k, r = ("grad", recipe), (self.config.sr_keys if draws_keys(recipe) else 1), self.config.rollout
         loss_fn = policy.make_loss_fn(self.graphdef, recipe, r.loss, self.model_config.aux_loss_coef, self.prompt_len,
                                       self.impl, r.temperature, on_policy=True)
@@ -304,6 +319,9 @@ class Session:
             return g, jnp.where(jnp.any(batch.response_mask_NxTr), dev, 0.0)
 
         def run(params, batch, keys_K):
+            if k == 1:  # one draw is its own mean: one parameter-sized output, not two (`gradients` reads g0)
+                g, dev = one(params, batch, keys_K[0])
+                return {"g0": g, "ratio_dev": dev, "sr_var": jnp.zeros(len(GROUPS), F32)}
             g_K, dev_K = jax.lax.map(lambda key: one(params, batch, key), keys_K)
             mean = jax.tree.map(lambda x: jnp.mean(x.astype(F32), 0), g_K)
             spread = [jnp.sum(jnp.square(x.astype(F32) - m))  # per leaf: sum over keys of ||g_k - mean||^2
@@ -326,14 +344,29 @@ class Session:
             return {"err_sq": group_dots(diff, diff, groups), "dot0": group_dots(g0, ref, groups),
                     "g0_sq": group_dots(g0, g0, groups), "ref_sq": group_dots(ref, ref, groups)}
 
+        def optimizer(lr):
+            return policy.make_optimizer(lr, 1, o.weight_decay, o.b1, o.b2, o.clip_norm)
+
         def step(params, grads, lr):
-            optimizer = policy.make_optimizer(lr, 1, o.weight_decay, o.b1, o.b2, o.clip_norm)
-            updates, _ = optimizer.update(grads, optimizer.init(params), params)
+            updates, _ = optimizer(lr).update(grads, optimizer(lr).init(params), params)
             return optax.apply_updates(params, updates)
 
         self.programs.add("compare", "compare", compare, self.params, self.params, self.params)
         self.programs.add("project", "project", self.projection, self.params, self.hashes)
         self.programs.add("step", "adamw step", step, self.params, self.params, jnp.float32(0))
+        if self.config.adam_warmup_batches:
+            # AdamW's moments do not depend on the learning rate (clipping comes before them, weight
+            # decay after), so one warmed state serves every lr of the measurement.
+            def warm(params, state, grads):
+                return optimizer(1.0).update(grads, state, params)[1]
+
+            def warm_step(params, state, grads, lr):
+                return optax.apply_updates(params, optimizer(lr).update(grads, state, params)[0])
+
+            state = jax.eval_shape(optimizer(1.0).init, self.params)
+            self.programs.add("adam init", "adamw init", optimizer(1.0).init, self.params)
+            self.programs.add("adam warm", "adamw warm", warm, self.params, state, self.params)
+            self.programs.add("warm step", "adamw step (warmed)", warm_step, self.params, state, self.params, jnp.float32(0))
 
     def _register(self) -> None:
         """Every program, in the order first needed (compile-ahead starts with the rollout sampler)."""
@@ -411,29 +444,39 @@ class Session:
         sr_var, ratio_dev, vectors = ({src: [] for src in names} for _ in range(3))
         kl = {name: [] for name in self.recipes}
         lrs = [jnp.float32(lr) for lr in c.optim.lrs]
-        kl_batches = len(batches) if c.kl_batches is None else c.kl_batches
+        warm_batches = c.adam_warmup_batches
+        kl_end = len(batches) if c.kl_batches is None else warm_batches + c.kl_batches
+        states = {name: p("adam init", self.params) for name in self.recipes} if warm_batches else {}
         for b, arrays in enumerate(tqdm(batches, desc=f"gradients ({len(names)} per batch)", disable=not self.progress)):
             tokens, valid = jnp.asarray(arrays["tokens"], jnp.int32), jnp.asarray(arrays["valid"], bool)
             rmask = jnp.asarray(arrays["response_mask"], bool)
             logp_old = {cls: p(self.logp(cls, dtype, self.impl), self.params, tokens, valid) for cls in self.classes}
             keys = jax.random.split(_key(self.root, SR_STREAM, b), c.sr_keys)
-            means = {}
+            means = {}  # the mean gradients this batch's later sources are compared with
             for recipe, src in self.sources.items():
                 cls = recipe.forward_only()
                 old = logp_old[cls]  # the recipe's forward: the KL's reference (the loss uses its own)
                 batch = policy.Batch(tokens, valid, rmask, old, jnp.asarray(arrays["logp_sampler"], F32), old,
                                      jnp.asarray(arrays["advantages"], F32))
                 out = p(self.gradient(recipe), self.params, batch, keys if draws_keys(recipe) else keys[:1])
-                means[src] = out["mean"]
+                mean = means[src] = out.get("mean", out["g0"])
                 for ref, ref_src in self.refs_of[src].items():
-                    cmp[src][ref].append(jax.device_get(p("compare", out["g0"], out["mean"], means[ref_src])))
-                vectors[src].append([np.asarray(v) for v in p("project", out["mean"], self.hashes)])
+                    cmp[src][ref].append(jax.device_get(p("compare", out["g0"], mean, means[ref_src])))
+                if src not in self.reference_sources:  # frees a parameter-sized buffer (GBs at the largest presets)
+                    del means[src]
+                vectors[src].append([np.asarray(v) for v in p("project", mean, self.hashes)])
                 sr_var[src].append(np.asarray(out["sr_var"]))
                 ratio_dev[src].append(float(out["ratio_dev"]))
-                if src in kl and b < kl_batches:  # one AdamW step with the first key's gradient, then the same forward
-                    news = [p(self.logp(cls, dtype, self.impl), p("step", self.params, out["g0"], lr), tokens, valid)
-                            for lr in lrs]
-                    kl[src].append([float(dapo.masked_mean(dapo.kl_k3(old, new), rmask)) for new in news])
+                if src in kl and b < warm_batches:  # the recipe's own gradient into its AdamW moments
+                    states[src] = p("adam warm", self.params, states[src], out["g0"])
+                elif src in kl and b < kl_end:  # one AdamW step with the first key's gradient, then the same forward
+                    row = []
+                    for lr in lrs:  # one stepped copy of the parameters at a time
+                        new = (p("warm step", self.params, states[src], out["g0"], lr) if warm_batches
+                               else p("step", self.params, out["g0"], lr))
+                        new_logp = p(self.logp(cls, dtype, self.impl), new, tokens, valid)
+                        row.append(float(dapo.masked_mean(dapo.kl_k3(old, new_logp), rmask)))
+                    kl[src].append(row)
         atoms = {src: [np.stack([v[a] for v in vectors[src]]) for a in range(len(self.projection.atoms))] for src in names}
         stack = lambda rows: {k: np.stack([r[k] for r in rows]) for k in rows[0]}  # noqa: E731
         return {
@@ -449,6 +492,7 @@ class Session:
             "gram_ref": {src: self.projection.group_gram(atoms[src])
                          for src in {r for refs in self.refs_of.values() for r in refs.values()}},
             "kl": {name: np.asarray(v) for name, v in kl.items()},
+            "kl_batches_range": [warm_batches, kl_end],  # [first, end) of the batches the policy change is measured on
             "sketched_groups": [g for i, g in enumerate(GROUPS)
                                 if any(s and i in m for s, m in zip(self.projection.sketched, self.projection.atom_groups))],
         }

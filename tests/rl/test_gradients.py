@@ -15,7 +15,7 @@ import pytest
 
 from experiments import gradients as gradients_experiment
 from fp4rl import configs
-from fp4rl.analysis import gradient_report
+from fp4rl.analysis import gradient_report, scaling
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import gradient_store, gradients, sft
 
@@ -45,8 +45,13 @@ def _with_signal(batches):
 def test_smoke_writes_json_report_and_plots(smoke):
     config, results = smoke
     out = Path(config.out)
-    for name in ("gradients.json", "gradients.npz", "raw.json", "report.md", "gradient_error.png", "grad_norms.png", "policy_change.png"):
+    for name in ("gradients.json", "gradients.npz", "raw.json", "report.md", "gradient_error.png", "grad_norms.png",
+                 "policy_change.png", "batch_scaling.png", gradient_report.SCALING_POINT_FILE):
         assert (out / name).stat().st_size > 0, name
+    point = scaling.load_point(out)  # one rung of the fit over model sizes
+    assert scaling.rung_summary(point)["num_layers"] == 2 and point["batches"] == config.batches
+    assert set(point["recipes"]) == set(config.recipe_names)
+    assert len(point["recipes"]["nvfp4"]["all"]["b2"]["replicates"]) == min(config.bootstrap, gradient_report.SCALING_REPLICATES)
     saved = json.loads((out / "gradients.json").read_text())
     assert set(saved["recipes"]) == set(config.recipe_names)
     assert saved["decision"]["rule"] == gradient_report.DECISION_RULE
@@ -113,6 +118,51 @@ def test_straight_through_backward_equals_its_reference_exactly(smoke, warmup_di
         assert stats[group]["rel_error"] == {"value": 0.0, "lo": 0.0, "hi": 0.0}, group
 
 
+def test_policy_change_from_a_warmed_adamw_state(smoke, warmup_dir):
+    """adam_warmup_batches=1: each recipe's AdamW moments take its gradient of batch 0, the policy
+    change is measured on batches 1 and 2 from that state (recomputed here step by step), and it
+    differs from a fresh state's update (about -lr * sign(g))."""
+    import jax
+    import jax.numpy as jnp
+
+    from fp4rl.rl import dapo, policy
+
+    config = dataclasses.replace(smoke[0], adam_warmup_batches=1, kl_batches=2)
+    nvfp4 = PrecisionRecipe.from_name("nvfp4")
+    session = gradients.Session(config, {"bf16": PrecisionRecipe.from_name("bf16"), "nvfp4": nvfp4},
+                                sft.load(warmup_dir), progress=False)
+    batches = _with_signal(session.draw_rollouts()[0])
+    raw = session.gradients(batches)
+    assert raw["kl_batches_range"] == [1, 3] and raw["kl"]["nvfp4"].shape == (2, len(config.optim.lrs))
+    p, params, dtype = session.programs, session.params, session.model_config.dtype
+
+    def grad_and_kl_inputs(b):
+        a = batches[b]
+        tokens, valid, rmask = (jnp.asarray(a[k]) for k in ("tokens", "valid", "response_mask"))
+        old = p(session.logp(nvfp4.forward_only(), dtype, session.impl), params, tokens, valid)
+        batch = policy.Batch(tokens, valid, rmask, old, jnp.asarray(a["logp_sampler"]), old, jnp.asarray(a["advantages"]))
+        keys = jax.random.split(gradients._key(session.root, gradients.SR_STREAM, b), config.sr_keys)[:1]
+        source = next(r for r, name in session.sources.items() if name == "nvfp4")  # its straight-through view
+        return p(session.gradient(source), params, batch, keys)["g0"], tokens, valid, rmask, old
+
+    g0, *_ = grad_and_kl_inputs(0)
+    state = p("adam warm", params, p("adam init", params), g0)
+    g1, tokens, valid, rmask, old = grad_and_kl_inputs(1)
+    lr = jnp.float32(config.optim.lrs[-1])
+
+    def kl_of(new_params):
+        new = p(session.logp(nvfp4.forward_only(), dtype, session.impl), new_params, tokens, valid)
+        return float(dapo.masked_mean(dapo.kl_k3(old, new), rmask))
+
+    assert kl_of(p("warm step", params, state, g1, lr)) == raw["kl"]["nvfp4"][0, -1]
+    assert not np.isclose(kl_of(p("step", params, g1, lr)), raw["kl"]["nvfp4"][0, -1], rtol=1e-2)
+    session.programs.close()
+    with pytest.raises(ValueError, match="batches - 2"):
+        dataclasses.replace(config, adam_warmup_batches=config.batches - 1)
+    with pytest.raises(ValueError, match="batches - adam_warmup_batches"):
+        dataclasses.replace(config, adam_warmup_batches=1, kl_batches=config.batches)
+
+
 def _part(raw: dict, recipes: list[str]) -> dict:
     """The measurement of `recipes` alone (plus the reference and their straight-through views)."""
     sources = [s for s in raw["sources"] if s in recipes or s == raw["reference"]
@@ -150,6 +200,11 @@ def test_parts_merged_equal_one_measurement(smoke, tmp_path):
         gradient_store.merge([(raw, settings), ({**_part(raw, []), "rollouts_sha256": "0" * 64}, settings)])
     with pytest.raises(ValueError, match="setting batches"):
         gradient_store.merge([(raw, settings), (_part(raw, []), {**settings, "batches": 99})])
+    # a part stored before adam_warmup_batches existed ran with a fresh AdamW state: it merges with 0
+    older = {k: v for k, v in settings.items() if k != "adam_warmup_batches"}
+    gradient_store.merge([(_part(raw, ["nvfp4"]), settings), (_part(raw, []), older)])
+    with pytest.raises(ValueError, match="setting adam_warmup_batches"):
+        gradient_store.merge([(_part(raw, ["nvfp4"]), settings), (_part(raw, []), {**settings, "adam_warmup_batches": 1})])
     def reference_scaled(factor):  # BF16's per-batch squared norms as another process might give them
         part = _part(raw, [])
         bf16 = raw["per_batch"]["bf16"]
