@@ -213,8 +213,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     source = f"BF16 rate and gap sd measured on results/matrix_h200: {bf16_k}/{bf16_n} steps, sd {MATRIX_H200_GAP_SD}"
     baseline, gap_sd = bf16_k / bf16_n, MATRIX_H200_GAP_SD
     if args.from_run:
-        (k, n), gap_sd = measured_defaults(args.from_run)
-        baseline, source = k / n, f"BF16 rate and gap sd measured on {args.from_run}: {k}/{n} steps, sd {gap_sd:.4f}"
+        (k, n), measured_sd = measured_defaults(args.from_run)
+        if n == 0:
+            parser.error(f"{args.from_run}: BF16 has no judged step (runs shorter than the criteria need)")
+        baseline, source = k / n, f"BF16 rate measured on {args.from_run}: {k}/{n} steps"
+        if math.isfinite(measured_sd):
+            gap_sd, source = measured_sd, f"{source}, gap sd {measured_sd:.4f}"
+        elif args.gap_sd is None:  # a BF16-only run has no paired gap: say whose sd the table assumes
+            source = f"{source}; no other arm with 2+ seeds there, so the gap sd is results/matrix_h200's {gap_sd}"
     if args.baseline_step_rate is not None:
         baseline, source = args.baseline_step_rate, "BF16 rate given"
     elif args.baseline_update_rate is not None:

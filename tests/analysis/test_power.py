@@ -86,3 +86,17 @@ def test_cli_prints_the_rule_and_one_row_per_seed_count(capsys):
     with pytest.raises(SystemExit) as e:
         power.main(["--help"])
     assert e.value.code == 0 and "--baseline-step-rate" in capsys.readouterr().out
+
+
+def test_a_bf16_only_run_gives_the_rate_and_says_whose_gap_sd_is_assumed(tmp_path, capsys):
+    from fp4rl.analysis.runs import ARMS
+    from fp4rl.analysis.synthetic import make_synthetic_run
+
+    make_synthetic_run(tmp_path, ARMS[:1], seeds=2, steps=120)
+    power.main(["--seeds", "4", "--steps", "300", "--from-run", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "no other arm with 2+ seeds there, so the gap sd is results/matrix_h200's 0.002" in out
+    make_synthetic_run(tmp_path / "short", ARMS[:1], seeds=2, steps=60)
+    with pytest.raises(SystemExit):
+        power.main(["--from-run", str(tmp_path / "short")])
+    assert "BF16 has no judged step" in capsys.readouterr().err
