@@ -216,7 +216,7 @@ case "$mode" in
     warmup h200-long || exit 1
     step rl_long "${RL_SECONDS:-2400}" python -m experiments.rl --preset h200-long --arm bf16 --seeds 2 \
       --expert_gemm="${LONG_GEMM:-packed}" ${RL_ARGS:-}
-    step learning 60 python -m fp4rl.analysis.learning runs/h200-long/rl/bf16
+    step learning 60 python -m fp4rl.analysis.learning runs/h200-long/rl/bf16 --window=150:300 --reward_cap=0.8@150
     cp "$log" runs/h200-long/log.txt
     tar czf "$OUT/long.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200-long
     ;;
