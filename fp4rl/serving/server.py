@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import faulthandler
 import http.server
 import json
 import random
@@ -377,6 +378,9 @@ class BackgroundServer:
         self.thread.join()
 
 
+SHUTDOWN_WATCHDOG_S = 30
+
+
 def serve(config: ServeConfig) -> None:
     """Load and compile (printing what is served), then serve until interrupted."""
     t0 = time.time()
@@ -397,5 +401,8 @@ def serve(config: ServeConfig) -> None:
     except KeyboardInterrupt:
         pass
     finally:
+        # A shutdown that hangs says where: every thread's stack on stderr, then exit status 1.
+        faulthandler.dump_traceback_later(SHUTDOWN_WATCHDOG_S, exit=True)
         httpd.server_close()
         service.close()
+        faulthandler.cancel_dump_traceback_later()
