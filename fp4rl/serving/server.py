@@ -29,6 +29,7 @@ import faulthandler
 import http.server
 import json
 import random
+import signal
 import sys
 import threading
 import time
@@ -381,6 +382,19 @@ class BackgroundServer:
 SHUTDOWN_WATCHDOG_S = 30
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _stop_on_signals() -> None:
+    """SIGINT and SIGTERM stop the server. Installed explicitly: a process started by one that
+    ignores SIGINT (a pytest-xdist worker, nohup, a shell's background job) inherits the ignore, and
+    Python then leaves SIGINT ignored."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _raise_interrupt)
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
 def serve(config: ServeConfig) -> None:
     """Load and compile (printing what is served), then serve until interrupted."""
     t0 = time.time()
@@ -396,6 +410,7 @@ def serve(config: ServeConfig) -> None:
           f"ready in {time.time() - t0:.1f}s (compile {service.compile_seconds}) at "
           f"http://{config.host}:{httpd.server_address[1]}",
           flush=True)
+    _stop_on_signals()
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:
