@@ -22,8 +22,6 @@ or with the `openai` client (streamed, with the sampled tokens' log-probs and a 
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 
 import jax
 
@@ -37,12 +35,6 @@ def main(argv=None) -> None:
     print(f"devices: {jax.devices()}")
     print(f"config: {dataclasses.asdict(config)}")
     serve(config)
-    # Everything is closed by now (a hang while closing dumps every thread's stack, see `serve`);
-    # the interpreter's teardown has nothing left to do but wait on the runtime's threads, so a
-    # stopped server ends here rather than depend on them.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":
