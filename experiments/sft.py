@@ -17,7 +17,9 @@ def main(argv=None) -> None:
     print(f"devices: {jax.devices()}")
     print(f"config: {dataclasses.asdict(config)}")
     meta = sft.train(config)
-    print(f"params: {meta['param_count']}, trained in {meta['train_seconds']:.1f}s")
+    steps = (f" (first step {meta['first_step_seconds']:.1f}s, then {meta['seconds_per_step']:.3f}s per step)"
+             if "seconds_per_step" in meta else "")  # a warm-up recorded before these were
+    print(f"params: {meta['param_count']}, trained in {meta['train_seconds']:.1f}s{steps}")
     print(evaluation.accuracy_table_markdown(meta["accuracy"]))
     print(f"checkpoint: {sft.checkpoint_dir(config.out)}")
 

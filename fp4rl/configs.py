@@ -41,13 +41,19 @@ ANSWER_NOISE = 0.5
 # The long-horizon band (`h200-long`): two-digit literals, +, - and *, two to five operations of two
 # operands each, a clean teacher. The noisy teacher's deficit is one behaviour (box the value the
 # scratchpad computed), which RL learns in ~20 steps and then saturates; here the deficit is the
-# arithmetic of each scratchpad line, spread over many facts (carries, borrows, products up to 999),
+# arithmetic of each scratchpad line, spread over many facts (carries and borrows of two- and
+# three-digit values and negatives; a product survives the bound of 999 in about one line of ten),
 # and a level of n operations is right only if all n lines are, so per-line gains compound over the
 # levels: the long chains stay unsolved long after the short ones are, and the band keeps a learning
 # signal for hundreds of steps. The warm-up trains on one to five operations (no level of the band is
 # longer than any it has seen).
 LONG_WARMUP_TASK = TaskConfig(min_ops=1, max_ops=5, digits=2, operators="+-*", max_operands=2)
 LONG_TASK = TaskConfig(min_ops=2, max_ops=5, digits=2, operators="+-*", max_operands=2)
+# The same deficit one size down (`h200-chain`): one-digit literals with +, - and * (values within
+# 99), chains of two to six operations; a line is easier (a product in one line of four), the chain
+# longer, so the warm-up's per-line accuracy starts higher and the band's levels spread wider.
+CHAIN_WARMUP_TASK = TaskConfig(min_ops=1, max_ops=6, digits=1, operators="+-*", max_operands=2)
+CHAIN_TASK = TaskConfig(min_ops=2, max_ops=6, digits=1, operators="+-*", max_operands=2)
 
 # ------------------------------------------------------------------------ BF16 warm-up (experiments.sft)
 
@@ -65,6 +71,14 @@ SFT_PRESETS = {
                                max_len=168, lr=1e-3, warmup_steps=40, eval_problems=512, max_new_tokens=120,
                                out="runs/h200-long/sft"),
 }
+# The long-horizon bands' other warm-ups (`LONG_BANDS`): h200-long's with 4x the data (2x the steps at
+# 2x the batch; its 400 steps left the loss falling and the band under its floor), and h200-chain's.
+SFT_PRESETS["h200-long-x4"] = dataclasses.replace(SFT_PRESETS["h200-long"], steps=800, batch_size=256, warmup_steps=80,
+                                                  out="runs/h200-long-x4/sft")
+SFT_PRESETS["h200-chain"] = dataclasses.replace(SFT_PRESETS["h200-long"], task=CHAIN_WARMUP_TASK, eval_task=CHAIN_TASK,
+                                                out="runs/h200-chain/sft")
+# The long-horizon bands in the order `gpu_session.sh bands` prefers them (`fp4rl.analysis.band`).
+LONG_BANDS = ("h200-long-x4", "h200-chain", "h200-long")
 
 # The model-size ladder (`experiments.scaling`): in depth at h200's width (8, 16, 32 layers) and in width at
 # 6 layers (d_model 512, 1024, 2048), the `ladder-*` model presets (fp4rl/model/config.py). Each rung's
@@ -126,6 +140,9 @@ RL_PRESETS = {
                                   optim=trainer.OptimConfig(lr=3e-5, warmup_steps=3), eval_every=25, eval_prompts=512,
                                   checkpoint_every=25, init="runs/h200-long/sft", out="runs/h200-long/rl"),
 }
+RL_PRESETS.update({name: dataclasses.replace(RL_PRESETS["h200-long"], task=SFT_PRESETS[name].eval_task,
+                                           init=SFT_PRESETS[name].out, out=f"runs/{name}/rl")
+                   for name in LONG_BANDS if name != "h200-long"})
 
 
 
@@ -162,8 +179,8 @@ GRADIENTS_PRESETS = {
     # Two SR keys and the policy change on 16 batches keep a recipe's gradients near 0.3 s per batch.
     "h200": _gradients_preset("h200", prompts_per_step=32, batches=128, sr_keys=2, mismatch_batches=4, kl_batches=16,
                               sketch_dim=1 << 15, compile_workers=4),
-    "h200-long": _gradients_preset("h200-long", prompts_per_step=32, batches=128, sr_keys=2, mismatch_batches=4,
-                                   kl_batches=16, sketch_dim=1 << 15, compile_workers=4),
+    **{name: _gradients_preset(name, prompts_per_step=32, batches=128, sr_keys=2, mismatch_batches=4,
+                               kl_batches=16, sketch_dim=1 << 15, compile_workers=4) for name in LONG_BANDS},
 }
 # The ladder: h200's measurement, with each recipe's AdamW state warmed on 16 batches before the policy
 # change is measured on the next 16 (a fresh state's first update is ~ -lr sign(g) in every recipe). The
@@ -213,7 +230,7 @@ ABLATION_PRESETS = {
     "cpu": _ablation_preset("cpu", 2, 2, measure_gradients=True, learning_steps=12, arm_steps=1, arm_eval_every=0,
                             arm_seeds=1, sft_steps=200, arms=()),
     "h200": _ablation_preset("h200", 2, 0),
-    "h200-long": _ablation_preset("h200-long", 2, 0),
+    **{name: _ablation_preset(name, 2, 0) for name in LONG_BANDS},
 }
 
 # ---------------------------------------------------------------------------- serving (experiments.serve)

@@ -10,6 +10,10 @@
 #   bash tools/gpu_session.sh long      # h200-long warm-up + bf16 RL on the long-horizon task (2 seeds x 300
 #                                       # steps, GEMM backend LONG_GEMM), then the learning analysis; one run
 #                                       # outlasts a call: start it detached (tools/long_horizon_call.sh)
+#   bash tools/gpu_session.sh bands     # candidate long-horizon bands (BANDS) at once: each one's warm-up, and bf16
+#                                       # RL (2 seeds x 300 steps) on each warm-up inside the band
+#                                       # (fp4rl.analysis.band), then its verdict; start it detached
+#                                       # (MODE=bands tools/long_horizon_call.sh)
 #   bash tools/gpu_session.sh gradients # h200 warm-up + the fixed-parameter gradient measurements (GRAD_ARGS),
 #                                       # into runs/h200/gradients/GRAD_PART on the batches of
 #                                       # results/gradients_h200/parts/rollouts.npz
@@ -213,12 +217,35 @@ case "$mode" in
   long)
     # The long-horizon task's bar (docs/rl.md "Task"): bf16 RL from the h200-long warm-up keeps raising
     # held-out sampled accuracy through 300 steps. Resumable: a rerun continues from the last checkpoint.
-    warmup h200-long || exit 1
+    WARMUP_SECONDS=${WARMUP_SECONDS:-420} warmup h200-long || exit 1
     step rl_long "${RL_SECONDS:-2400}" python -m experiments.rl --preset h200-long --arm bf16 --seeds 2 \
       --expert_gemm="${LONG_GEMM:-packed}" ${RL_ARGS:-}
     step learning 60 python -m fp4rl.analysis.learning runs/h200-long/rl/bf16 --window=150:300 --reward_cap=0.8@150
     cp "$log" runs/h200-long/log.txt
     tar czf "$OUT/long.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200-long
+    ;;
+  bands)
+    # Each band in its own pipeline, all at once: the warm-up (its digest printed), the band check, and
+    # RL on a warm-up inside the band; the processes allocate on demand (no share of the memory each).
+    # The first lines check the `auto` expert GEMM on this GPU: what it resolves to, and the model's
+    # compiled training step (Triton quantizer == reference, bit for bit; packed GEMMs).
+    python -c "from fp4rl.model.config import ModelConfig as M; print('=== auto expert GEMM on h200:', M.from_name('h200').resolved().expert_gemm)" 2>&1 | tee -a "$log"
+    bands=${BANDS:-h200-long-x4 h200-chain}
+    band_pipeline() {  # band_pipeline PRESET
+      WARMUP_SECONDS=${WARMUP_SECONDS:-900} warmup "$1" || return 1
+      python -m fp4rl.analysis.band "runs/$1/sft" --table="runs/$1/band.md" >>"$log" 2>&1 \
+        || { echo "=== band $1: warm-up outside the band, no RL" | tee -a "$log"; return 0; }
+      step "rl_$1" "${RL_SECONDS:-2400}" python -m experiments.rl --preset "$1" --arm bf16 --seeds 2 --expert_gemm=packed \
+        ${RL_ARGS:-}
+      step "learning_$1" 60 python -m fp4rl.analysis.learning "runs/$1/rl/bf16" --window=150:300 --reward_cap=0.8@150
+    }
+    for band in $bands; do band_pipeline "$band" & sleep 10; done
+    model_tests 600
+    wait
+    cp "$log" runs/bands_log.txt
+    # shellcheck disable=SC2046  # one path per band
+    tar czf "$OUT/bands.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/bands_log.txt \
+      $(for band in $bands; do echo "runs/$band"; done)
     ;;
   arms)
     # The RL matrix a few arms per call (a call holds the warm-up and about one arm of 4 seeds x 100

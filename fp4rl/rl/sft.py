@@ -210,6 +210,8 @@ def train(config: SFTConfig, progress: bool = True) -> dict:
             if not (math.isfinite(float(loss)) and math.isfinite(float(gnorm))):
                 raise FloatingPointError(f"warm-up step {i}: non-finite loss {float(loss)} or gradient norm "
                                          f"{float(gnorm)} (lr={config.lr}); nothing was saved to {out}")
+        if i == 0:
+            first_step_s = time.time() - start  # compiling, mostly (the loss above was read, so the step ran)
     train_s = time.time() - start
     if not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params)):
         raise FloatingPointError(f"warm-up: non-finite parameters after {config.steps} steps (lr={config.lr}); "
@@ -227,6 +229,8 @@ def train(config: SFTConfig, progress: bool = True) -> dict:
         "param_count": mc.param_count()._asdict(),
         "loss_curve": losses,
         "train_seconds": train_s,
+        "first_step_seconds": first_step_s,
+        "seconds_per_step": (train_s - first_step_s) / max(config.steps - 1, 1),  # after the first
         "accuracy": table,
         "params_sha256": params_digest(params),
         "backend": jax.default_backend(),
