@@ -24,7 +24,9 @@
 #                                       # variant (COMPILE_ARMS, COMPILE_GEMMS, SEEDS; no warm-up needed); the
 #                                       # fastest one as GEMM=...; XLA_FLAGS=... into COMPILE_CHOICE
 #   bash tools/gpu_session.sh rlstep    # h200 warm-up + RL step time per arm (ARMS) x expert GEMM backend (GEMMS)
-#   bash tools/gpu_session.sh warmup    # the h200 warm-up alone
+#   bash tools/gpu_session.sh warmup    # a warm-up alone (WARMUP_PRESET, h200 by default)
+#   bash tools/gpu_session.sh sftstep   # warm-up step time per expert GEMM x deterministic ops x batch, and a
+#                                       # profile (tools/sft_step_time.py, SFTSTEP_PRESET)
 #   bash tools/gpu_session.sh serve_eval # h200 warm-up + the deployment correlation (SERVE_ARGS; resumable)
 #   bash tools/gpu_session.sh grouped   # compiled grouped-GEMM (Mosaic) tests + bench_experts (BENCH_ARGS)
 #   bash tools/gpu_session.sh weight_gemm # compiled packed-NVFP4-weight GEMM tests + bench_weight_gemm (BENCH_ARGS)
@@ -240,7 +242,7 @@ case "$mode" in
       step "learning_$1" 60 python -m fp4rl.analysis.learning "runs/$1/rl/bf16" --window=150:300 --reward_cap=0.8@150
     }
     for band in $bands; do band_pipeline "$band" & sleep 10; done
-    model_tests 600
+    [ "${BAND_MODEL_TESTS:-1}" = 1 ] && model_tests 600
     wait
     cp "$log" runs/bands_log.txt
     # shellcheck disable=SC2046  # one path per band
@@ -343,7 +345,17 @@ PY
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   warmup)
-    warmup
+    warmup "${WARMUP_PRESET:-h200}"
+    ;;
+  sftstep)
+    # one process per variant (XLA reads XLA_FLAGS at start), one after the other (they would share the GPU)
+    preset=${SFTSTEP_PRESET:-h200-long}
+    det=--xla_gpu_deterministic_ops=true
+    XLA_FLAGS=$det step sftstep_packed_det 240 python tools/sft_step_time.py --preset "$preset" --gemm packed --profile /tmp/sftstep_trace
+    XLA_FLAGS= step sftstep_packed 180 python tools/sft_step_time.py --preset "$preset" --gemm packed
+    XLA_FLAGS=$det step sftstep_xla_det 180 python tools/sft_step_time.py --preset "$preset" --gemm xla
+    XLA_FLAGS=$det step sftstep_packed_det_b256 180 python tools/sft_step_time.py --preset "$preset" --gemm packed --batch_size 256
+    grep '"step_s"' "$log" >"$OUT/sft_step_time.jsonl"
     ;;
   serve_eval)
     warmup

@@ -164,15 +164,13 @@ def _finished_or_empty(config: SFTConfig) -> dict | None:
     return None
 
 
-def train(config: SFTConfig, progress: bool = True) -> dict:
-    """Run the warm-up into `config.out`; returns the metadata written beside the checkpoint. A
-    finished warm-up of the same settings there is returned as it is (see `_finished_or_empty`)."""
-    out = prepare_out(config.out)
-    finished = _finished_or_empty(config)
-    if finished is not None:
-        print(f"warm-up {out} finished earlier with these settings: reusing it")
-        return finished
+def build(config: SFTConfig, expert_gemm: str | None = None):
+    """The warm-up's pieces: (model config, graphdef, params, optimizer state, jitted step, batch
+    iterator, mesh or None); `step(params, opt_state, batch) -> (params, opt_state, loss, grad norm)`.
+    expert_gemm: another backend than the platform's default (the step-time benchmark compares them)."""
     mc = model_config(config)
+    if expert_gemm is not None:
+        mc = dataclasses.replace(mc, expert_gemm=expert_gemm).resolved()
     graphdef, params = transformer.init(mc, config.seed)
     optimizer = optax.chain(
         optax.clip_by_global_norm(1.0),
@@ -186,7 +184,6 @@ def train(config: SFTConfig, progress: bool = True) -> dict:
     if mesh is not None:
         config.mesh.check_experts(mc.num_experts)
         params, opt_state = placement.place_state((params, opt_state), mesh)
-    on_mesh = (lambda: jax.set_mesh(mesh)) if mesh is not None else contextlib.nullcontext  # noqa: E731
 
     @jax.jit
     def step(params, opt_state, batch):
@@ -197,13 +194,30 @@ def train(config: SFTConfig, progress: bool = True) -> dict:
     dcfg = data.DataConfig(batch_size=config.batch_size, max_len=config.max_len, shuffle_seed=config.seed, task_seed=config.task_seed)
     records = data.problem_records(config.task, config.task_seed, dcfg.num_problems, config.answer_noise)
     batches = data.iterate(data.sft_batches(records, dcfg), dcfg)
+    return mc, graphdef, params, opt_state, step, batches, mesh
+
+
+def device_batch(batch: dict, mesh):
+    """A host batch on the device(s), without the index column."""
+    batch = {k: jnp.asarray(v) for k, v in batch.items() if k != "index_B"}
+    return batch if mesh is None else placement.place_rows(batch, mesh, row_axis=0)
+
+
+def train(config: SFTConfig, progress: bool = True) -> dict:
+    """Run the warm-up into `config.out`; returns the metadata written beside the checkpoint. A
+    finished warm-up of the same settings there is returned as it is (see `_finished_or_empty`)."""
+    out = prepare_out(config.out)
+    finished = _finished_or_empty(config)
+    if finished is not None:
+        print(f"warm-up {out} finished earlier with these settings: reusing it")
+        return finished
+    mc, graphdef, params, opt_state, step, batches, mesh = build(config)
+    on_mesh = (lambda: jax.set_mesh(mesh)) if mesh is not None else contextlib.nullcontext  # noqa: E731
     losses, start = [], time.time()
     bar = tqdm(range(config.steps), desc="sft", disable=not progress)
     for i in bar:
-        batch = {k: jnp.asarray(v) for k, v in next(batches).items() if k != "index_B"}
         with on_mesh():
-            batch = batch if mesh is None else placement.place_rows(batch, mesh, row_axis=0)
-            params, opt_state, loss, gnorm = step(params, opt_state, batch)
+            params, opt_state, loss, gnorm = step(params, opt_state, device_batch(next(batches), mesh))
         if i % 10 == 0 or i == config.steps - 1:
             losses.append((i, float(loss)))
             bar.set_postfix(loss=f"{float(loss):.3f}", grad_norm=f"{float(gnorm):.2f}")
