@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp4rl.model.config import ModelConfig
-from fp4rl.model.expert_dispatch import dispatch
+from fp4rl.model.expert_dispatch import dispatch, pairs_of_rows, rows_of_tokens
 from fp4rl.model.layers import SwiGLU, dtype_of, normal_init, swiglu_act, widen
 from fp4rl.model.sites import Ctx, site_dot
 from fp4rl.parallel import expert as expert_parallel
@@ -55,7 +55,11 @@ class MoE(nnx.Module):
         logits_TxE = site_dot(widen(x_TxD), self.router.get_value(), ctx, self.site_kinds()["router"],
                               self.layer, "router")
         probs_TxE = jax.nn.softmax(logits_TxE.astype(F32), axis=-1)
-        weight_TxK, expert_TxK = jax.lax.top_k(probs_TxE, self.top_k)
+        _, expert_TxK = jax.lax.top_k(jax.lax.stop_gradient(probs_TxE), self.top_k)
+        # The top-k probabilities as a one-hot product (exact: one nonzero term per sum), whose
+        # gradient is a product too; top_k's own is a scatter (see `expert_dispatch`).
+        weight_TxK = jnp.einsum("tke,te->tk", jax.nn.one_hot(expert_TxK, self.num_experts, dtype=F32), probs_TxE,
+                                precision=jax.lax.Precision.HIGHEST)
         if self.norm_topk_prob:
             weight_TxK = weight_TxK / jnp.sum(weight_TxK, axis=-1, keepdims=True)
         return probs_TxE, weight_TxK, expert_TxK.astype(jnp.int32)
@@ -67,16 +71,15 @@ class MoE(nnx.Module):
         if mesh is not None:
             return expert_parallel.experts(self, x_TxD, weight_TxK, expert_TxK, ctx, mesh)
         T, D = x_TxD.shape
-        row_of_pair_P, token_of_row_R, sizes_E = dispatch(expert_TxK, self.num_experts, self.group_align)
-        # Padding rows gather the appended zero row: they quantize to zeros and cost no accuracy.
-        x_R1xD = jnp.concatenate([x_TxD, jnp.zeros((1, D), x_TxD.dtype)], axis=0)
-        x_RxD = x_R1xD[token_of_row_R]
+        d = dispatch(expert_TxK, self.num_experts, self.group_align)
+        # Padding rows are zero: they quantize to zeros and cost no accuracy.
+        x_RxD = rows_of_tokens(x_TxD, d)
         dot = lambda h, name: site_dot(h, getattr(self, name).get_value(), ctx, self.site_kinds()[name],  # noqa: E731
-                                       self.layer, f"experts.{name}", group_sizes=sizes_E, padding_rows=True,
+                                       self.layer, f"experts.{name}", group_sizes=d.group_sizes, padding_rows=True,
                                        gemm=self.expert_gemm)
         h_RxF = swiglu_act(dot(x_RxD, "gate_up"))
         y_RxD = dot(h_RxF, "down")
-        y_TxKxD = y_RxD[row_of_pair_P].reshape(T, self.top_k, D)
+        y_TxKxD = pairs_of_rows(y_RxD, d).reshape(T, self.top_k, D)
         y_TxD = jnp.einsum("tk,tkd->td", weight_TxK, widen(y_TxKxD))  # combine in f32
         return y_TxD.astype(x_TxD.dtype)
 

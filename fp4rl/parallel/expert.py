@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from fp4rl.model.expert_dispatch import dispatch
+from fp4rl.model.expert_dispatch import dispatch, pairs_of_rows, rows_of_tokens
 from fp4rl.model.layers import swiglu_act, widen
 from fp4rl.model.sites import site_dot
 from fp4rl.parallel.mesh import DATA, EXPERT
@@ -62,10 +62,9 @@ def _ffn(moe, x_RxD, gate_up, down, sizes_E, ctx):
 def _local(moe, x_TxD, expert_TxK, gate_up, down, ctx):
     """[T, k, D] expert outputs, every expert on this device (pure data parallelism)."""
     T, D = x_TxD.shape
-    row_of_pair_P, token_of_row_R, sizes_E = dispatch(expert_TxK, moe.num_experts, moe.group_align)
-    x_RxD = jnp.concatenate([x_TxD, jnp.zeros((1, D), x_TxD.dtype)], axis=0)[token_of_row_R]
-    y_RxD = _ffn(moe, x_RxD, gate_up, down, sizes_E, ctx)
-    return y_RxD[row_of_pair_P].reshape(T, moe.top_k, D)
+    d = dispatch(expert_TxK, moe.num_experts, moe.group_align)
+    y_RxD = _ffn(moe, rows_of_tokens(x_TxD, d), gate_up, down, d.group_sizes, ctx)
+    return pairs_of_rows(y_RxD, d).reshape(T, moe.top_k, D)
 
 
 def _exchanged(moe, x_TxD, expert_TxK, gate_up, down, ctx, M: int):
@@ -90,10 +89,9 @@ def _exchanged(moe, x_TxD, expert_TxK, gate_up, down, ctx, M: int):
     recv_expert_MxC = jax.lax.all_to_all(local_expert_of_slot.reshape(M, C), EXPERT, 0, 0)
 
     # Group the received rows by local expert like the one-device dispatch; "none" (E_l) is last.
-    row_of_in, in_of_row_R, sizes = dispatch(recv_expert_MxC.reshape(-1, 1), E_l + 1, moe.group_align)
-    x_RxD = jnp.concatenate([recv_MxCxD.reshape(M * C, D), jnp.zeros((1, D), x_TxD.dtype)], axis=0)[in_of_row_R]
-    y_RxD = _ffn(moe, x_RxD, gate_up, down, sizes[:E_l], ctx)
-    back_MxCxD = jax.lax.all_to_all(y_RxD[row_of_in].reshape(M, C, D), EXPERT, 0, 0)
+    d = dispatch(recv_expert_MxC.reshape(-1, 1), E_l + 1, moe.group_align)
+    y_RxD = _ffn(moe, rows_of_tokens(recv_MxCxD.reshape(M * C, D), d), gate_up, down, d.group_sizes[:E_l], ctx)
+    back_MxCxD = jax.lax.all_to_all(pairs_of_rows(y_RxD, d).reshape(M, C, D), EXPERT, 0, 0)
     return back_MxCxD.reshape(M * C, D)[slot_of_pair_P].reshape(T, k, D)
 
 

@@ -72,7 +72,13 @@ def group_norms(grads, masks) -> dict[str, jax.Array]:
 def next_token_logprobs(logits_NxLxV, tokens_NxL, temperature=1.0):
     """log p(token_t | tokens_<t) for t = 1..L-1: [N, L-1], in float32, under the sampling
     distribution softmax(logits / temperature) (temperature 0, greedy, scores the raw logits)."""
-    return jnp.take_along_axis(_logp_V(logits_NxLxV[:, :-1], temperature), tokens_NxL[:, 1:, None], axis=-1)[..., 0]
+    return pick_last_axis(_logp_V(logits_NxLxV[:, :-1], temperature), tokens_NxL[:, 1:])
+
+
+def pick_last_axis(x_NxTxV, index_NxT):
+    """x[n, t, index[n, t]] as a one-hot sum (exact: one nonzero term), whose gradient is a product
+    where take_along_axis's is a scatter, which XLA:GPU's deterministic mode sorts (`expert_dispatch`)."""
+    return jnp.sum(x_NxTxV * jax.nn.one_hot(index_NxT, x_NxTxV.shape[-1], dtype=x_NxTxV.dtype), axis=-1)
 
 
 def _logp_V(logits, temperature):

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from fp4rl.model import init
-from fp4rl.model.expert_dispatch import dispatch, padded_rows
+from fp4rl.model.expert_dispatch import dispatch, padded_rows, pairs_of_rows, rows_of_tokens
 from fp4rl.model.sites import Ctx
 from fp4rl.recipe import PrecisionRecipe
 from tests.model.common import TINY
@@ -69,7 +69,7 @@ def test_dropless_equals_naive_loop(routing):
 
 def test_dispatch_layout():
     expert_TxK = jnp.array([[2, 0], [2, 1], [0, 2]], jnp.int32)
-    row_of_pair, token_of_row, sizes = jax.jit(dispatch, static_argnums=(1, 2))(expert_TxK, 4, 32)
+    row_of_pair, token_of_row, pair_of_row, sizes = jax.jit(dispatch, static_argnums=(1, 2))(expert_TxK, 4, 32)
     R = padded_rows(3, 2, 4, 32)
     assert R == 160 and token_of_row.shape == (R,)  # 6 pairs + 4 * 31 padding = 130, rounded up to 32
     np.testing.assert_array_equal(sizes, [32, 32, 32, 0])
@@ -79,6 +79,53 @@ def test_dispatch_layout():
     expected = np.full(R, 3)
     expected[[0, 1, 32, 64, 65, 66]] = [0, 2, 1, 0, 1, 2]
     np.testing.assert_array_equal(token_of_row, expected)
+    expected_pairs = np.full(R, 6)
+    expected_pairs[[0, 1, 32, 64, 65, 66]] = [1, 4, 3, 0, 2, 5]
+    np.testing.assert_array_equal(pair_of_row, expected_pairs)
+
+
+@pytest.mark.parametrize("T,k,E,align", [(37, 4, 8, 8), (64, 2, 32, 16), (5, 1, 3, 4), (16, 3, 4, 1)])
+def test_dispatch_maps_are_mutual_inverses(T, k, E, align):
+    """Random routings (some experts empty): every pair has its own row inside its expert's group,
+    rows map back to their pairs, and padding rows to the sentinels."""
+    rng = np.random.default_rng(T * k)
+    expert_TxK = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32)
+    d = jax.jit(dispatch, static_argnums=(1, 2))(jnp.asarray(expert_TxK), E, align)
+    row_of_pair, token_of_row, pair_of_row, sizes = (np.asarray(a) for a in d)
+    P, R = T * k, padded_rows(T, k, E, align)
+    assert len(set(row_of_pair.tolist())) == P
+    np.testing.assert_array_equal(pair_of_row[row_of_pair], np.arange(P))
+    np.testing.assert_array_equal(token_of_row[row_of_pair], np.arange(P) // k)
+    padding = np.setdiff1d(np.arange(R), row_of_pair)
+    assert (pair_of_row[padding] == P).all() and (token_of_row[padding] == T).all()
+    ends = np.cumsum(sizes)
+    group_of_row = np.searchsorted(ends, row_of_pair, side="right")
+    np.testing.assert_array_equal(group_of_row, expert_TxK.reshape(-1))
+    np.testing.assert_array_equal(sizes, -(-np.bincount(expert_TxK.reshape(-1), minlength=E) // align) * align)
+
+
+def test_row_gathers_have_autodiffs_gradient_and_no_scatter():
+    """rows_of_tokens / pairs_of_rows: the values and gradients of plain indexing (f32: the k-term
+    sums agree to rounding), and neither the forward nor the backward program holds a scatter."""
+    T, k, E, D = 24, 3, 6, 8
+    rng = np.random.default_rng(0)
+    expert_TxK = jnp.asarray(np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32))
+    d = dispatch(expert_TxK, E, 4)
+    x = jnp.asarray(rng.normal(size=(T, D)).astype(np.float32))
+    w = jnp.asarray(rng.normal(size=(d.token_of_row.shape[0], D)).astype(np.float32))
+
+    def ours(x):
+        return jnp.sum(jnp.sin(pairs_of_rows(rows_of_tokens(x, d) * w, d)))
+
+    def plain(x):
+        x_R = jnp.concatenate([x, jnp.zeros((1, D), x.dtype)])[d.token_of_row]
+        return jnp.sum(jnp.sin((x_R * w)[d.row_of_pair]))
+
+    np.testing.assert_allclose(ours(x), plain(x), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(ours)(x), jax.grad(plain)(x), rtol=1e-5, atol=1e-6)
+    hlo = jax.jit(jax.grad(ours)).lower(x).as_text()
+    assert "scatter" not in hlo
+    assert "scatter" in jax.jit(jax.grad(plain)).lower(x).as_text()  # the check can fail
 
 
 def test_moe_block_equals_naive_routing_and_experts():
