@@ -4,12 +4,13 @@ XLA reads `XLA_FLAGS` once, when the first backend starts (the first `jax.device
 not `import jax`), so an entry point calls `add` before that. A flag the user already set (any
 value) wins.
 
-DETERMINISTIC_GPU: XLA:GPU otherwise reduces with atomics in some scatters and reductions
-(e.g. the MoE combine and embedding gradients), so two runs of the same warm-up differ in the
-last bits and every RL arm would start from a slightly different checkpoint. With it, a device
-call recreates the warm-up bit for bit (`sft_meta.json` records the parameters' SHA-256). The
-entry points set it only for the warm-up: RL seeds differ anyway, and it slows some kernels.
-No effect on CPU.
+DETERMINISTIC_GPU: XLA:GPU otherwise reduces with atomics in some scatters and reductions, so
+two runs of the same warm-up differ in the last bits and every RL arm would start from a slightly
+different checkpoint. With it, a device call recreates the warm-up bit for bit (`sft_meta.json`
+records the parameters' SHA-256). It makes every scatter a sort, so the model's training step has
+none (`fp4rl.model.expert_dispatch`): the flag costs the h200 warm-up step 11%
+(benchmarks/README.md, "Warm-up step time"). The entry points set it only for the warm-up (RL
+seeds differ anyway). No effect on CPU.
 """
 
 from __future__ import annotations
