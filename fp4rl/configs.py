@@ -79,7 +79,7 @@ SFT_PRESETS["h200-long-x4"] = dataclasses.replace(SFT_PRESETS["h200-long"], step
                                                   out="runs/h200-long-x4/sft")
 SFT_PRESETS["h200-chain"] = dataclasses.replace(SFT_PRESETS["h200-long"], task=CHAIN_WARMUP_TASK, eval_task=CHAIN_TASK,
                                                 out="runs/h200-chain/sft")
-# The long-horizon bands in the order `gpu_session.sh bands` prefers them (`fp4rl.analysis.band`).
+# The long-horizon bands: h200-long and its candidates, each judged by its warm-up alone (`fp4rl.analysis.band`).
 LONG_BANDS = ("h200-long-x4", "h200-chain", "h200-long")
 
 # The model-size ladder (`experiments.scaling`): in depth at h200's width (8, 16, 32 layers) and in width at

@@ -21,7 +21,7 @@ while [ "$(date +%s)" -lt "$deadline" ] && [ ! -e "$RUN_OUT/done" ]; do sleep 10
 tail -c 3000 "$RUN_OUT/log.txt" 2>/dev/null | tr '\r' '\n' | tail -n 25
 cp "$RUN_OUT/log.txt" "$OUT/" 2>/dev/null
 if [ -e "$RUN_OUT/done" ]; then
-  cp "$RUN_OUT"/*.tgz "$OUT/" 2>/dev/null
+  cp "$RUN_OUT"/*.tgz "$RUN_OUT"/*.jsonl "$RUN_OUT"/*.csv "$OUT/" 2>/dev/null  # what the modes wrote to their $OUT
   tar czf "$OUT/runs.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs 2>/dev/null
   echo "=== finished"
 else

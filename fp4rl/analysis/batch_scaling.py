@@ -49,32 +49,38 @@ import numpy as np
 SQRT3 = float(np.sqrt(3.0))
 
 
-def _quad(gram_BxB, counts_NxB):
+def quad(gram_BxB, counts_NxB):
+    """||sum_b counts[n, b] x_b||^2 per resample row n, from the Gram matrix of the x_b."""
     return np.einsum("nb,bc,nc->n", counts_NxB, gram_BxB, counts_NxB)
 
 
-def _pair_mean(gram_BxB, counts_NxB):
+def pair_mean(gram_BxB, counts_NxB):
+    """Mean of <x_b, x_b'> over pairs of distinct batches (weighted by counts): unbiased ||E x||^2."""
     diag = np.diag(gram_BxB)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return (_quad(gram_BxB, counts_NxB) - counts_NxB**2 @ diag) / (counts_NxB.sum(1) ** 2 - (counts_NxB**2).sum(1))
+        return (quad(gram_BxB, counts_NxB) - counts_NxB**2 @ diag) / (counts_NxB.sum(1) ** 2 - (counts_NxB**2).sum(1))
+
+
+def batch_variance(gram_BxB, counts_NxB):
+    """Unbiased variance over batches, sum_b ||x_b - mean x||^2 / (B - 1), per resample."""
+    n = counts_NxB.sum(1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (counts_NxB @ np.diag(gram_BxB) - quad(gram_BxB, counts_NxB) / n) / (n - 1)
 
 
 def moments(error_sq_B, gram_diff_BxB, gram_bf16_BxB, counts_NxB) -> dict[str, np.ndarray]:
     """D, U, V, S, Sd (module docstring) per resample row of `counts_NxB` (row 0: the sample).
 
     error_sq_B: per batch E_key ||e_b||^2 (||d_b||^2 plus the keys' variance); gram_diff: Gram
-    matrix of d_b; gram_bf16: Gram matrix of the BF16 gradients g_b. V is computed as
-    `gradient_report.batch_variance` computes the noise floor, so noise_fraction_at(m, 1) is the
-    rule's noise fraction in every resample (where a resample repeats a batch, Sd - S and V differ
+    matrix of d_b; gram_bf16: Gram matrix of the BF16 gradients g_b. V is `batch_variance`, the
+    noise floor of `gradient_report`, so noise_fraction_at(m, 1) is the rule's noise fraction in
+    every resample (where a resample repeats a batch, Sd - S and V differ
     slightly: the pair means leave out the repeated pairs).
     """
     n = counts_NxB.sum(1)
-    diag = np.diag(gram_bf16_BxB)
-    sd = counts_NxB @ diag / n
-    with np.errstate(divide="ignore", invalid="ignore"):
-        v = (counts_NxB @ diag - _quad(gram_bf16_BxB, counts_NxB) / n) / (n - 1)
-    return {"D": counts_NxB @ np.asarray(error_sq_B, np.float64) / n, "U": _pair_mean(gram_diff_BxB, counts_NxB),
-            "V": v, "S": _pair_mean(gram_bf16_BxB, counts_NxB), "Sd": sd}
+    sd = counts_NxB @ np.diag(gram_bf16_BxB) / n
+    return {"D": counts_NxB @ np.asarray(error_sq_B, np.float64) / n, "U": pair_mean(gram_diff_BxB, counts_NxB),
+            "V": batch_variance(gram_bf16_BxB, counts_NxB), "S": pair_mean(gram_bf16_BxB, counts_NxB), "Sd": sd}
 
 
 def _div(num, den):

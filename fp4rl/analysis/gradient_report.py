@@ -40,6 +40,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from fp4rl.analysis import batch_scaling
+from fp4rl.analysis.batch_scaling import batch_variance, pair_mean, quad  # Gram-matrix estimators
 from fp4rl.analysis.plots import arm_color
 
 CI_LEVEL = 0.95
@@ -93,23 +94,6 @@ def _ratio(num_B, den_B, counts):
         return (counts @ num_B) / (counts @ den_B)
 
 
-def _quad(gram_BxB, counts):
-    return np.einsum("nb,bc,nc->n", counts, gram_BxB, counts)
-
-
-def pair_mean(gram_BxB, counts):
-    """Mean of <x_b, x_b'> over pairs of distinct batches (weighted by counts): unbiased ||E x||^2."""
-    diag = np.diag(gram_BxB)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return (_quad(gram_BxB, counts) - counts**2 @ diag) / (counts.sum(1) ** 2 - (counts**2).sum(1))
-
-
-def batch_variance(gram_BxB, counts):
-    """Unbiased variance over batches, sum_b ||x_b - mean x||^2 / (B - 1), per resample."""
-    b = counts.sum(1)
-    return (counts @ np.diag(gram_BxB) - _quad(gram_BxB, counts) / b) / (b - 1)
-
-
 def _safe_ratio(num, den):
     """num / den, +inf where den <= 0 (e.g. a signal estimate that is not positive)."""
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -151,7 +135,7 @@ def compare_stats(per_batch: Mapping, ref: str, k: int, gram_diff, gram_ref, cou
             "rel_error": _stat(np.sqrt(_ratio(total, cmp["ref_sq"][:, g], counts))),
             "cosine": _stat(np.nansum(counts * cos, 1) / (counts * ~np.isnan(cos)).sum(1)),
             "sr_std": _stat(np.sqrt(_ratio(per_batch["sr_var"][:, g], cmp["ref_sq"][:, g], counts))),
-            "bias": _stat(_sqrt_ratio(_quad(gram_diff[g], counts), _quad(gram_ref[g], counts))),
+            "bias": _stat(_sqrt_ratio(quad(gram_diff[g], counts), quad(gram_ref[g], counts))),
             "coherent_bias": _stat(_sqrt_ratio(pair_mean(gram_diff[g], counts), pair_mean(gram_ref[g], counts))),
         }
         if floor is not None:

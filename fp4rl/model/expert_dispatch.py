@@ -78,11 +78,10 @@ def take_rows(src_SxD, index_O, inverse_SxM):
 
 
 def _take_rows_fwd(src_SxD, index_O, inverse_SxM):
-    return take_rows(src_SxD, index_O, inverse_SxM), (index_O, inverse_SxM, src_SxD.shape[0])
+    return take_rows(src_SxD, index_O, inverse_SxM), inverse_SxM
 
 
-def _take_rows_bwd(res, g_OxD):
-    index_O, inverse_SxM, _ = res
+def _take_rows_bwd(inverse_SxM, g_OxD):
     reads_SxMxD = jnp.take(g_OxD, inverse_SxM, axis=0, mode="fill", fill_value=0).astype(jnp.float32)
     d_src = reads_SxMxD[:, 0]
     for m in range(1, inverse_SxM.shape[1]):  # a fixed order, whatever the reduction's lowering
