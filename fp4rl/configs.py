@@ -52,10 +52,10 @@ LONG_TASK = TaskConfig(min_ops=2, max_ops=5, digits=2, operators="+-*", max_oper
 # The same deficit one size down (`h200-chain`): one-digit literals with +, - and * (values within
 # 99) in chains of up to six operations; a line is easier (a product in one line of four), so the
 # warm-up gets most lines right and the chain's length sets the difficulty. Its warm-up (400 steps
-# on 1-6 operations) sampled 0.98/0.85/0.64/0.42/0.20 at 2-6 operations (results/long_h200/README.md,
-# "Candidate bands"): the band is the levels whose mean lies in 0.2-0.45, four to six (0.42).
+# on 1-6 operations) sampled 0.65/0.46/0.26 at 4-6 operations (results/long_h200/README.md,
+# "Candidate bands"): the band is the levels whose mean lies in 0.2-0.45, five and six (0.36).
 CHAIN_WARMUP_TASK = TaskConfig(min_ops=1, max_ops=6, digits=1, operators="+-*", max_operands=2)
-CHAIN_TASK = TaskConfig(min_ops=4, max_ops=6, digits=1, operators="+-*", max_operands=2)
+CHAIN_TASK = TaskConfig(min_ops=5, max_ops=6, digits=1, operators="+-*", max_operands=2)
 
 # ------------------------------------------------------------------------ BF16 warm-up (experiments.sft)
 
