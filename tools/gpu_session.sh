@@ -372,7 +372,7 @@ PY
     tar czf "$OUT/gradients.tgz" "$dir"
     ;;
   *)
-    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, triton, mosaic, model, quant, decode, probe, pilot, learn, arms, matrix, compile, warmup, serve_eval, gradients, grouped" | tee -a "$log"; exit 2
+    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, grouped, weight_gemm, triton, mosaic, model, decode, quant, probe, pilot, learn, long, bands, arms, matrix, compile, rlstep, warmup, sftstep, serve_eval, gradients" | tee -a "$log"; exit 2
     ;;
 esac
 done

@@ -1,30 +1,42 @@
 #!/usr/bin/env bash
 # One device call of a run that outlasts a call's 10 minutes (`gpu_session.sh $MODE`: MODE long by default,
-# bands, or several modes in one word list, e.g. MODE="sftstep warmup"):
-# the first call starts it detached (setsid, so it survives the call while the machine stays held),
-# every call then waits up to WAIT seconds and returns the log's tail and a snapshot of the run
-# (metrics, no checkpoints) in $OUT; once it has finished, its results tarball too. Call again at
-# once to keep the machine (it goes back after 30 s idle, and the run with it).
+# bands, matrix, or several modes in one word list, e.g. MODE="sftstep warmup"):
+# the first call copies the tree it was called in (code and .whl) to a folder of the machine's own
+# (RUN_DIR) and starts the run there, detached (setsid, so it survives the call while the machine stays
+# held): the device tool replaces or removes the carried paths of the working copy at every call, so a
+# run must not live in them. Every call then waits up to WAIT seconds and returns the log's tail and a
+# snapshot of the run (metrics, no checkpoints) in $OUT; once it has finished, its results too. Call
+# again at once to keep the machine (it goes back after 30 s idle, and the run with it); later calls
+# run whatever tree they are given and only look at RUN_DIR.
 #   device run: bash tools/long_horizon_call.sh        (carry .whl; MODE=bands bash ... for the bands)
 set -u
 OUT=${OUT:-/tmp/out}
 MODE=${MODE:-long}
-RUN_OUT=/tmp/long_run_${MODE// /_}
-if [ ! -e "$RUN_OUT/started" ]; then
-  mkdir -p "$RUN_OUT" && date > "$RUN_OUT/started"
+RUN_DIR=${RUN_DIR:-/tmp/long_run_${MODE// /_}}
+if [ ! -e "$RUN_DIR/started" ]; then
+  mkdir -p "$RUN_DIR/tree"
+  cp -r README.md benchmarks docs experiments fp4rl pallas_kernels pyproject.toml tests tools "$RUN_DIR/tree/"
+  [ -d .whl ] && cp -r .whl "$RUN_DIR/tree/"
+  date > "$RUN_DIR/started"
   # shellcheck disable=SC2086  # MODE: one or more modes
-  OUT=$RUN_OUT SESSION_SECONDS=${SESSION_SECONDS:-3000} setsid nohup bash -c "bash tools/gpu_session.sh $MODE; touch $RUN_OUT/done" \
-    >"$RUN_OUT/console.txt" 2>&1 </dev/null &
+  (cd "$RUN_DIR/tree" && OUT=$RUN_DIR SESSION_SECONDS=${SESSION_SECONDS:-3000} setsid nohup \
+    bash -c "bash tools/gpu_session.sh $MODE; touch $RUN_DIR/done" >"$RUN_DIR/console.txt" 2>&1 </dev/null &)
 fi
 deadline=$(( $(date +%s) + ${WAIT:-540} ))
-while [ "$(date +%s)" -lt "$deadline" ] && [ ! -e "$RUN_OUT/done" ]; do sleep 10; done
-tail -c 3000 "$RUN_OUT/log.txt" 2>/dev/null | tr '\r' '\n' | tail -n 25
-cp "$RUN_OUT/log.txt" "$OUT/" 2>/dev/null
-if [ -e "$RUN_OUT/done" ]; then
-  cp "$RUN_OUT"/*.tgz "$RUN_OUT"/*.jsonl "$RUN_OUT"/*.csv "$OUT/" 2>/dev/null  # what the modes wrote to their $OUT
-  tar czf "$OUT/runs.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs 2>/dev/null
+while [ "$(date +%s)" -lt "$deadline" ] && [ ! -e "$RUN_DIR/done" ]; do sleep 10; done
+tail -c 3000 "$RUN_DIR/log.txt" 2>/dev/null | tr '\r' '\n' | tail -n 25
+cp "$RUN_DIR/log.txt" "$OUT/" 2>/dev/null
+snapshot() {  # snapshot NAME: the runs' metrics and tables, no checkpoints (the matrix's runs live in MATRIX_DIR)
+  local matrix=${MATRIX_DIR:-/tmp/fp4rl-matrix}
+  # shellcheck disable=SC2046  # the matrix folder, where there is one
+  tar czf "$OUT/$1" --exclude=checkpoint --exclude=tb --exclude=.jax_cache -C "$RUN_DIR/tree" runs \
+    $([ -d "$matrix" ] && echo "-C $matrix .") 2>/dev/null
+}
+if [ -e "$RUN_DIR/done" ]; then
+  cp "$RUN_DIR"/*.tgz "$RUN_DIR"/*.jsonl "$RUN_DIR"/*.csv "$OUT/" 2>/dev/null  # what the modes wrote to their $OUT
+  snapshot runs.tgz
   echo "=== finished"
 else
-  tar czf "$OUT/partial.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs 2>/dev/null
+  snapshot partial.tgz
   echo "=== still running"
 fi
