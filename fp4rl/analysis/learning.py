@@ -37,6 +37,7 @@ import numpy as np
 
 from fp4rl.analysis.runs import SeedRun, load_seed
 from fp4rl.analysis.statistics import BootstrapCI, accuracy_change_ci
+from fp4rl.rl import failures
 
 MIN_GAIN = 0.10
 LEARNING_RULE = (f"The arm learns when its mean held-out sampled accuracy rises by >= {MIN_GAIN:.2f} from the initial "
@@ -71,6 +72,26 @@ class Learning:
     slope_t: float
     verdict: str  # "learns" | "does not learn" | "UNDECIDED"
     reason: str
+    failures: dict | None = None  # `failure_split`, when the run logged it
+
+
+FAILURE_MODES = ("sampled", "greedy")
+
+
+def failure_split(runs) -> dict | None:
+    """{(mode, kind): (seed-mean fraction at the initial evaluation, at the last)} for the wrong
+    responses' kinds of `fp4rl.rl.failures` (miscopied box, wrong chain), or None when a seed did
+    not log them (runs older than the split)."""
+    split = {}
+    for mode in FAILURE_MODES:
+        for kind in failures.KINDS[1:]:
+            name = f"eval/{mode}_{kind}"
+            first = [r.last_logged(name.replace("eval/", "eval/initial_")) for r in runs]
+            last = [r.last_logged(name) for r in runs]
+            if any(v is None for v in first + last):
+                return None
+            split[mode, kind] = (float(np.mean([v[1] for v in first])), float(np.mean([v[1] for v in last])))
+    return split
 
 
 def seed_curve(run: SeedRun) -> SeedCurve:
@@ -120,12 +141,13 @@ def _load_runs(arm_dir: Path) -> tuple[SeedRun, ...]:
 
 def summarize(arm_dir: str | Path) -> Learning:
     arm_dir = Path(arm_dir)
-    curves = tuple(seed_curve(r) for r in _load_runs(arm_dir))
+    runs = _load_runs(arm_dir)
+    curves = tuple(seed_curve(r) for r in runs)
     change = accuracy_change_ci([c.sampled[0] for c in curves], [c.n[0] for c in curves],
                                 [c.sampled[-1] for c in curves], [c.n[-1] for c in curves])
     slope, t = pooled_slope(curves)
     verdict, reason = decide(change)
-    return Learning(arm_dir.name, curves, change, 100 * slope, t, verdict, reason)
+    return Learning(arm_dir.name, curves, change, 100 * slope, t, verdict, reason, failure_split(runs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +240,30 @@ def markdown(result: Learning) -> str:
               f"- slope: {result.slope_per_100:+.3f} per 100 steps, t = {result.slope_t:.2f} (pooled over seeds, "
               "one intercept per seed; descriptive)",
               f"- **verdict: {result.verdict}** ({result.reason})", ""]
+    if result.failures is not None:
+        lines += failures_markdown(result)
     return "\n".join(lines)
+
+
+def failures_markdown(result: Learning) -> list[str]:
+    """The wrong responses split by kind, initial -> last (seed means), and, when greedy accuracy
+    fell while sampled accuracy rose, which kind of failure grew under greedy decoding."""
+    f = result.failures
+    lines = ["Wrong responses by kind (`fp4rl.rl.failures`; fractions of all held-out responses, mean over seeds, "
+             "initial -> last evaluation):", "", "| decoding | box miscopied (the chain computed the answer) | "
+             "wrong chain |", "|---|---|---|"]
+    for mode in FAILURE_MODES:
+        (m0, m1), (w0, w1) = f[mode, "miscopied"], f[mode, "wrong_chain"]
+        lines.append(f"| {mode} | {m0:.3f} -> {m1:.3f} | {w0:.3f} -> {w1:.3f} |")
+    greedy0 = np.mean([c.greedy[0] for c in result.curves])
+    greedy1 = np.mean([c.greedy[-1] for c in result.curves])
+    if greedy1 < greedy0 and result.change.mean > 0:
+        grew = max(failures.KINDS[1:], key=lambda k: f["greedy", k][1] - f["greedy", k][0])
+        what = {"wrong_chain": "the scratchpad's arithmetic, not the copy into the box",
+                "miscopied": "the copy into the box"}[grew]
+        lines += ["", f"Greedy accuracy fell ({greedy0:.3f} -> {greedy1:.3f}) while sampled accuracy rose: the greedy "
+                      f"failures that grew are {what} ({grew} {f['greedy', grew][0]:.3f} -> {f['greedy', grew][1]:.3f})."]
+    return lines + [""]
 
 
 def plot(result: Learning, path: Path) -> Path:

@@ -45,7 +45,7 @@ from fp4rl.model.transformer import graphdef_of
 from fp4rl.parallel import placement
 from fp4rl.parallel.mesh import MeshConfig, make_mesh
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import data, dapo, evaluation, policy, resume, rollout, sft, verifier
+from fp4rl.rl import data, dapo, evaluation, failures, policy, resume, rollout, sft
 from fp4rl.rl.checkpoint import Checkpointer
 from fp4rl.rl.metrics_log import MetricsWriter, truncate_after
 from fp4rl.rl.run_dir import RunLog, prepare_out, read_json, write_json_atomic
@@ -647,23 +647,30 @@ class Trainer:
         """Held-out accuracy per seed through the rollout's compiled sync and sampler (temperature
         is a runtime value: nothing recompiles): greedy (`eval/accuracy`, docs/rl.md's final accuracy)
         and sampled at the rollout temperature (`eval/sampled_accuracy`), with the same keys at
-        every evaluation; `eval/n` problems each."""
+        every evaluation; `eval/n` problems each. The wrong responses are split by `fp4rl.rl.failures`
+        (`eval/{greedy,sampled}_{miscopied,wrong_chain}`: fractions of all responses)."""
         c = self.config
         qparams, _ = self._sync(params_S)
         n = len(self.seeds)
-        scores = {"eval/accuracy": [[] for _ in self.seeds], "eval/sampled_accuracy": [[] for _ in self.seeds]}
+        texts = {"greedy": [[] for _ in self.seeds], "sampled": [[] for _ in self.seeds]}
+        all_answers = []
         for i, (ids, mask, answers) in enumerate(self._eval_batches):
             keys = jnp.stack([jax.random.fold_in(jax.random.key(c.eval_task_seed), 1000 * s + i) for s in self.seeds])
-            for name, temperature in (("eval/accuracy", 0.0), ("eval/sampled_accuracy", c.temperature)):
+            all_answers += answers
+            for mode, temperature in (("greedy", 0.0), ("sampled", c.temperature)):
                 inputs = (*self._put_rows((np.stack([ids] * n).astype(np.int32), np.stack([mask] * n).astype(bool))),
                           self._put(keys), self._put(jnp.float32(temperature)))
                 tokens = np.asarray(self._sample(qparams, *inputs).tokens)
                 for k in range(n):
-                    texts = data.tokenizer.decode_batch(tokens[k][: len(answers)])
-                    scores[name][k] += [verifier.reward(t, a) > 0 for t, a in zip(texts, answers)]
-        return [{"eval/accuracy": float(np.mean(scores["eval/accuracy"][k])),
-                 "eval/sampled_accuracy": float(np.mean(scores["eval/sampled_accuracy"][k])),
-                 "eval/n": len(scores["eval/accuracy"][k])} for k in range(n)]
+                    texts[mode][k] += data.tokenizer.decode_batch(tokens[k][: len(answers)])
+        records = []
+        for k in range(n):
+            greedy, sampled = (failures.fractions(texts[mode][k], all_answers) for mode in ("greedy", "sampled"))
+            records.append({"eval/accuracy": greedy["right"], "eval/sampled_accuracy": sampled["right"],
+                            "eval/n": len(all_answers),
+                            **{f"eval/{mode}_{kind}": fractions[kind] for mode, fractions in
+                               (("greedy", greedy), ("sampled", sampled)) for kind in failures.KINDS[1:]}})
+        return records
 
 
 def train(config: RLConfig, progress: bool = True):

@@ -26,16 +26,16 @@ import re
 import jax.numpy as jnp
 import numpy as np
 
-_BOX = "\\boxed{"
+BOX = "\\boxed{"
 _INT = re.compile(r"[+-]?[0-9]+")
 
 
 def extract_boxed(text: str) -> str | None:
     """Content of the last top-level `\\boxed{...}`, or None if absent or unclosed."""
     content = None
-    i = text.find(_BOX)
+    i = text.find(BOX)
     while i != -1:
-        start = i + len(_BOX)
+        start = i + len(BOX)
         depth, j = 1, start
         while j < len(text) and depth:
             depth += {"{": 1, "}": -1}.get(text[j], 0)
@@ -43,7 +43,7 @@ def extract_boxed(text: str) -> str | None:
         if depth:  # the last box is unclosed: the final answer is malformed
             return None
         content = text[start : j - 1]
-        i = text.find(_BOX, j)
+        i = text.find(BOX, j)
     return content
 
 

@@ -125,3 +125,40 @@ def test_the_cli_judges_the_window_and_refuses_bad_options(tmp_path, capsys):
     for bad in (["--window=300:150"], ["--window=a"], ["--reward_cap=0.8"]):
         with pytest.raises(SystemExit):
             learning.main([str(arm), *bad])
+
+
+def _add_failure_split(path, initial: dict, last: dict):
+    """Add the evaluations' failure split ({"greedy_wrong_chain": ...}) to a seed written by `_write_seed`."""
+    records = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    for record in records:
+        if "eval/initial_n" in record:
+            record.update({f"eval/initial_{k}": v for k, v in initial.items()})
+        if "eval/n" in record:
+            record.update({f"eval/{k}": v for k, v in last.items()})
+    (path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+
+
+def test_the_report_says_which_failures_grew_when_greedy_falls(tmp_path):
+    initial = {"sampled_miscopied": 0.27, "sampled_wrong_chain": 0.40, "greedy_miscopied": 0.0, "greedy_wrong_chain": 0.16}
+    last = {"sampled_miscopied": 0.10, "sampled_wrong_chain": 0.42, "greedy_miscopied": 0.0, "greedy_wrong_chain": 0.25}
+    for seed in (0, 1):
+        _write_seed(tmp_path / "bf16" / f"seed{seed}", 0.30, [0.40, 0.45])
+        _add_failure_split(tmp_path / "bf16" / f"seed{seed}", initial, last)
+    # the greedy accuracy of `_write_seed` is 0.9 throughout: make it fall
+    for seed in (0, 1):
+        metrics = tmp_path / "bf16" / f"seed{seed}" / "metrics.jsonl"
+        records = [json.loads(line) for line in metrics.read_text().splitlines()]
+        records[-1]["eval/accuracy"] = 0.75
+        metrics.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    result = learning.summarize(tmp_path / "bf16")
+    assert result.failures[("sampled", "miscopied")] == pytest.approx((0.27, 0.10))
+    text = learning.markdown(result)
+    assert "| sampled | 0.270 -> 0.100 | 0.400 -> 0.420 |" in text
+    assert "Greedy accuracy fell (0.900 -> 0.750)" in text and "the scratchpad's arithmetic" in text
+
+
+def test_runs_without_the_failure_split_report_none(tmp_path):
+    for seed in (0, 1):
+        _write_seed(tmp_path / "bf16" / f"seed{seed}", 0.30, [0.40])
+    result = learning.summarize(tmp_path / "bf16")
+    assert result.failures is None and "Wrong responses by kind" not in learning.markdown(result)
