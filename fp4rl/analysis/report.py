@@ -251,8 +251,13 @@ NO_MATRIX_SECTION = """## The RL ablation matrix
 No arm of the matrix ran here (`--arms` was empty), so this run says nothing about stability.
 `--arms=all` adds the nine arms; on a CPU preset with a step or two per arm that is a machinery
 check (every arm's programs compile and run), whose verdicts are UNDECIDED for lack of steps and
-seeds. The matrix with seeds and steps enough to judge runs on a GPU (`--preset h200`):
-results/matrix_h200 in the repository.
+seeds. The matrix with seeds and steps enough to judge runs on a GPU. What the H200 runs found
+(results/README.md in the repository): on the `h200` band every arm learned alike and saturated by
+step 20, none spiking significantly more often than bf16 (2 seeds: a weak test), a regime that
+cannot tell the arms apart (the arms without the dequantized backward then ran the pretraining
+recipe's backward, not the paper's); on the
+`h200-chain` band bf16 keeps learning through 275 steps, and the matrix runs there
+(results/long_h200/chain).
 """
 
 
