@@ -80,3 +80,12 @@ class MetricsWriter:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def device_memory(devices) -> dict[str, float]:
+    """{"memory/peak_gb": the largest peak of the allocator's bytes in use over `devices` since the
+    process began} where the platform reports it (GPUs), {} where it does not (XLA:CPU): the
+    measured peak a memory estimate is checked against (`fp4rl.analysis.scaling_plan`)."""
+    peaks = [stats["peak_bytes_in_use"] for stats in (d.memory_stats() for d in devices)
+             if stats and "peak_bytes_in_use" in stats]
+    return {"memory/peak_gb": max(peaks) / 1e9} if peaks else {}

@@ -47,7 +47,7 @@ from fp4rl.parallel.mesh import MeshConfig, make_mesh
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import data, dapo, evaluation, failures, policy, resume, rollout, sft
 from fp4rl.rl.checkpoint import Checkpointer
-from fp4rl.rl.metrics_log import MetricsWriter, truncate_after
+from fp4rl.rl.metrics_log import MetricsWriter, device_memory, truncate_after
 from fp4rl.rl.run_dir import RunLog, prepare_out, read_json, write_json_atomic
 from fp4rl.rl.run_settings import expert_gemm_of
 from fp4rl.rl.task import TaskConfig
@@ -565,6 +565,7 @@ class Trainer:
                 "time/rollout_s": gen_time,
                 "throughput/rollout_tok_s": gen_tokens / max(gen_time, 1e-9) / len(self.seeds),
                 "throughput/train_tok_s": float(np.asarray(stacked["valid"][k]).sum()) / max(train_time, 1e-9),
+                **device_memory(jax.local_devices()),
             })
             update_records.append([{"step": step, "update": m, **{key: u[key] for key in UPDATE_KEYS}}
                                    for m, u in enumerate(per_update)])

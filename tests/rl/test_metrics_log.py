@@ -86,3 +86,28 @@ def test_tensorboard_after_resume_shows_every_step_once(tmp_path):
     resumed.close()
     assert tensorboard_scalars(tmp_path / "tb", "reward/mean") == [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0)]
     assert [json.loads(line)["step"] for line in _lines(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+class _Device:
+    def __init__(self, stats):
+        self.stats = stats
+
+    def memory_stats(self):
+        return self.stats
+
+
+def test_device_memory_reports_the_largest_peak_where_the_platform_has_one():
+    from fp4rl.rl.metrics_log import device_memory
+
+    assert device_memory([_Device({"peak_bytes_in_use": 3e9, "bytes_in_use": 1e9}), _Device({"peak_bytes_in_use": 5e9})]) \
+        == {"memory/peak_gb": 5.0}
+    assert device_memory([_Device(None), _Device({})]) == {}  # XLA:CPU reports no stats
+
+
+def test_device_memory_on_this_platform_is_a_dict():
+    import jax
+
+    from fp4rl.rl.metrics_log import device_memory
+
+    record = device_memory(jax.local_devices())
+    assert set(record) <= {"memory/peak_gb"} and all(v > 0 for v in record.values())
