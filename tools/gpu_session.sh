@@ -372,7 +372,9 @@ PY
     tar czf "$OUT/gradients.tgz" "$dir"
     ;;
   *)
-    echo "unknown mode '$mode': choose from check, tune, diagnose, bench, grouped, weight_gemm, triton, mosaic, model, decode, quant, probe, pilot, learn, long, bands, arms, matrix, compile, rlstep, warmup, sftstep, serve_eval, gradients" | tee -a "$log"; exit 2
+    # the modes are this script's case labels
+    modes=$(grep -oE '^  [a-z_]+\)$' "${BASH_SOURCE[0]}" | tr -d ' )' | paste -sd, - | sed 's/,/, /g')
+    echo "unknown mode '$mode': choose from $modes" | tee -a "$log"; exit 2
     ;;
 esac
 done

@@ -32,7 +32,7 @@ COPIED_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.js
                 "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
 SHARD_BYTES = 2 << 30  # HF's default max_shard_size ("2GB" there is 2 * 10**9; any size loads)
 # ModelConfig fields that describe how this code runs a model, not the model.
-_RUNTIME_FIELDS = ("param_dtype", "dtype", "expert_gemm", "group_align", "max_seq_len", "aux_loss_coef")
+_RUNTIME_FIELDS = ("param_dtype", "dtype", "expert_gemm", "group_align")
 
 
 def _value(variable) -> np.ndarray:

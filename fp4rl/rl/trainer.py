@@ -512,6 +512,7 @@ class Trainer:
         train_time = time.time() - t_train
 
         records, update_records = [], []
+        memory = device_memory(jax.local_devices())  # the process's, the same for every seed
         for k, seed in enumerate(self.seeds):
             per_update = [jax.tree.map(lambda x: np.asarray(x)[k], um) for um in update_metrics]
             ran = [u for u in per_update if not u["empty"]]  # mini-batches with loss tokens
@@ -565,7 +566,7 @@ class Trainer:
                 "time/rollout_s": gen_time,
                 "throughput/rollout_tok_s": gen_tokens / max(gen_time, 1e-9) / len(self.seeds),
                 "throughput/train_tok_s": float(np.asarray(stacked["valid"][k]).sum()) / max(train_time, 1e-9),
-                **device_memory(jax.local_devices()),
+                **memory,
             })
             update_records.append([{"step": step, "update": m, **{key: u[key] for key in UPDATE_KEYS}}
                                    for m, u in enumerate(per_update)])
