@@ -100,9 +100,9 @@ class Attention(nnx.Module):
 
     def __call__(self, x_BxLxD, positions_BxL, mask_BxLxS, ctx: Ctx, kv_cache=None, index=None):
         """mask_BxLxS: True where query l may attend key slot s. Without a cache S == L and the
-        keys are this call's tokens; with `kv_cache` = (k, v) of every layer ([N, B, K, S, Dh],
-        `KVCache`) the new keys are written into this layer's slots index..index+L-1 first (the
-        layer: this module's static index plus ctx.layer_shift, traced inside a layers' scan).
+        keys are this call's tokens; with `kv_cache` = (k, v) of this layer ([B, K, S, Dh], one
+        entry of `KVCache`) the new keys are written into slots index..index+L-1 first, in place,
+        and the attention reads the updated buffer where it lies.
         Returns (y_BxLxD, the updated (k, v) or None).
         """
         B, L, _ = x_BxLxD.shape
@@ -123,15 +123,11 @@ class Attention(nnx.Module):
         dtype = x_BxLxD.dtype
         new_cache = None
         if kv_cache is not None:
-            layer = jnp.asarray(self.layer + ctx.layer_shift, jnp.int32)
             new_BxKxLxDh = [jnp.swapaxes(t, 1, 2).astype(kv_cache[0].dtype) for t in (k_BxLxKxDh, v_BxLxKxDh)]
-            new_cache = tuple(_write_slots(c, new, layer, index) for c, new in zip(kv_cache, new_BxKxLxDh))
-            # This layer's keys and values with the new slots, from the cache as it was: the GEMMs
-            # read a buffer of their own (a dot reading a dynamic slice of the carried cache
-            # directly has no bf16 kernel on XLA:CPU).
-            keys, values = (lax.dynamic_update_slice_in_dim(lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False),
-                                                            new, index, axis=2)
-                            for c, new in zip(kv_cache, new_BxKxLxDh))
+            # Written in place (XLA aliases a dynamic_update_slice's operand with its result in the
+            # decode loop's carry), then read by the GEMMs as it lies: no per-token copy of the cache.
+            new_cache = keys, values = tuple(lax.dynamic_update_slice_in_dim(c, new, jnp.asarray(index, jnp.int32), axis=2)
+                                             for c, new in zip(kv_cache, new_BxKxLxDh))
             k_spec = "bksd"
         else:
             keys, values, k_spec = k_BxLxKxDh, v_BxLxKxDh, "bskd"
@@ -150,14 +146,6 @@ class Attention(nnx.Module):
         out_BxLxHDh = out_BxLxKxGxDh.reshape(B, L, H * Dh)
         y = site_dot(out_BxLxHDh, self.o.get_value(), ctx, self.site_kinds()["o"], self.layer, "o")
         return y, new_cache
-
-
-def _write_slots(cache_NxBxKxSxDh, new_BxKxLxDh, layer, index):
-    """The cache with `new` written at [layer, :, :, index:index + L]: an in-place update of a carried
-    buffer (XLA aliases a dynamic_update_slice's operand with its result)."""
-    zero = jnp.zeros((), jnp.int32)
-    return lax.dynamic_update_slice(cache_NxBxKxSxDh, new_BxKxLxDh[None], (layer, zero, zero,
-                                                                           jnp.asarray(index, jnp.int32), zero))
 
 
 class SwiGLU(nnx.Module):

@@ -35,13 +35,16 @@ F32 = jnp.float32
 class KVCache:
     """Keys/values of every layer for a batch whose rows all write the same slot each step.
 
-    k, v: [N, B, K, S, Dh] in the compute dtype; valid_BxS: slot holds a real token;
-    lengths_B: real tokens so far (the next token's position); index: next slot to write (int32 ()).
+    k, v: one [B, K, S, Dh] array per layer (tuples of N) in the compute dtype; valid_BxS: slot
+    holds a real token; lengths_B: real tokens so far (the next token's position); index: next slot
+    to write (int32 ()).
 
     Layout: the attention GEMMs batch over (B, K) and contract over Dh (scores) or S (values), so
-    with [B, K, S, Dh] per layer they read the cache as it lies, with no transposed copy. One array
-    for all layers, carried through the layers' scan: each layer writes its new slots into it in
-    place (a decode step writes B x K x Dh values per layer, not a copy of the cache).
+    with [B, K, S, Dh] per layer they read the cache as it lies, with no transposed copy. A buffer
+    per layer (not one [N, ...] array): each layer writes its new slots into its own buffer in place
+    and its GEMMs read that buffer directly, where a layer's slice of a stacked array would be
+    copied at every decode step (on the H200 that copy was the largest kernel of a decode step). So
+    a forward with a cache runs its layers unrolled (`forward`).
     """
 
     k: jax.Array
@@ -52,7 +55,7 @@ class KVCache:
 
     @property
     def size(self) -> int:
-        return self.k.shape[3]
+        return self.k[0].shape[2]
 
 
 jax.tree_util.register_dataclass(KVCache, data_fields=["k", "v", "valid_BxS", "lengths_B", "index"], meta_fields=[])
@@ -62,10 +65,11 @@ def init_cache(config: ModelConfig, batch: int, size: int) -> KVCache:
     """An empty cache of `size` slots (prompt + new tokens), at most config.max_seq_len."""
     if not 1 <= size <= config.max_seq_len:
         raise ValueError(f"cache size={size} must be in [1, max_seq_len={config.max_seq_len}]")
-    shape = (config.num_layers, batch, config.num_kv_heads, size, config.head_dim)
+    shape = (batch, config.num_kv_heads, size, config.head_dim)
     dtype = dtype_of(config.dtype)
+    layers = range(config.num_layers)
     return KVCache(
-        k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+        k=tuple(jnp.zeros(shape, dtype) for _ in layers), v=tuple(jnp.zeros(shape, dtype) for _ in layers),
         valid_BxS=jnp.zeros((batch, size), bool), lengths_B=jnp.zeros((batch,), jnp.int32),
         index=jnp.zeros((), jnp.int32),
     )
@@ -127,34 +131,31 @@ def layer_runs(config: ModelConfig, recipe: PrecisionRecipe) -> list[tuple[int, 
 
 
 def run_blocks(blocks, x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx: Ctx, kv=None, index=None):
-    """Apply consecutive identical blocks; `kv` is the whole cache (k, v) of every layer (`KVCache`),
-    returned with these blocks' slots written; the MoE aux has a leading [len(blocks)] axis. One
-    block is called directly; several are one `lax.scan` over their stacked parameters, with the
-    cache in its carry (updated in place, never sliced per layer into the scan's inputs and
-    stacked back from its outputs: that copied the whole cache at every decode step). The stack is a copy per forward, small next to the layers' GEMMs; in
-    the sampler's decode loop it is loop-invariant and XLA hoists it out of the `while` (seen in
-    the compiled `_generate`: every weight stack sits outside the loop body)."""
+    """Apply consecutive identical blocks; the MoE aux has a leading [len(blocks)] axis. One block
+    is called directly, with `kv` its layer's cache (k, v) (returned with the new slots written);
+    several (no cache) are one `lax.scan` over their stacked parameters. The stack is a copy per
+    forward, small next to the layers' GEMMs."""
     def with_layer_axis(tree):
         return None if tree is None else jax.tree.map(lambda a: a[None], tree)
 
     if len(blocks) == 1:
         x_BxLxD, kv, aux = blocks[0](x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx, kv, index)
         return x_BxLxD, kv, with_layer_axis(aux)
+    if kv is not None:
+        raise ValueError("a forward with a KV cache runs its layers one by one (each owns its cache buffer)")
 
     graphdef, _ = nnx.split(blocks[0])  # the first block's static layer index resolves the sites
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(nnx.split(b)[1] for b in blocks))
 
-    def step(carry, xs):
-        x, kv = carry
+    def step(x, xs):
         state, shift = xs
         block = nnx.merge(graphdef, state)
-        x, kv, aux = block(x, positions_BxL, mask_BxLxS, valid_BxL, dataclasses.replace(ctx, layer_shift=shift), kv,
-                           index)
-        return (x, kv), aux
+        x, _, aux = block(x, positions_BxL, mask_BxLxS, valid_BxL, dataclasses.replace(ctx, layer_shift=shift))
+        return x, aux
 
     shifts = jnp.arange(len(blocks), dtype=jnp.int32)
-    (x_BxLxD, kv), aux = jax.lax.scan(step, (x_BxLxD, kv), (stacked, shifts))
-    return x_BxLxD, kv, aux
+    x_BxLxD, aux = jax.lax.scan(step, x_BxLxD, (stacked, shifts))
+    return x_BxLxD, None, aux
 
 
 class Transformer(nnx.Module):
@@ -205,12 +206,16 @@ class Transformer(nnx.Module):
         # The embedding is never a quantized site (site "embed" is BF16 in every preset).
         x_BxLxD = embed_lookup(self.embed.get_value(), tokens_BxL).astype(dtype)
         moe_aux = []
-        kv = None if cache is None else (cache.k, cache.v)
         index = None if cache is None else cache.index
-        runs = layer_runs(config, ctx.recipe) if ctx.scan_layers else [(i, i + 1) for i in range(config.num_layers)]
+        new_kv = []  # with a cache: each layer's (k, v), its new slots written
+        # A forward with a cache runs its layers one by one (`KVCache`: a buffer per layer).
+        scanned = ctx.scan_layers and cache is None
+        runs = layer_runs(config, ctx.recipe) if scanned else [(i, i + 1) for i in range(config.num_layers)]
         for start, stop in runs:
             blocks = list(self.layers)[start:stop]
+            kv = None if cache is None else (cache.k[start], cache.v[start])
             x_BxLxD, kv, run_aux = run_blocks(blocks, x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx, kv, index)
+            new_kv.append(kv)
             if run_aux is not None:
                 moe_aux.append(run_aux)
 
@@ -232,7 +237,7 @@ class Transformer(nnx.Module):
         new_cache = None
         if cache is not None:
             new_cache = KVCache(
-                k=kv[0], v=kv[1], valid_BxS=key_valid_BxS,
+                k=tuple(k for k, _ in new_kv), v=tuple(v for _, v in new_kv), valid_BxS=key_valid_BxS,
                 lengths_B=cache.lengths_B + jnp.sum(valid_BxL, axis=1, dtype=jnp.int32),
                 index=cache.index + L,
             )
@@ -270,6 +275,7 @@ def forward(graphdef, params, tokens_BxL, recipe, *, key=None, impl: str = "auto
     valid: bool [B, L], False marks padding tokens (default all True).
     scan_layers: scan each run of identical layers (`layer_runs`) instead of unrolling them;
       the values are the same (tests compare both), the compile time much shorter for deep stacks.
+      A forward with a cache runs its layers unrolled whatever this says (`KVCache`).
     aux: router_topk int32 [L_moe, B, L, k] (MoE layers in order), aux_loss f32 () (Switch
       loss, mean over MoE layers, unscaled), expert_load f32 [L_moe, E], cache (KVCache | None).
     """

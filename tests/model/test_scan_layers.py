@@ -55,7 +55,7 @@ def test_scanned_forward_and_grads_equal_unrolled(name):
     _assert_trees_equal(grads_scan, grads_unrolled)
 
 
-def test_scanned_cache_equals_unrolled():
+def test_cached_forward_runs_unrolled_whatever_scan_layers_says():
     recipe = PrecisionRecipe.from_name("nvfp4")
     graphdef, params = init(THREE, 0)
     prompt, nxt = jnp.asarray(tokens(4, batch=2, length=8)), jnp.asarray(tokens(5, batch=2, length=1))
@@ -67,9 +67,31 @@ def test_scanned_cache_equals_unrolled():
             logits, aux = forward(graphdef, p, prompt, recipe, key=KEY, cache=init_cache(THREE, 2, 12),
                                    scan_layers=scan)
             step_logits, step_aux = forward(graphdef, p, nxt, recipe, key=KEY, cache=aux["cache"], scan_layers=scan)
-            outs.append((logits, step_logits, step_aux["cache"].k, step_aux["cache"].v))
+            outs.append((logits, step_logits, *step_aux["cache"].k, *step_aux["cache"].v))
         return outs
 
     scanned, unrolled = prefill_then_decode(params)
     for a, b in zip(scanned, unrolled):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_decode_step_reads_each_layer_cache_where_it_lies():
+    """A decode step writes its slot into each layer's buffer and its attention reads that buffer:
+    no op of the step slices (copies) a layer's whole cache out of a larger array."""
+    recipe = PrecisionRecipe.from_name("bf16")
+    graphdef, params = init(THREE, 0)
+    cache = init_cache(THREE, 2, 12)
+    assert len(cache.k) == len(cache.v) == THREE.num_layers
+    layer_size = cache.k[0].size
+    step = jax.make_jaxpr(lambda p, c: forward(graphdef, p, jnp.asarray(tokens(5, batch=2, length=1)), recipe,
+                                               key=KEY, cache=c))(params, cache)
+
+    def slices(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in ("dynamic_slice", "slice", "gather") and eqn.outvars[0].aval.size == layer_size:
+                yield eqn
+            for param in eqn.params.values():
+                if hasattr(param, "jaxpr"):
+                    yield from slices(param.jaxpr)
+
+    assert list(slices(step.jaxpr)) == []
