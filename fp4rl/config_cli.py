@@ -157,15 +157,19 @@ def _apply(config: T, tree: Mapping[str, Any]) -> T:
     return dataclasses.replace(config, **changes) if changes else config
 
 
-def parse(cls: type[T], argv: Sequence[str], presets: Mapping[str, T] | None = None) -> T:
+def parse(cls: type[T], argv: Sequence[str], presets: Mapping[str, T] | None = None, root: str | None = None) -> T:
     """Build a `cls` instance from `argv` (without the program name); raises ValueError.
 
     presets: name -> a complete `cls` instance; `--preset NAME` starts from it.
+    root: the name `cls` has where another entry point nests it: `--ROOT.key` sets `key`, so both
+      spellings work (experiments.rl takes experiments.ablation's `--rl.data_file`).
     """
     if not _is_config(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
     presets = dict(presets or {})
     preset, overrides = _split_argv(argv)
+    if root:
+        overrides = [(key.removeprefix(f"{root}."), text) for key, text in overrides]
     if preset is None:
         base = cls()
     elif preset in presets:
@@ -256,13 +260,14 @@ def describe(config, prefix: str = "", descriptions: bool = False) -> list[str]:
     return lines
 
 
-def cli(cls: type[T], presets: Mapping[str, T] | None = None, argv: Sequence[str] | None = None) -> T:
+def cli(cls: type[T], presets: Mapping[str, T] | None = None, argv: Sequence[str] | None = None,
+        root: str | None = None) -> T:
     """`parse` for a `main()`: `-h/--help` prints every field's value under the preset (and
     overrides) `argv` applies, with its description, and the presets; errors exit with 2."""
     argv = sys.argv[1:] if argv is None else list(argv)
     wants_help = "-h" in argv or "--help" in argv
     try:
-        config = parse(cls, [a for a in argv if a not in ("-h", "--help")], presets)
+        config = parse(cls, [a for a in argv if a not in ("-h", "--help")], presets, root)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -163,6 +163,17 @@ def _ladder_rl(name: str) -> trainer.RLConfig:
 
 RL_PRESETS.update({name: _ladder_rl(name) for name in _LADDER})
 
+# The paper's setting: a Hugging Face Qwen-MoE checkpoint as the initial policy (--model.hf=DIR, no
+# warm-up) on DAPO-Math-17k (--rl.data_file=FILE). Sequences of 8k tokens (1k of prompt: DAPO-Math
+# prompts with a chat template are a few hundred tokens), DAPO's group of 16 and learning rate 1e-6,
+# its overlong buffer scaled to the shorter limit; 32 prompts x 16 in 4 mini-batches of 128 rows,
+# which split evenly over 8 devices. No held-out evaluation: it is defined on the procedural task.
+RL_PRESETS["hf"] = trainer.RLConfig(steps=200, group_size=16, prompts_per_step=32, max_gen_batches=3, mini_batches=4,
+                                    prompt_len=1024, max_new_tokens=7168, overlong_buffer=1024,
+                                    optim=trainer.OptimConfig(lr=1e-6, warmup_steps=10), eval_every=0,
+                                    checkpoint_every=10, init="", model=trainer.ModelSource(dtype="bfloat16"),
+                                    out="runs/hf/rl")
+
 # -------------------------------------------------------- gradient measurements (experiments.gradients)
 
 

@@ -127,6 +127,16 @@ class PrecisionRecipe:
         k = self.num_high_precision_layers(num_layers)
         return f"{k} of {num_layers} layers kept in BF16 ({100 * k / num_layers:.1f}%)"
 
+    def layer_map(self, num_layers: int, has_shared_expert: bool) -> dict:
+        """Where this recipe puts which format in a model of `num_layers` layers: the layers kept
+        in BF16 (every site), and the routed and shared experts' format elsewhere (None where the
+        model has no shared expert). A checkpoint stores it, so a run resumed on another model
+        depth or architecture is refused even when the recipe's own fields are the same."""
+        k = self.num_high_precision_layers(num_layers)
+        return {"num_layers": num_layers, "bf16_layers": list(range(num_layers - k, num_layers)),
+                "summary": self.high_precision_summary(num_layers), "routed_experts": self.routed_experts.format,
+                "shared_expert": self.shared_expert.format if has_shared_expert else None}
+
     def site(self, kind: str, layer: int | None, num_layers: int) -> SiteConfig:
         """The SiteConfig of site `kind` in layer `layer` of `num_layers` (layer None: embed/head)."""
         if kind not in SITE_KINDS:

@@ -44,7 +44,8 @@ F32 = jnp.float32
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
     """max_new_tokens: T_new. temperature: 0 means greedy (argmax); > 0 scales the logits.
-    top_p: nucleus sampling mass in (0, 1] (1 disables it). eos_id stops a row; pad_id fills
+    top_p: nucleus sampling mass in (0, 1] (1 disables it). eos_id stops a row, and so does
+    each of stop_ids (a chat checkpoint ends a turn and a text on different tokens); pad_id fills
     the tokens after the stop (and marks left padding in prompts by default)."""
 
     max_new_tokens: int
@@ -52,6 +53,7 @@ class SamplerConfig:
     top_p: float
     eos_id: int
     pad_id: int
+    stop_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -62,6 +64,8 @@ class SamplerConfig:
             raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
         if self.eos_id == self.pad_id:
             raise ValueError(f"eos_id and pad_id must differ, both are {self.eos_id}")
+        if not isinstance(self.stop_ids, tuple):
+            raise ValueError(f"stop_ids={self.stop_ids!r} must be a tuple of token ids")
 
 
 class SampleOutput(NamedTuple):
@@ -115,7 +119,7 @@ def generate(graphdef, qparams, prompt_BxP, recipe, sampler: SamplerConfig, *, k
     return _generate(graphdef, recipe, impl, sampler.max_new_tokens, qparams, prompt_BxP,
                      jnp.asarray(prompt_lengths_B, jnp.int32), key,
                      sampler.temperature if temperature is None else temperature, sampler.top_p,
-                     sampler.eos_id, sampler.pad_id)
+                     jnp.asarray((sampler.eos_id, *sampler.stop_ids), jnp.int32), sampler.pad_id)
 
 
 def operands_ahead(qparams, config):
@@ -136,7 +140,7 @@ def operands_ahead(qparams, config):
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _generate(graphdef, recipe, impl, T, qparams, prompt_BxP, prompt_lengths_B, key, temperature, top_p,
-              eos_id, pad_id) -> SampleOutput:
+              stop_S, pad_id) -> SampleOutput:
     config = nnx.merge(graphdef, qparams).config
     qparams = operands_ahead(qparams, config)
     B, P = prompt_BxP.shape
@@ -161,7 +165,7 @@ def _generate(graphdef, recipe, impl, T, qparams, prompt_BxP, prompt_lengths_B, 
         topk_MxBxK = jnp.where(done_B[None, :, None], -1, topk_MxBxK)
         out = (tokens.at[:, t].set(token_B), logprobs.at[:, t].set(logp_B),
                lengths + (~done_B).astype(jnp.int32), topk.at[:, :, t].set(topk_MxBxK))
-        return token_B, done_B | (token_B == eos_id), key, out
+        return token_B, done_B | jnp.any(token_B[:, None] == stop_S[None, :], axis=1), key, out
 
     M, k = config.num_moe_layers, config.top_k
     out = (jnp.full((B, T), pad_id, jnp.int32), jnp.zeros((B, T), F32),

@@ -15,22 +15,26 @@ stores; `set_state()` on a fresh iterator resumes exactly (tests/rl/test_data.py
 
 Token layout shared by SFT and RL, so the warm-up teaches exactly what the sampler sees:
     BOS prompt "\\n" solution EOS
-The sampler is given `BOS prompt "\\n"` and generates the rest.
+The sampler is given `BOS prompt "\\n"` and generates the rest. Prompt batches take another
+`codec.TextCodec` (a Hugging Face checkpoint's chat template: `fp4rl.rl.hf_tokenizer`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import grain
 import numpy as np
 
 from fp4rl.rl import tokenizer
+from fp4rl.rl import codec as codecs
+from fp4rl.rl.codec import CHAR, TextCodec
 from fp4rl.rl.math_file import MathRows
 from fp4rl.rl.task import TaskConfig, make_problem, noisy_solution
 
-PROMPT_SEPARATOR = "\n"
+PROMPT_SEPARATOR = codecs.PROMPT_SEPARATOR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,15 +83,15 @@ def file_records(rows: MathRows) -> grain.MapDataset:
     )
 
 
-def encode_prompt(prompt: str) -> list[int]:
-    """The sampler's input for one prompt: BOS prompt separator."""
-    return tokenizer.encode(prompt + PROMPT_SEPARATOR, bos=True)
+def encode_prompt(prompt: str, codec: TextCodec = CHAR) -> list[int]:
+    """The sampler's input for one prompt (the character layout: BOS prompt separator)."""
+    return codec.encode_prompt(prompt)
 
 
-def collate_prompts(records: Sequence[dict], max_len: int) -> dict[str, np.ndarray]:
-    """prompt_ids_BxT int32 (left-padded), prompt_mask_BxT bool, answer_B/index_B int64."""
-    prompts = [encode_prompt(r["prompt"]) for r in records]
-    ids, mask = tokenizer.pad_batch(prompts, max_len, side="left")
+def collate_prompts(records: Sequence[dict], max_len: int, codec: TextCodec = CHAR) -> dict[str, np.ndarray]:
+    """prompt_ids_BxT int32 (left-padded with the codec's pad id), prompt_mask_BxT bool, answer_B/index_B int64."""
+    prompts = [codec.encode_prompt(r["prompt"]) for r in records]
+    ids, mask = tokenizer.pad_batch(prompts, max_len, side="left", pad_id=codec.pad_id)
     return {
         "prompt_ids_BxT": ids,
         "prompt_mask_BxT": mask,
@@ -122,8 +126,8 @@ def _batches(records: grain.MapDataset, cfg: DataConfig, collate) -> grain.MapDa
     )
 
 
-def prompt_batches(records: grain.MapDataset, cfg: DataConfig) -> grain.MapDataset:
-    return _batches(records, cfg, collate_prompts)
+def prompt_batches(records: grain.MapDataset, cfg: DataConfig, codec: TextCodec = CHAR) -> grain.MapDataset:
+    return _batches(records, cfg, functools.partial(collate_prompts, codec=codec))
 
 
 def sft_batches(records: grain.MapDataset, cfg: DataConfig) -> grain.MapDataset:

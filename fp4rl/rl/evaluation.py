@@ -19,12 +19,15 @@ from fp4rl.model import sampler as model_sampler
 from fp4rl.model import sync as model_sync
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import data, tokenizer, verifier
+from fp4rl.rl.codec import CHAR, TextCodec
 from fp4rl.rl.task import TaskConfig, make_problem
 
 
-def sampler_config(max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0) -> model_sampler.SamplerConfig:
+def sampler_config(max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                   codec: TextCodec = CHAR) -> model_sampler.SamplerConfig:
+    """Rows stop on any of the codec's stop ids."""
     return model_sampler.SamplerConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                       eos_id=tokenizer.EOS, pad_id=tokenizer.PAD)
+                                       eos_id=codec.stop_ids[0], pad_id=codec.pad_id, stop_ids=codec.stop_ids[1:])
 
 
 def sample_fn(graphdef, recipe: PrecisionRecipe, config: model_sampler.SamplerConfig, impl: str):
@@ -40,7 +43,7 @@ def _compiled_sampler(graphdef, recipe_name: str, max_new_tokens: int, impl: str
     return jax.jit(sample_fn(graphdef, PrecisionRecipe.from_name(recipe_name), sampler_config(max_new_tokens), impl))
 
 
-def prompt_batches(problems, prompt_len: int, rows: int):
+def prompt_batches(problems, prompt_len: int, rows: int, codec: TextCodec = CHAR):
     """Fixed-shape prompt batches of `rows` (the last one padded by repeating a prompt, so one
     compiled sampler serves them all): (prompt_ids, prompt_mask, answers of the real rows)."""
     batches = []
@@ -48,7 +51,7 @@ def prompt_batches(problems, prompt_len: int, rows: int):
         chunk = problems[start : start + rows]
         records = [{"prompt": p.prompt, "answer": p.answer, "index": i} for i, p in enumerate(chunk)]
         records += records[-1:] * (rows - len(records))
-        cols = data.collate_prompts(records, prompt_len)
+        cols = data.collate_prompts(records, prompt_len, codec)
         batches.append((cols["prompt_ids_BxT"], cols["prompt_mask_BxT"], [p.answer for p in chunk]))
     return batches
 
@@ -104,6 +107,6 @@ def accuracy_table_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def held_out_prompts(task: TaskConfig, task_seed: int, num: int, prompt_len: int, rows: int):
+def held_out_prompts(task: TaskConfig, task_seed: int, num: int, prompt_len: int, rows: int, codec: TextCodec = CHAR):
     """The held-out problems as fixed-shape prompt batches of `rows` (the rollout batch shape)."""
-    return prompt_batches([make_problem(i, task_seed, task) for i in range(num)], prompt_len, rows)
+    return prompt_batches([make_problem(i, task_seed, task) for i in range(num)], prompt_len, rows, codec)

@@ -24,7 +24,7 @@ import dataclasses
 import json
 import os
 
-from fp4rl.rl import tokenizer
+from fp4rl.rl.codec import CHAR, TextCodec
 from fp4rl.rl.verifier import parse_integer
 
 # Tried in order when `answer_key` is None; the first one present in a row is used.
@@ -110,15 +110,19 @@ def load_math_rows(
     prompt_key: str = "prompt",
     answer_key: str | None = None,
     max_prompt_chars: int | None = None,
+    codec: TextCodec = CHAR,
+    max_prompt_tokens: int | None = None,
 ) -> MathRows:
     """Prompts and integer ground truths of a local file.
 
     answer_key: a dotted column path; None tries DEFAULT_ANSWER_KEYS in order per row.
-    max_prompt_chars: rows with longer prompts are dropped (counted as "too_long"), since
-        the prompt pipeline refuses to truncate.
+    max_prompt_chars / max_prompt_tokens: rows with longer prompts (in characters / in the
+        tokens `codec.encode_prompt` gives the sampler) are dropped (counted as "too_long"),
+        since the prompt pipeline refuses to truncate.
+    codec: the tokenizer the prompts are for (the character tokenizer by default).
     Dropped (counted) rows: "not_integer" ground truth, "answer_out_of_int64", "bad_prompt"
-    (neither a string nor a chat list with a user message), "unencodable" (a character
-    outside the tokenizer vocabulary, e.g. non-ASCII), "too_long".
+    (neither a string nor a chat list with a user message), "unencodable" (text the codec
+    cannot encode, e.g. non-ASCII for the character tokenizer), "too_long".
     """
     rows = _located_rows(path)
     prompts, answers = [], []
@@ -141,9 +145,11 @@ def load_math_rows(
             reason = "answer_out_of_int64"
         elif prompt is None:
             reason = "bad_prompt"
-        elif not tokenizer.is_encodable(prompt):
+        elif not codec.is_encodable(prompt):
             reason = "unencodable"
         elif max_prompt_chars is not None and len(prompt) > max_prompt_chars:
+            reason = "too_long"
+        elif max_prompt_tokens is not None and len(codec.encode_prompt(prompt)) > max_prompt_tokens:
             reason = "too_long"
         else:
             prompts.append(prompt)

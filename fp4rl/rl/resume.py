@@ -68,10 +68,13 @@ def describe(changes: dict[str, tuple[Any, Any]]) -> str:
     return ", ".join(f"{k}: {json.dumps(old)} -> {json.dumps(new)}" for k, (old, new) in changes.items())
 
 
-def check(run_dir: str | Path, settings: dict, resume: str) -> dict[str, tuple[Any, Any]]:
+def check(run_dir: str | Path, settings: dict, resume: str, defaults: dict | None = None) -> dict[str, tuple[Any, Any]]:
     """The changes of `settings` (an `RLConfig` as JSON) against the run directory's config.json,
     for a run that resumes from a checkpoint. Raises ValueError when a setting outside MAY_DIFFER
-    differs and `resume` is "check", or a NEVER_DIFFER setting differs at all."""
+    differs and `resume` is "check", or a NEVER_DIFFER setting differs at all.
+    defaults: the config's defaults (as JSON); a setting the record lacks (a field added to the
+    config after the run started) is no change when it is at its default, which is what the run
+    ran under."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         if resume == "force":
@@ -84,6 +87,9 @@ def check(run_dir: str | Path, settings: dict, resume: str) -> dict[str, tuple[A
         raise ValueError(f"{path} holds no rl_config object, so the checkpoint's settings cannot be checked; "
                          "restore the file or start a new --out")
     changes = differences(recorded["rl_config"], settings, ignore=tuple(NOT_COMPARED))
+    default = flatten(defaults or {})
+    changes = {k: (old, new) for k, (old, new) in changes.items()
+               if not (old == ABSENT and k in default and new == default[k])}
     fixed = {k: v for k, v in changes.items() if k in NEVER_DIFFER}
     if fixed:
         why = "; ".join(f"{k}: {NEVER_DIFFER[k]}" for k in fixed)

@@ -14,7 +14,8 @@ import dataclasses
 
 import numpy as np
 
-from fp4rl.rl import dapo, tokenizer, verifier
+from fp4rl.rl import dapo, verifier
+from fp4rl.rl.codec import CHAR, TextCodec, decode_batch
 
 
 @dataclasses.dataclass
@@ -30,9 +31,10 @@ class Generation:
     answers_P: np.ndarray
 
 
-def score(gen: Generation, group_size: int, max_new_tokens: int, overlong_buffer: int):
-    """(correct_PxG in {+1,-1}, shaped_PxG): verifier reward, plus DAPO's overlong shaping."""
-    texts = tokenizer.decode_batch(gen.response_NxTr)
+def score(gen: Generation, group_size: int, max_new_tokens: int, overlong_buffer: int, codec: TextCodec = CHAR):
+    """(correct_PxG in {+1,-1}, shaped_PxG): verifier reward on the text `codec` decodes (up to
+    the first stop id), plus DAPO's overlong shaping."""
+    texts = decode_batch(codec, gen.response_NxTr)
     answers = np.repeat(gen.answers_P, group_size)
     correct = np.array([verifier.reward(t, int(a)) for t, a in zip(texts, answers)], np.float32)
     shaping = np.asarray(verifier.overlong_penalty(gen.lengths_N, max_new_tokens, overlong_buffer), np.float32)

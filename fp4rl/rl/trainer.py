@@ -27,193 +27,38 @@ import contextlib
 import dataclasses
 import functools
 import json
-import math
 import time
-from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from fp4rl import operands
-from fp4rl.grouped import AUTO, check_gemm
+from fp4rl.grouped import AUTO
 from fp4rl.model import sync as model_sync
 from fp4rl.model.config import ModelConfig
 from fp4rl.model.transformer import graphdef_of
 from fp4rl.parallel import placement
-from fp4rl.parallel.mesh import MeshConfig, make_mesh
+from fp4rl.parallel.mesh import make_mesh
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import data, dapo, evaluation, failures, policy, resume, rollout, sft
+from fp4rl.rl import data, dapo, evaluation, failures, policy, resume, rollout, run_inputs
 from fp4rl.rl.checkpoint import Checkpointer
+from fp4rl.rl.codec import decode_batch
 from fp4rl.rl.metrics_log import MetricsWriter, device_memory, truncate_after
-from fp4rl.rl.run_dir import RunLog, prepare_out, read_json, write_json_atomic
-from fp4rl.rl.run_settings import expert_gemm_of
-from fp4rl.rl.task import TaskConfig
+from fp4rl.rl.rl_config import (ModelSource, OptimConfig, RLConfig, arm_dir, check_settings, has_checkpoint,
+                                is_finished, resolve_settings, settings, warmup_model_config)
+from fp4rl.rl.run_dir import RunLog, prepare_out, write_json_atomic
 
-
-@dataclasses.dataclass(frozen=True)
-class OptimConfig:
-    lr: float = 1e-4
-    warmup_steps: int = 2
-    weight_decay: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.99
-    clip_norm: float = 1.0
-
-    def __post_init__(self):
-        # A NaN or non-positive LR makes every update non-finite or a no-op: refuse it here, not
-        # after a run that trained nothing.
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"optim.lr={self.lr} must be a finite number > 0")
-        if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
-            raise ValueError(f"optim.clip_norm={self.clip_norm} must be a finite number > 0")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ValueError(f"optim.weight_decay={self.weight_decay} must be a finite number >= 0")
-        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
-            raise ValueError(f"optim.b1={self.b1} and optim.b2={self.b2} must be in [0, 1)")
-        if self.warmup_steps < 0:
-            raise ValueError(f"optim.warmup_steps={self.warmup_steps} must be >= 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class RLConfig:
-    """Every algorithm setting of the RL runs; arms differ only in `arm` (the recipe).
-
-    init: the warm-up run directory (its checkpoint is the start and the KL reference).
-    prompts_per_step x group_size responses are trained on per step, in `mini_batches`
-    updates of whole groups (the kept groups spread evenly over them); `max_gen_batches` bounds
-    dynamic sampling. prompt_len: max prompt tokens. temperature: the sampling temperature; the
-    sampler's and the trainer's log-probs are both those of softmax(logits / temperature).
-    eval_every: held-out evaluation every this many steps (and at the last step; 0: never) on
-    `eval_prompts` problems of stream `eval_task_seed`: greedy accuracy (`eval/accuracy`, docs/rl.md's
-    final accuracy) and sampled accuracy at `temperature` (`eval/sampled_accuracy`), the same
-    sampling keys at every evaluation so that differences between steps are not sampling noise;
-    the policy before any update is evaluated too (`eval/initial_*`, logged with step 0).
-    resume: "check" refuses to resume a checkpoint under settings other than its config.json's
-    (see `fp4rl.rl.resume`, which lists the few that may differ); "force" resumes under the new
-    settings and records the change in config_changes.jsonl.
-    mesh: data x expert devices (`fp4rl.parallel`, docs/parallel.md); 1 x 1 is the one-device program.
-    expert_gemm: the routed experts' grouped-GEMM backend (`fp4rl.grouped.GEMMS`) for this run's
-      programs; "" keeps the warm-up's (`ModelConfig.expert_gemm`, resolved when the warm-up was
-      trained); "auto" the fastest on this platform for the warm-up's model, resolved when the run
-      starts (`resolve_settings`: config.json records the backend). Changes how, not what, it computes.
-    """
-
-    arm: str = "bf16"
-    seeds: int = 1
-    seed_offset: int = 0
-    steps: int = 10
-    task: TaskConfig = TaskConfig(min_ops=2, max_ops=3)
-    task_seed: int = 0
-    prompt_len: int = 48
-    group_size: int = 8
-    prompts_per_step: int = 4
-    max_gen_batches: int = 3
-    mini_batches: int = 2
-    max_new_tokens: int = 48
-    overlong_buffer: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    loss: policy.LossConfig = policy.LossConfig()
-    optim: OptimConfig = OptimConfig()
-    eval_every: int = 0
-    eval_prompts: int = 32
-    eval_task_seed: int = 1_000_003
-    checkpoint_every: int = 1
-    on_nonfinite: Literal["skip", "stop"] = "skip"
-    impl: str = "auto"  # quantizer implementation: operands.IMPLS ("auto": Triton on GPU)
-    expert_gemm: str = ""
-    init: str = "runs/sft"
-    out: str = "runs/rl"
-    resume: Literal["check", "force"] = "check"
-    mesh: MeshConfig = MeshConfig()
-
-    def __post_init__(self):
-        PrecisionRecipe.from_name(self.arm)  # names the valid arms on a typo
-        if self.expert_gemm:
-            check_gemm(self.expert_gemm, auto=True)  # names the valid backends on a typo
-        if self.mini_batches < 1 or self.prompts_per_step % self.mini_batches:
-            raise ValueError(f"prompts_per_step={self.prompts_per_step} must be a multiple of {self.mini_batches=} "
-                             "(each mini-batch takes whole groups, balanced over the mini-batches)")
-        if self.group_size < 2:
-            raise ValueError(f"{self.group_size=} must be >= 2 (group-normalised advantages)")
-        if self.seeds < 1 or self.steps < 1:
-            raise ValueError(f"need {self.seeds=} >= 1 and {self.steps=} >= 1")
-        operands.check_impl(self.impl)
-        # The sampler and the trainer score softmax(logits / temperature): 0 would sample greedily
-        # while the trainer scored the raw logits.
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"temperature={self.temperature} must be a finite number > 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
-        if self.on_nonfinite not in ("skip", "stop"):
-            raise ValueError(f"on_nonfinite={self.on_nonfinite!r}; valid options: skip, stop")
-        if self.resume not in resume.RESUME_OPTIONS:
-            raise ValueError(f"resume={self.resume!r}; valid options: {', '.join(resume.RESUME_OPTIONS)}")
-        # Every device takes an equal share of each mini-batch's (and each rollout's) rows.
-        self.mesh.check_rows(self.prompts_per_step * self.group_size // self.mini_batches,
-                             "prompts_per_step * group_size / mini_batches")
+# The run's settings are defined in `rl_config`; callers reach them through this module too.
+__all__ = ["Trainer", "train", "UPDATE_KEYS", "UPDATES_FILE", "ModelSource", "OptimConfig", "RLConfig", "arm_dir",
+           "check_settings", "has_checkpoint", "is_finished", "resolve_settings", "settings", "warmup_model_config"]
 
 
 # Per mini-batch update, one line each in <arm>/seed<k>/updates.jsonl (spike detection judges these).
 UPDATE_KEYS = ("empty", "skipped", "nonfinite", "grad_norm/global", "ratio_mean", "ratio_max", "ratio_min",
                "clip_frac_upper", "clip_frac_lower", "clip_frac_dual", "approx_kl", "loss/policy")
 UPDATES_FILE = "updates.jsonl"
-
-
-def arm_dir(config: RLConfig) -> Path:
-    return Path(config.out) / config.arm
-
-
-def is_finished(config: RLConfig) -> bool:
-    """The arm ran all of `config.steps` (a run extended by a larger --steps is not finished)."""
-    done = arm_dir(config) / resume.DONE_FILE
-    return done.exists() and read_json(done)["steps"] == config.steps
-
-
-def has_checkpoint(config: RLConfig) -> bool:
-    """The arm's run directory holds a saved step (orbax names step directories by their number)."""
-    directory = arm_dir(config) / "checkpoint"
-    return directory.is_dir() and any(p.is_dir() and p.name.isdigit() for p in directory.iterdir())
-
-
-def settings(config: RLConfig) -> dict:
-    """The config as config.json records it."""
-    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
-
-
-def warmup_model_config(init: str | Path) -> ModelConfig:
-    """The model config of the warm-up in `init` (its sft_meta.json), naming its backend."""
-    return ModelConfig.from_dict(read_json(Path(init) / sft.META_FILE)["model_config"]).resolved()
-
-
-def resolve_settings(config: RLConfig, model_config: ModelConfig | None = None) -> RLConfig:
-    """`config` with expert_gemm "auto" resolved for the warm-up's model on this platform
-    (`model_config`, else read from config.init): the settings a run trains under and config.json
-    records. Any other value is kept ("": the warm-up's backend)."""
-    if config.expert_gemm != AUTO:
-        return config
-    mc = warmup_model_config(config.init) if model_config is None else model_config
-    return dataclasses.replace(config, expert_gemm=dataclasses.replace(mc, expert_gemm=AUTO).resolved().expert_gemm)
-
-
-def check_settings(config: RLConfig, model_config: ModelConfig | None = None) -> dict:
-    """The setting changes of `config` ("auto" resolved: `resolve_settings`) against its run
-    directory's config.json (`resume.check`: raises unless they may differ or config.resume is
-    "force"). A run asking for "auto" where it resolves to another backend than the run ran on
-    raises, naming both, whatever config.resume says: it continues on its backend when named."""
-    resolved = resolve_settings(config, model_config)
-    path = arm_dir(config) / resume.CONFIG_FILE
-    if config.expert_gemm == AUTO and path.is_file():
-        record = read_json(path)
-        recorded = expert_gemm_of(record) if isinstance(record, dict) and isinstance(record.get("rl_config"), dict) else None
-        if recorded is not None and recorded != resolved.expert_gemm:
-            raise ValueError(f"{path}: the run ran its expert GEMMs on expert_gemm={recorded!r}, but expert_gemm='auto' "
-                             f"resolves to {resolved.expert_gemm!r} here; resume with --expert_gemm={recorded} "
-                             "(--rl.expert_gemm in experiments.ablation) to keep its backend, or start a new --out")
-    return resume.check(arm_dir(config), settings(resolved), config.resume)
 
 
 @jax.jit
@@ -268,16 +113,19 @@ def _forward_programs(graphdef, model_config: ModelConfig, recipe: PrecisionReci
 
 class Trainer:
     """One arm's run. `warmup`: the `sft.load(config.init)` triple, when the caller has it loaded
-    already (the ablation runner loads it once for every arm)."""
+    already (the ablation runner loads it once for every arm); `inputs`: every input read already
+    (`run_inputs.load`: the initial policy, a warm-up's or a Hugging Face checkpoint's, the codec
+    and the prompt records)."""
 
-    def __init__(self, config: RLConfig, progress: bool = True, warmup=None):
+    def __init__(self, config: RLConfig, progress: bool = True, warmup=None, inputs: run_inputs.RunInputs | None = None):
         requested = config
         self.progress = progress
         self.recipe = PrecisionRecipe.from_name(config.arm)
-        self.graphdef, self.ref_params, self.sft_meta = sft.load(config.init) if warmup is None else warmup
-        # The warm-up's model (a config saved without a backend, or with "auto", resolves as
+        inputs = run_inputs.load(config, warmup) if inputs is None else inputs
+        self.graphdef, self.ref_params, self.sft_meta, self.codec = inputs.graphdef, inputs.params, inputs.meta, inputs.codec
+        # The initial model (a config saved without a backend, or with "auto", resolves as
         # `sft.load` built its graphdef), then this run's backend: "auto" resolved once, here.
-        self.warmup_config = self.model_config = ModelConfig.from_dict(self.sft_meta["model_config"]).resolved()
+        self.warmup_config = self.model_config = inputs.model_config
         self.config = config = resolve_settings(config, self.warmup_config)
         if config.expert_gemm and config.expert_gemm != self.model_config.expert_gemm:
             self.model_config = dataclasses.replace(self.model_config, expert_gemm=config.expert_gemm)
@@ -298,16 +146,17 @@ class Trainer:
 
         # `apply` (not per seed): False runs the forward only (old and reference log-probs).
         self._update = jax.jit(jax.vmap(update, in_axes=(0, 0, 0, 0, None)))
-        scfg = evaluation.sampler_config(config.max_new_tokens, config.temperature, config.top_p)
+        scfg = evaluation.sampler_config(config.max_new_tokens, config.temperature, config.top_p, self.codec)
         self._sync, self._sample = _forward_programs(
             self.graphdef, self.model_config, self.recipe.forward_only(), scfg, config.impl)
         self._eval_batches = (evaluation.held_out_prompts(config.task, config.eval_task_seed, config.eval_prompts,
-                                                          config.prompt_len, config.prompts_per_step * config.group_size)
-                              if config.eval_every else [])
+                                                          config.prompt_len, config.prompts_per_step * config.group_size,
+                                                          self.codec) if config.eval_every else [])
         dcfg = lambda seed: data.DataConfig(batch_size=config.prompts_per_step, max_len=config.prompt_len,  # noqa: E731
                                             shuffle_seed=seed, task_seed=config.task_seed)
-        records = data.problem_records(config.task, config.task_seed, data.DataConfig().num_problems)
-        self.iterators = [data.iterate(data.prompt_batches(records, dcfg(s)), dcfg(s)) for s in self.seeds]
+        self.iterators = [data.iterate(data.prompt_batches(inputs.records, dcfg(s), self.codec), dcfg(s))
+                          for s in self.seeds]
+        self.layer_map = self.recipe.layer_map(self.model_config.num_layers, self.model_config.shared_expert_d_ff > 0)
         self.ckpt = Checkpointer(self.dir / "checkpoint")
         # Multi-device: the same programs under `jax.set_mesh`, rows split over the mesh, state
         # replicated but for the expert stacks (fp4rl.parallel.placement); None: one device.
@@ -411,6 +260,10 @@ class Trainer:
             raise ValueError(f"{self.ckpt.directory} (step {step}) was trained under recipe {meta.get('recipe')}, "
                              f"but this run asks for {self.recipe.to_json()}: resume with the arm it was started "
                              "with, or start a new --out")
+        # Checkpoints written before the map was stored carry the recipe only (checked above).
+        if "layer_map" in meta and meta["layer_map"] != self.layer_map:
+            raise ValueError(f"{self.ckpt.directory} (step {step}) put its precisions on the layers as {meta['layer_map']}, "
+                             f"but this run's model gives {self.layer_map}: resume on the model it was started with")
         state = self._put_state(state)
         self._check_finite(state["params"], f"checkpoint step {step} in {self.ckpt.directory}", "start a new --out")
         for it, s in zip(self.iterators, meta["data_states"]):
@@ -430,7 +283,7 @@ class Trainer:
         if model_config.get("expert_gemm") == AUTO:  # a warm-up config written by hand: what it resolved to
             model_config = {**model_config, "expert_gemm": self.warmup_config.expert_gemm}
         return {"rl_config": settings(self.config), "recipe": json.loads(self.recipe.to_json()),
-                "model_config": model_config}
+                "model_config": model_config, "layer_map": self.layer_map, "codec": self.codec.name}
 
     def _seed_dirs(self):
         return [self.dir / f"seed{s}" for s in self.seeds]
@@ -458,7 +311,7 @@ class Trainer:
             for k, pool in enumerate(pools):
                 gen = rollout.Generation(ids[k], mask[k], out.tokens[k], out.logprobs[k], out.lengths[k],
                                          out.router_topk[k], batches[k]["answer_B"])
-                correct, shaped = rollout.score(gen, c.group_size, c.max_new_tokens, c.overlong_buffer)
+                correct, shaped = rollout.score(gen, c.group_size, c.max_new_tokens, c.overlong_buffer, self.codec)
                 pool.add(gen, correct, shaped)
             if all(p.full for p in pools):
                 break
@@ -585,7 +438,9 @@ class Trainer:
 
     def _run(self, log: RunLog) -> list[list[dict]]:
         c = self.config
-        log(f"rl {c.arm}: seeds {self.seeds}, {c.steps} steps, warm-up {c.init}, run directory {self.dir}")
+        start_from = f"checkpoint {c.model.hf}" if c.model.hf else f"warm-up {c.init}"
+        log(f"rl {c.arm}: seeds {self.seeds}, {c.steps} steps, {start_from}, run directory {self.dir}; "
+            f"{self.layer_map['summary']}")
         state, start = self._restore_or_init(log)
         if start:
             log(f"resuming from step {start} (checkpoint of step {start - 1} in {self.ckpt.directory})")
@@ -631,7 +486,8 @@ class Trainer:
                                          "(set --on_nonfinite=skip to skip such updates instead)")
             self._check_finite(state["params"], f"the weights after step {step}", "lower --optim.lr or look for the cause")
             if (step + 1) % c.checkpoint_every == 0 or step == c.steps - 1:
-                meta = {"step": step, "data_states": [it.get_state() for it in self.iterators], "recipe": self.recipe.to_json()}
+                meta = {"step": step, "data_states": [it.get_state() for it in self.iterators], "recipe": self.recipe.to_json(),
+                        "layer_map": self.layer_map}
                 self.ckpt.save(step, state, meta)
                 log(f"step {step}: checkpoint saved", echo=False)
         for w in writers + update_writers:
@@ -664,7 +520,7 @@ class Trainer:
                           self._put(keys), self._put(jnp.float32(temperature)))
                 tokens = np.asarray(self._sample(qparams, *inputs).tokens)
                 for k in range(n):
-                    texts[mode][k] += data.tokenizer.decode_batch(tokens[k][: len(answers)])
+                    texts[mode][k] += decode_batch(self.codec, tokens[k][: len(answers)])
         records = []
         for k in range(n):
             greedy, sampled = (failures.fractions(texts[mode][k], all_answers) for mode in ("greedy", "sampled"))

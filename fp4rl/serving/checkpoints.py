@@ -9,9 +9,11 @@ Three layouts, recognised by their files:
 - a Hugging Face directory (`config.json` with a `model_type`, `*.safetensors`, `fp4rl.model.hf`).
 
 Project checkpoints use the character tokenizer (`fp4rl.rl.tokenizer`), so the server accepts
-text prompts. A Hugging Face checkpoint ships a BPE vocabulary this project has no tokenizer for:
-it is served on token ids only (prompts as lists of ids, completions as `token_ids`), and its stop
-token is the config's `eos_token_id` (none: rows run to their token budget).
+text prompts. A Hugging Face checkpoint with a tokenizer.json is served on text too, through that
+tokenizer (`tokenizers`; a completion prompt is encoded as is, without the chat template and
+without added special tokens); without one it is served on token ids only (prompts as lists of
+ids, completions as `token_ids`). Its stop token is the first `eos_token_id` of config.json, else
+of generation_config.json (none: rows run to their token budget).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 from pathlib import Path
 
 import jax
+import tokenizers
 
 from fp4rl.model import hf, transformer
 from fp4rl.model.config import ModelConfig
@@ -36,8 +39,9 @@ class ServedModel:
     """What a checkpoint gives the server.
 
     kind: "sft" | "rl" | "hf". trained_recipe: the recipe the weights were trained under ("bf16"
-    for a warm-up or an imported model). text: whether text prompts are accepted (character
-    tokenizer); otherwise prompts are token ids. eos_id / pad_id: the stop and padding ids.
+    for a warm-up or an imported model). text: whether text prompts are accepted (the character
+    tokenizer, or `hf_tokenizer`); otherwise prompts are token ids. eos_id / pad_id: the stop and
+    padding ids. hf_tokenizer: a Hugging Face checkpoint's tokenizer.json, when it has one.
     """
 
     path: str
@@ -50,16 +54,24 @@ class ServedModel:
     eos_id: int
     pad_id: int
     bos_id: int | None
+    hf_tokenizer: tokenizers.Tokenizer | None = None
 
     def encode(self, prompt: str) -> list[int]:
-        """Token ids of a text prompt: BOS, then one token per character (ValueError naming an
-        unknown character). Only for checkpoints with `text`."""
+        """Token ids of a text prompt: with the character tokenizer BOS, then one token per
+        character (ValueError naming an unknown character); with a Hugging Face tokenizer its
+        encoding of the text. Only for checkpoints with `text`."""
         if not self.text:
             raise ValueError(f"{self.path} has no text tokenizer: send the prompt as a list of token ids")
+        if self.hf_tokenizer is not None:
+            return self.hf_tokenizer.encode(prompt, add_special_tokens=False).ids
         return tokenizer.encode(prompt, bos=True)
 
     def decode(self, ids) -> str:
-        return tokenizer.decode(ids) if self.text else ""
+        if not self.text:
+            return ""
+        if self.hf_tokenizer is not None:
+            return self.hf_tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+        return tokenizer.decode(ids)
 
 
 def _recipe_name(recipe_json: str) -> str:
@@ -112,8 +124,10 @@ def _load_hf(path: Path) -> ServedModel:
     hf_config = json.loads((path / "config.json").read_text())
     pad = hf_config.get("pad_token_id")
     bos = hf_config.get("bos_token_id")
-    return ServedModel(str(path), "hf", model.graphdef, model.params, model.config, "bf16", False,
-                       _hf_eos(path, hf_config), 0 if pad is None else int(pad), None if bos is None else int(bos))
+    text_tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json")) if (path / "tokenizer.json").is_file() else None
+    return ServedModel(str(path), "hf", model.graphdef, model.params, model.config, "bf16", text_tokenizer is not None,
+                       _hf_eos(path, hf_config), 0 if pad is None else int(pad), None if bos is None else int(bos),
+                       text_tokenizer)
 
 
 def load(path: str | Path, seed_index: int = 0) -> ServedModel:

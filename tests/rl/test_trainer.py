@@ -113,8 +113,8 @@ def _mix_rewards(monkeypatch):
     rewards = iter(np.tile(np.float32([1.0, -1.0]), 100_000))
     score = trainer.rollout.score
 
-    def mixed_score(gen, group_size, max_new_tokens, overlong_buffer):
-        correct, shaped = score(gen, group_size, max_new_tokens, overlong_buffer)
+    def mixed_score(gen, group_size, max_new_tokens, overlong_buffer, codec):
+        correct, shaped = score(gen, group_size, max_new_tokens, overlong_buffer, codec)
         mixed = np.array([next(rewards) for _ in range(correct.size)], np.float32).reshape(correct.shape)
         return mixed, mixed + (shaped - correct)
 

@@ -1,0 +1,106 @@
+"""Memory per device of an RL run on a data x expert mesh, from the code's own shapes.
+
+`python -m fp4rl.analysis.rl_memory` prints the table of docs/parallel.md ("Memory per device"):
+Qwen3-30B-A3B (`QWEN3_30B_A3B`, its config.json as `fp4rl.model.hf.config_from_hf` reads it) under
+the `hf` RL preset at the paper's 8k tokens, on 8 x H200 and 8 x B200. Bytes, P_dev the parameters
+one device holds (every routed-expert stack split over `expert`, the rest replicated:
+docs/parallel.md "Design"):
+
+  weights    = 4 P_dev f32 master weights + 4 P_dev the reference (KL) copy + 2 P_dev the synced
+               forward weights (bf16: the `bf16` arm; NVFP4 experts take ~0.56 bytes instead)
+  optimizer  = 8 P_dev AdamW's two f32 moments + 4 P_dev the f32 gradient
+  KV cache   = rollout rows per device x S x L x 2 (k, v) x kv heads x head_dim x 2 (bf16)
+  activations, one update's mini-batch (rows per device x S tokens, T):
+    as the code runs = OVERHEAD T a(S), a(S) of `fp4rl.analysis.scaling_plan` (every layer's saved
+                       tensors, the materialised attention scores and probabilities among them)
+    with per-layer rematerialisation = OVERHEAD T (2 D L + (a(S) - 12 V) / L + 12 V): each layer's
+                       bf16 input kept, one layer's tensors live at a time, the LM head's f32 logits
+
+The model code neither rematerialises nor uses a fused attention, so "as the code runs" is what a
+step would need; the remat column is the bound a `jax.checkpoint` per layer would give (attention
+scores still materialised). Both scale with rows per device: the per-row figure says how many rows
+a device could take.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from fp4rl.analysis.scaling_plan import OVERHEAD, activation_bytes_per_token
+from fp4rl.model.config import ModelConfig
+
+# Qwen3-30B-A3B's config.json (the fields `hf.config_from_hf` reads).
+QWEN3_30B_A3B_HF = {"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 48,
+                    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144,
+                    "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+                    "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": 40960,
+                    "tie_word_embeddings": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                    "router_aux_loss_coef": 0.001}
+DEVICES = {"H200": 141e9, "B200": 180e9}
+MESHES = ((8, 1), (2, 4), (1, 8))
+
+
+def qwen3_30b_a3b() -> ModelConfig:
+    from fp4rl.model.hf import config_from_hf
+
+    return config_from_hf(QWEN3_30B_A3B_HF, dtype="bfloat16")
+
+
+def params_per_device(mc: ModelConfig, expert: int) -> float:
+    routed = mc.num_moe_layers * mc.num_experts * 3 * mc.d_model * mc.moe_d_ff
+    return mc.param_count().total - routed + routed / expert
+
+
+def memory_per_device(mc: ModelConfig, *, data: int, expert: int, seq_len: int, prompts: int, group_size: int,
+                      mini_batches: int) -> dict[str, float]:
+    """Bytes per device of each part (module docstring) for one RL step of this shape."""
+    devices = data * expert
+    p = params_per_device(mc, expert)
+    rollout_rows = prompts * group_size / devices
+    update_rows = rollout_rows / mini_batches
+    a = activation_bytes_per_token(mc, seq_len)
+    remat = 2 * mc.d_model * mc.num_layers + (a - 12 * mc.vocab_size) / mc.num_layers + 12 * mc.vocab_size
+    kv_per_token = mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * 2
+    return {"params_per_device": p, "weights": 10 * p, "optimizer": 12 * p,
+            "kv_cache": rollout_rows * seq_len * kv_per_token,
+            "activations": OVERHEAD * update_rows * seq_len * a,
+            "activations_remat": OVERHEAD * update_rows * seq_len * remat,
+            "activations_remat_per_row": OVERHEAD * seq_len * remat,
+            "rollout_rows": rollout_rows, "update_rows": update_rows}
+
+
+def table(mc: ModelConfig, seq_len: int, prompts: int, group_size: int, mini_batches: int) -> str:
+    count = mc.param_count()
+    lines = [f"Qwen3-30B-A3B: {count.total / 1e9:.2f}B parameters, {count.active / 1e9:.2f}B active; sequences of "
+             f"{seq_len} tokens; {prompts} prompts x {group_size} samples, {mini_batches} mini-batches", "",
+             "| mesh (data x expert) | params/device | weights (f32 + ref + bf16) | AdamW + grads | KV cache (rollout) "
+             "| activations as the code runs | activations, per-layer remat | remat per row | fits H200 (141 GB) / B200 (180 GB) with remat |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    gb = lambda x: f"{x / 1e9:,.1f} GB"  # noqa: E731
+    for data, expert in MESHES:
+        m = memory_per_device(mc, data=data, expert=expert, seq_len=seq_len, prompts=prompts, group_size=group_size,
+                              mini_batches=mini_batches)
+        static = m["weights"] + m["optimizer"]
+        need = static + max(m["kv_cache"], m["activations_remat"])
+        fits = " / ".join("yes" if need <= cap else "no" for cap in DEVICES.values())
+        lines.append(f"| {data} x {expert} | {m['params_per_device'] / 1e9:.2f}B | {gb(m['weights'])} | {gb(m['optimizer'])} "
+                     f"| {gb(m['kv_cache'])} ({m['rollout_rows']:.0f} rows) | {gb(m['activations'])} ({m['update_rows']:.0f} rows) "
+                     f"| {gb(m['activations_remat'])} | {gb(m['activations_remat_per_row'])} | {fits} ({gb(need)}) |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    from fp4rl import configs
+
+    preset = configs.RL_PRESETS["hf"]
+    parser = argparse.ArgumentParser(prog="python -m fp4rl.analysis.rl_memory", description=__doc__.split("\n")[0])
+    parser.add_argument("--seq_len", type=int, default=preset.prompt_len + preset.max_new_tokens)
+    parser.add_argument("--prompts", type=int, default=preset.prompts_per_step)
+    parser.add_argument("--group_size", type=int, default=preset.group_size)
+    parser.add_argument("--mini_batches", type=int, default=preset.mini_batches)
+    args = parser.parse_args(argv)
+    print(table(qwen3_30b_a3b(), args.seq_len, args.prompts, args.group_size, args.mini_batches), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""The memory table of docs/parallel.md: Qwen3-30B-A3B's shapes as the code builds them."""
+
+import pytest
+
+from fp4rl.analysis import rl_memory
+
+
+def test_qwen3_30b_a3b_has_the_parameters_of_its_model_card():
+    count = rl_memory.qwen3_30b_a3b().param_count()
+    assert count.total == pytest.approx(30.5e9, rel=0.01)
+    # 3.353B counted with the embedding row and the head; the card's "3.3B activated" has two
+    # significant digits, so the bound is its rounding (3.25-3.35B, +1.5% at the top), not 1%.
+    assert 3.25e9 <= count.active <= 3.36e9
+
+
+def test_expert_parallelism_splits_only_the_routed_experts():
+    mc = rl_memory.qwen3_30b_a3b()
+    one, eight = rl_memory.params_per_device(mc, 1), rl_memory.params_per_device(mc, 8)
+    routed = mc.num_moe_layers * mc.num_experts * 3 * mc.d_model * mc.moe_d_ff
+    assert one - eight == pytest.approx(routed * 7 / 8)
+    m = rl_memory.memory_per_device(mc, data=1, expert=8, seq_len=8192, prompts=32, group_size=16, mini_batches=4)
+    assert m["rollout_rows"] == 64 and m["update_rows"] == 16
+    assert m["kv_cache"] == 64 * 8192 * 48 * 2 * 4 * 128 * 2
