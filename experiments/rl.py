@@ -50,7 +50,7 @@ def main(argv=None) -> None:
     if inputs.rows is not None:
         dropped = ", ".join(f"{k} {v}" for k, v in inputs.rows.dropped.items() if v) or "none"
         print(f"{config.data_file}: {len(inputs.rows.prompts)} of {inputs.rows.num_read} rows used (dropped: {dropped})")
-    history = trainer.Trainer(config, inputs=inputs).run()
+    history = trainer.train(config, inputs=inputs)
     last = [h[-1] for h in history if h]
     for seed, record in enumerate(last):
         print(f"seed {seed}: step {record['step']} reward {record['reward/mean']:.3f} grad_norm {record['grad_norm/global']:.3g}")

@@ -10,7 +10,7 @@ import pytest
 from experiments import gradients as gradients_experiment
 from experiments import rl as rl_experiment
 from fp4rl import configs
-from fp4rl.rl import gradients, sft, trainer
+from fp4rl.rl import gradients, run_inputs, sft, trainer
 
 
 @pytest.fixture
@@ -19,7 +19,8 @@ def trained(monkeypatch):
     trained_configs = []
     monkeypatch.setenv("XLA_FLAGS", __import__("os").environ.get("XLA_FLAGS", ""))  # main() may add a flag
     monkeypatch.setattr(sft, "train", lambda config, progress=True: trained_configs.append(config))
-    monkeypatch.setattr(trainer, "train", lambda config: [[]])
+    monkeypatch.setattr(run_inputs, "load", lambda config: run_inputs.RunInputs(*[None] * 5, rows=None))
+    monkeypatch.setattr(trainer, "train", lambda config, inputs=None: [[]])
     monkeypatch.setattr(gradients, "run", lambda config: None)
     return trained_configs
 

@@ -11,7 +11,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from fp4rl.analysis import batch_scaling
-from fp4rl.analysis.gradient_report import COHERENT_BIAS_MAX, DECISION_GROUP, NOISE_FRACTION_MAX, TAIL_FACTOR
+from fp4rl.analysis.gradient_rule import COHERENT_BIAS_MAX, DECISION_GROUP, NOISE_FRACTION_MAX, TAIL_FACTOR
 from fp4rl.analysis.plots import arm_color
 
 

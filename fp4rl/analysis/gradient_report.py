@@ -37,28 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fp4rl.analysis import batch_scaling
+from fp4rl.analysis import batch_scaling, gradient_plots
 from fp4rl.analysis.batch_scaling import batch_variance, pair_mean, quad  # Gram-matrix estimators
-
-CI_LEVEL = 0.95
-NOISE_FRACTION_MAX = 0.05
-COHERENT_BIAS_MAX = 0.1
-TAIL_FACTOR = 3.0
-TAIL_ALPHA = 0.05
-DECISION_GROUP = "all"
-DECISION_RULE = (
-    f"Judged on the parameter group '{DECISION_GROUP}', with {CI_LEVEL:.0%} bootstrap intervals over batches. "
-    f"A recipe PASSES when (1) its gradient error vs BF16 is below {NOISE_FRACTION_MAX:.0%} of the RL noise floor "
-    "(noise_fraction: mean squared error over batches and SR keys / batch-to-batch variance of the BF16 gradient), "
-    f"(2) its coherent bias ||E[g_r - g_bf16]|| is below {COHERENT_BIAS_MAX} of the BF16 signal ||E[g_bf16]||, and "
-    f"(3) its grad-norm tail rate (fraction of batches above {TAIL_FACTOR:g}x its median) does not exceed BF16's "
-    f"(one-sided Fisher exact test, p >= {TAIL_ALPHA}). It EXCEEDS when an interval lies wholly above threshold (1) "
-    f"or (2), or the test gives p < {TAIL_ALPHA}; otherwise, when an interval straddles a threshold, it is UNDECIDED. "
-    "If every recipe passes, the paper's mechanism (a precision-induced gradient error large enough to destabilise "
-    "RL) does not operate at this scale; if any recipe exceeds, it does, for the recipes that exceed; otherwise the "
-    f"answer is UNDECIDED. In norm terms, threshold (1) is an RMS error of {math.sqrt(NOISE_FRACTION_MAX):.3f} of the "
-    f"RMS noise, and threshold (2) a squared ratio of {COHERENT_BIAS_MAX**2:g}. The same rule is also applied to each "
-    "parameter group on its own (its error against its own noise floor and signal, its own grad-norm tail).")
+from fp4rl.analysis.gradient_rule import (  # noqa: F401  (re-exported: the rule as the report states it)
+    CI_LEVEL, COHERENT_BIAS_MAX, DECISION_GROUP, DECISION_RULE, NOISE_FRACTION_MAX, TAIL_ALPHA, TAIL_FACTOR)
 
 RESULTS_FILE = "gradients.json"  # every number of a run; the ablation runner reads its decision
 # Per recipe and group, the batch-scaling components with this many bootstrap replicates, for the
@@ -516,8 +498,6 @@ def write(results: Mapping, out: str | Path) -> dict[str, Path]:
     measurement as one point of the fit over model sizes: the model, the tokens per batch and the
     batch-scaling components with their replicates), report.md and four PNGs under `out`; returns
     their paths. The raw arrays are written beside them by `fp4rl.rl.gradient_store.save_raw`."""
-    from fp4rl.analysis import gradient_plots  # here: it reads this module's thresholds
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / RESULTS_FILE, "report": out / "report.md", "scaling_point": out / SCALING_POINT_FILE}

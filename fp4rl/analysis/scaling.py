@@ -59,7 +59,8 @@ from matplotlib.figure import Figure
 from scipy.stats import t as student_t
 
 from fp4rl.analysis import batch_scaling
-from fp4rl.analysis.gradient_report import COHERENT_BIAS_MAX, NOISE_FRACTION_MAX, SCALING_POINT_FILE, _jsonable
+from fp4rl.analysis.gradient_report import SCALING_POINT_FILE, _jsonable
+from fp4rl.analysis.gradient_rule import COHERENT_BIAS_MAX, NOISE_FRACTION_MAX
 from fp4rl.analysis.plots import arm_color
 
 CI_LEVEL = 0.95

@@ -531,5 +531,6 @@ class Trainer:
         return records
 
 
-def train(config: RLConfig, progress: bool = True):
-    return Trainer(config, progress).run()
+def train(config: RLConfig, progress: bool = True, inputs: run_inputs.RunInputs | None = None):
+    """Run (or resume) the arm's seeds; inputs: `run_inputs.load(config)` when the caller loaded them."""
+    return Trainer(config, progress, inputs=inputs).run()
