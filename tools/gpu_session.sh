@@ -265,6 +265,9 @@ case "$mode" in
     # outside the carried tree (MATRIX_DIR), so a call on a machine still warm resumes the arms the
     # previous one cut (the trainer checkpoints every --rl.checkpoint_every steps); finished arms
     # (done.json) are skipped. Every arm's metrics, finished or not, come back in matrix.tgz.
+    # A checkpoint every CHECKPOINT_EVERY steps (100: a 4-seed h200-chain checkpoint takes ~10 s to
+    # write, and one every 20 steps cost 13% of an arm's time; a cut arm resumes only while the same
+    # machine is held, which a session's end does not outlast).
     preset=${MATRIX_PRESET:-h200}
     warmup "$preset" || exit 1
     dir=${MATRIX_DIR:-/tmp/fp4rl-matrix}
@@ -280,7 +283,7 @@ case "$mode" in
       local left=$(( deadline - $(date +%s) ))
       echo "=== arm $1 on GPU $2 (limit ${left}s) $(date +%T)" | tee -a "$log"
       CUDA_VISIBLE_DEVICES=$2 timeout "$left" python -m experiments.ablation --preset "$preset" --arms="$1" --seeds="${SEEDS:-4}" \
-        --out="$dir" --rl.checkpoint_every="${CHECKPOINT_EVERY:-20}" ${ABLATION_ARGS:-} >>"$OUT/arm_${1//+/plus}.log" 2>&1
+        --out="$dir" --rl.checkpoint_every="${CHECKPOINT_EVERY:-100}" ${ABLATION_ARGS:-} >>"$OUT/arm_${1//+/plus}.log" 2>&1
       echo "=== arm $1 rc=$? $(date +%T)" | tee -a "$log"
     }
     gpu_queue() {  # gpu_queue GPU ARM...: this GPU's arms, PARALLEL at a time
