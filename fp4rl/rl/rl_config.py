@@ -23,6 +23,7 @@ from fp4rl.rl.run_dir import read_json
 from fp4rl.rl.run_settings import expert_gemm_of
 from fp4rl.rl.task import TaskConfig
 
+
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     lr: float = 1e-4
