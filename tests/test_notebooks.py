@@ -28,14 +28,14 @@ ABLATIONS = REPO / "notebooks" / "ablations.ipynb"
 # The report's per-arm table header (fp4rl.analysis.report._arm_table), as the notebook shows it.
 TABLE_HEADER = ("| arm | recipe | seeds (judged) | steps (min-max) | judged steps (updates) per seed | "
                 "spikes/100 steps (mean; max) | spikes/100 updates (max) | severe spikes | spike |")
-# 3 report figures + per-group grad norms, mismatch, reward vs grad norm, spike sensitivity.
-N_FIGURES = 7
+# 3 report figures + held-out accuracy, per-group grad norms, mismatch, reward vs grad norm, spike sensitivity.
+N_FIGURES = 8
 
 
 def _edge_case_run(root: Path) -> Path:
     """A 4-arm synthetic run; `nvfp4` has one seed, no eval/*, no updates.jsonl, no
     grad_norm/router, no mismatch/routing_flip, and a NaN grad norm at step 50."""
-    run_dir = make_synthetic_run(root, ("bf16", "nvfp4", "full", "full-dq"), seeds=2, steps=60,
+    run_dir = make_synthetic_run(root, ("bf16", "nvfp4", "full", "full-dq"), seeds=2, steps=60, initial_eval=True,
                                  spiky_arms=("full-dq",))
     seed1 = run_dir / "nvfp4" / "seed1"
     for name in ("metrics.jsonl", "updates.jsonl"):

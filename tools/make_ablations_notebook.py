@@ -66,6 +66,9 @@ show_png(plots.plot_summary(summaries, FIG_DIR / "summary.png", CRITERIA))'''
 DETAILS = '''\
 show_md("### Per-seed results\\n\\n" + sections["Per-seed results"] + "\\n\\n### Notes\\n\\n" + sections["Notes"])'''
 
+LEARNING = '''\
+explore_plots.show(explore_plots.learning_figure(run), FIG_DIR / "learning.png")'''
+
 GROUPS = '''\
 explore_plots.show(explore_plots.grad_norm_groups_figure(run, CRITERIA), FIG_DIR / "grad_norm_groups.png")'''
 
@@ -124,6 +127,12 @@ cells = [
     md("## Beyond the report\n\n"
        "Per arm, the median over seeds and the min-max band, in the report's arm colours "
        "(`fp4rl.analysis.explore_plots`); non-finite values (and non-positive ones on log axes) are gaps."),
+    md(
+        "### Held-out accuracy\n\n"
+        "Whether and how fast each arm learns: the held-out sampled and greedy accuracy after every "
+        "evaluation (`eval_every` steps; `fp4rl.analysis.learning` judges one arm's change with its CI)."
+    ),
+    code(LEARNING),
     md(
         "### Per-group grad norms\n\n"
         "The pre-clip grad norm of each parameter group (docs/rl.md \"Metrics, every step\"): which part of "

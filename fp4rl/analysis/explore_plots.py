@@ -1,6 +1,8 @@
 """The ablation explorer's figures (notebooks/ablations.ipynb), beyond the report's three
 (`fp4rl.analysis.plots`):
 
+- `learning_figure`: held-out accuracy (sampled and greedy) over the steps, the long-horizon
+  matrix's measure of whether and how fast each arm learns;
 - `grad_norm_groups_figure`: per-group pre-clip grad norms, one panel per group;
 - `mismatch_figure`: trainer vs sampler k3 KL and routing-flip rate;
 - `reward_vs_grad_norm_figure`: population reward vs grad norm, spike steps ringed;
@@ -21,7 +23,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from fp4rl.analysis import explore, plots
+from fp4rl.analysis import explore, learning, plots
 from fp4rl.analysis.criteria import StabilityCriteria
 from fp4rl.analysis.plots import _PlainLogFormatter
 from fp4rl.analysis.runs import GRAD_GROUPS, RunData
@@ -84,6 +86,50 @@ def legend_below(fig: Figure, axes: Sequence) -> None:
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="outside lower center",
                    ncols=min(len(handles), 6), frameon=False, fontsize=9)
+
+
+def _eval_curves(seeds) -> list:
+    """`learning.seed_curve` of every seed that evaluated (x: updates done, 0 = before RL)."""
+    curves = []
+    for run in seeds:
+        try:
+            curves.append(learning.seed_curve(run))
+        except ValueError:  # no initial evaluation: nothing to draw for this seed
+            continue
+    return curves
+
+
+def learning_figure(run: RunData) -> Figure:
+    """Held-out accuracy (sampled, greedy) at each evaluation, per arm: the median over seeds with
+    a marker per evaluation and the min-max band; a note where no arm evaluated."""
+    fig = Figure(figsize=(15, 4.8), layout="constrained")
+    axes = fig.subplots(1, 2, sharex=True, sharey=True)
+    drawn = False
+    for arm, seeds in run.arms.items():
+        curves = _eval_curves(seeds.values())
+        if not curves:
+            continue
+        x = np.unique(np.concatenate([c.steps for c in curves]))
+        for ax, field in zip(axes, ("sampled", "greedy")):
+            y = np.full((len(curves), x.size), np.nan)
+            for row, c in zip(y, curves):
+                row[np.searchsorted(x, c.steps)] = getattr(c, field)
+            color = plots.arm_color(arm)
+            ax.fill_between(x, np.nanmin(y, 0), np.nanmax(y, 0), color=color, alpha=0.15, linewidth=0)
+            ax.plot(x, np.nanmedian(y, 0), "o-", markersize=3, color=color, linewidth=1.3,
+                    label=f"{arm} (n={len(curves)})")
+        drawn = True
+    for ax, label in zip(axes, ("sampled (T=1)", "greedy")):
+        if not drawn:
+            ax.text(0.5, 0.5, "no held-out evaluation logged", ha="center", va="center", transform=ax.transAxes,
+                    color="0.4")
+        ax.set_title(f"held-out accuracy, {label}", fontsize=10)
+        ax.set_xlabel("RL updates done (0: before RL)")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("accuracy (fraction of held-out problems)")
+    legend_below(fig, axes)
+    fig.suptitle("Held-out accuracy: median over seeds, band = min-max over seeds", fontsize=13)
+    return fig
 
 
 def grad_norm_groups_figure(run: RunData, criteria: StabilityCriteria) -> Figure:

@@ -74,6 +74,7 @@ def make_synthetic_run(
     seed: int = 0,
     updates_per_step: int = 2,
     eval_n: int | None = 32,
+    initial_eval: bool = False,
 ) -> Path:
     """Write a synthetic run directory and return its path.
 
@@ -84,6 +85,7 @@ def make_synthetic_run(
     updates_per_step: mini-batch updates per step (lines of updates.jsonl per step).
     eval_n: problems per evaluation (`eval/n`; accuracies are multiples of 1/eval_n); None
     logs no `eval/n`.
+    initial_eval: also log the trainer's evaluation before any update (`eval/initial_*`, step 0).
     """
     out = Path(out_dir)
     seed_ids = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
@@ -137,6 +139,11 @@ def make_synthetic_run(
                     "nonfinite": False,
                     "skipped_update": False,
                 }
+                if initial_eval and i == 0:  # the trainer's evaluation before any update, logged with step 0
+                    n = eval_n or 32
+                    record["eval/initial_accuracy"] = round(float(accuracy[0]) * n) / n
+                    record["eval/initial_sampled_accuracy"] = round(max(float(accuracy[0]) - SAMPLED_DEFICIT, 0.0) * n) / n
+                    record["eval/initial_n"] = n
                 if i % EVAL_EVERY == 0 or i == steps - 1:
                     n = eval_n or 32
                     record["eval/accuracy"] = round(float(accuracy[i]) * n) / n

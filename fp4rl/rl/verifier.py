@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 
-import jax.numpy as jnp
 import numpy as np
 
 BOX = "\\boxed{"
@@ -86,6 +85,8 @@ def overlong_penalty(length, max_len: int, buffer: int):
         raise ValueError(f"need 1 <= {buffer=} <= {max_len=}")
     if isinstance(length, (int, np.integer)):
         return float(min(0.0, max(-1.0, ((max_len - buffer) - int(length)) / buffer)))
+    import jax.numpy as jnp  # here: the parsing above stays importable without jax (the analysis notebooks)
+
     length = jnp.asarray(length, jnp.float32)
     return jnp.clip(((max_len - buffer) - length) / buffer, -1.0, 0.0)
 

@@ -211,6 +211,33 @@ def test_overlay_draws_each_arm_or_says_not_logged(judged):
     assert len(fig.legends) == 1 and len(fig.legends[0].get_texts()) == len(run.arms)
 
 
+def test_learning_figure_draws_every_evaluation_from_before_rl(tmp_path):
+    _, run = explore.open_run(make_synthetic_run(tmp_path, ("bf16", "full"), seeds=2, steps=45, initial_eval=True))
+    fig = explore_plots.learning_figure(run)
+    sampled, greedy = fig.axes[:2]
+    assert [line.get_label() for line in sampled.get_lines()] == [f"{a} (n=2)" for a in run.arms]
+    seed = next(iter(run.arms["bf16"].values()))
+    evaluated = [0] + [int(s) + 1 for s, ok in zip(seed.steps, seed.present["eval/sampled_accuracy"]) if ok]
+    for ax, key in ((sampled, "eval/sampled_accuracy"), (greedy, "eval/accuracy")):
+        line = ax.get_lines()[0]  # bf16
+        assert list(line.get_xdata()) == evaluated  # x: updates done, the initial evaluation at 0
+        values = np.stack([r.metrics[key][r.present[key]] for r in run.arms["bf16"].values()])
+        np.testing.assert_array_equal(line.get_ydata()[1:], np.median(values, 0))
+        initial = [r.metrics[key.replace("eval/", "eval/initial_")][0] for r in run.arms["bf16"].values()]
+        assert line.get_ydata()[0] == np.median(initial)
+
+
+def test_learning_figure_says_when_nothing_was_evaluated(tmp_path):
+    run_dir = make_synthetic_run(tmp_path, ("bf16",), seeds=1, steps=30, eval_n=None)
+    for path in run_dir.glob("bf16/seed*/metrics.jsonl"):
+        records = [{k: v for k, v in json.loads(line).items() if not k.startswith("eval/")}
+                   for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    _, run = explore.open_run(run_dir)
+    fig = explore_plots.learning_figure(run)
+    assert not fig.axes[0].get_lines() and fig.axes[0].texts[0].get_text() == "no held-out evaluation logged"
+
+
 def test_show_outside_ipython_prints_the_path(tmp_path, capsys):
     explore.show_md("**x**")
     path = tmp_path / "f.png"
