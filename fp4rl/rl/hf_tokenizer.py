@@ -16,9 +16,10 @@ Files, and what is taken from each:
 
 Stop ids are every id those files name as end-of-sequence (generation_config.json's first: it is
 what `generate` stops on), so a chat model stops at the end of its turn (`<|im_end|>`) and at the
-end of text alike. The padding id only fills positions the trainer masks out; it must not be the
-sampler's EOS (a row would look stopped), so it is the tokenizer's pad token unless that is the
-first stop id, and otherwise the smallest id that is no stop id.
+end of text alike; `stop_ids` reads them for the server too, which also loads folders without a
+chat template or a tokenizer. The padding id only fills positions the trainer masks out; it must
+not be the sampler's EOS (a row would look stopped), so it is the tokenizer's pad token unless
+that is the first stop id, and otherwise the smallest id that is no stop id.
 """
 
 from __future__ import annotations
@@ -64,6 +65,38 @@ def _ids(value) -> list[int]:
     if value is None:
         return []
     return [int(v) for v in (value if isinstance(value, list) else [value])]
+
+
+def _special_tokens(config: dict) -> dict[str, str]:
+    """tokenizer_config.json's special tokens that it names, by name ("eos_token": "<|im_end|>")."""
+    return {name: text for name in _SPECIAL_TOKENS if (text := _token_text(config.get(name))) is not None}
+
+
+def _special_token_id(directory: Path, tokenizer: tokenizers.Tokenizer, special: dict[str, str],
+                      name: str) -> int | None:
+    if name not in special:
+        return None
+    found = tokenizer.token_to_id(special[name])
+    if found is None:
+        raise ValueError(f"{directory / TOKENIZER_CONFIG}: {name}={special[name]!r} is not in "
+                         f"{directory / TOKENIZER_FILE}")
+    return found
+
+
+def stop_ids(directory: str | Path, tokenizer: tokenizers.Tokenizer | None = None) -> tuple[int, ...]:
+    """Every end-of-sequence id the folder names, without repeats: generation_config.json's
+    `eos_token_id`, then tokenizer_config.json's `eos_token` (only given the folder's `tokenizer`:
+    a token's text needs the vocabulary to become an id), then config.json's `eos_token_id`.
+    Empty when none of them names one."""
+    directory = Path(directory)
+    eos = None
+    if tokenizer is not None:
+        eos = _special_token_id(directory, tokenizer, _special_tokens(_read_json(directory / TOKENIZER_CONFIG)),
+                                "eos_token")
+    named = (_ids(_read_json(directory / "generation_config.json").get("eos_token_id"))
+             + ([eos] if eos is not None else [])
+             + _ids(_read_json(directory / "config.json").get("eos_token_id")))
+    return tuple(dict.fromkeys(named))
 
 
 def _raise_exception(message):
@@ -122,28 +155,15 @@ class HFCodec:
             raise ValueError(f"{path}: not a readable tokenizers file ({str(err).splitlines()[0]})") from None
         config = _read_json(directory / TOKENIZER_CONFIG)
         template = compile_template(_template_source(directory, config))
-        special = {name: text for name in _SPECIAL_TOKENS if (text := _token_text(config.get(name))) is not None}
-
-        def token_id(name: str) -> int | None:
-            if name not in special:
-                return None
-            found = tokenizer.token_to_id(special[name])
-            if found is None:
-                raise ValueError(f"{directory / TOKENIZER_CONFIG}: {name}={special[name]!r} is not in {path}")
-            return found
-
-        generation = _read_json(directory / "generation_config.json")
-        model_config = _read_json(directory / "config.json")
-        eos = token_id("eos_token")
-        named = _ids(generation.get("eos_token_id")) + ([eos] if eos is not None else []) + _ids(model_config.get("eos_token_id"))
-        stop_ids = tuple(dict.fromkeys(named))
-        if not stop_ids:
+        special = _special_tokens(config)
+        stops = stop_ids(directory, tokenizer)
+        if not stops:
             raise ValueError(f"{directory}: no end-of-sequence token: expected eos_token in {TOKENIZER_CONFIG} or "
                              "eos_token_id in generation_config.json or config.json (the sampler stops rows on it)")
-        pad = token_id("pad_token")
-        if pad is None or pad == stop_ids[0]:
-            pad = next(i for i in range(len(stop_ids) + 1) if i not in stop_ids)
-        return cls(str(directory), tokenizer, template, special, stop_ids, pad)
+        pad = _special_token_id(directory, tokenizer, special, "pad_token")
+        if pad is None or pad == stops[0]:
+            pad = next(i for i in range(len(stops) + 1) if i not in stops)
+        return cls(str(directory), tokenizer, template, special, stops, pad)
 
     def render(self, prompt: str) -> str:
         """The chat template applied to one user message, with the generation prompt."""

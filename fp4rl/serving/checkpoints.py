@@ -12,8 +12,11 @@ Project checkpoints use the character tokenizer (`fp4rl.rl.tokenizer`), so the s
 text prompts. A Hugging Face checkpoint with a tokenizer.json is served on text too, through that
 tokenizer (`tokenizers`; a completion prompt is encoded as is, without the chat template and
 without added special tokens); without one it is served on token ids only (prompts as lists of
-ids, completions as `token_ids`). Its stop token is the first `eos_token_id` of config.json, else
-of generation_config.json (none: rows run to their token budget).
+ids, completions as `token_ids`). Its stop tokens are every end-of-sequence id the folder names,
+read as the RL path reads them (`fp4rl.rl.hf_tokenizer.stop_ids`: generation_config.json's, then
+tokenizer_config.json's `eos_token`, then config.json's), so a chat model stops at the end of its
+turn and at the end of text alike; a folder naming none is served without a stop token (rows run
+to their token budget).
 """
 
 from __future__ import annotations
@@ -30,8 +33,7 @@ from fp4rl.model.config import ModelConfig
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import policy, sft, tokenizer
 from fp4rl.rl.checkpoint import Checkpointer
-
-NO_EOS = -1  # `decode.generate_rows` never samples a negative id: rows stop at their budget
+from fp4rl.rl.hf_tokenizer import stop_ids as hf_stop_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +42,9 @@ class ServedModel:
 
     kind: "sft" | "rl" | "hf". trained_recipe: the recipe the weights were trained under ("bf16"
     for a warm-up or an imported model). text: whether text prompts are accepted (the character
-    tokenizer, or `hf_tokenizer`); otherwise prompts are token ids. eos_id / pad_id: the stop and
-    padding ids. hf_tokenizer: a Hugging Face checkpoint's tokenizer.json, when it has one.
+    tokenizer, or `hf_tokenizer`); otherwise prompts are token ids. stop_ids: the ids that end a
+    row, any of them (empty: rows run to their token budget). pad_id: the padding id.
+    hf_tokenizer: a Hugging Face checkpoint's tokenizer.json, when it has one.
     """
 
     path: str
@@ -51,7 +54,7 @@ class ServedModel:
     config: ModelConfig
     trained_recipe: str
     text: bool
-    eos_id: int
+    stop_ids: tuple[int, ...]
     pad_id: int
     bos_id: int | None
     hf_tokenizer: tokenizers.Tokenizer | None = None
@@ -81,7 +84,7 @@ def _recipe_name(recipe_json: str) -> str:
 def _load_sft(path: Path) -> ServedModel:
     graphdef, params, meta = sft.load(path)
     return ServedModel(str(path), "sft", graphdef, params, ModelConfig.from_dict(meta["model_config"]),
-                       _recipe_name(meta["recipe"]), True, tokenizer.EOS, tokenizer.PAD, tokenizer.BOS)
+                       _recipe_name(meta["recipe"]), True, (tokenizer.EOS,), tokenizer.PAD, tokenizer.BOS)
 
 
 def _load_rl(path: Path, seed_index: int) -> ServedModel:
@@ -104,19 +107,7 @@ def _load_rl(path: Path, seed_index: int) -> ServedModel:
     ckpt.close()
     params = jax.tree.map(lambda x: x[seed_index], state["params"])
     return ServedModel(f"{path}@step{step}/seed{seed_index}", "rl", graphdef, params, config,
-                       _recipe_name(meta["recipe"]), True, tokenizer.EOS, tokenizer.PAD, tokenizer.BOS)
-
-
-def _hf_eos(path: Path, hf_config: dict) -> int:
-    """The config's eos_token_id (the first of a list), else generation_config.json's, else NO_EOS."""
-    for source in (hf_config, json.loads((path / "generation_config.json").read_text())
-                   if (path / "generation_config.json").exists() else {}):
-        eos = source.get("eos_token_id")
-        if isinstance(eos, list):
-            eos = eos[0] if eos else None
-        if eos is not None:
-            return int(eos)
-    return NO_EOS
+                       _recipe_name(meta["recipe"]), True, (tokenizer.EOS,), tokenizer.PAD, tokenizer.BOS)
 
 
 def _load_hf(path: Path) -> ServedModel:
@@ -126,8 +117,8 @@ def _load_hf(path: Path) -> ServedModel:
     bos = hf_config.get("bos_token_id")
     text_tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json")) if (path / "tokenizer.json").is_file() else None
     return ServedModel(str(path), "hf", model.graphdef, model.params, model.config, "bf16", text_tokenizer is not None,
-                       _hf_eos(path, hf_config), 0 if pad is None else int(pad), None if bos is None else int(bos),
-                       text_tokenizer)
+                       hf_stop_ids(path, text_tokenizer), 0 if pad is None else int(pad),
+                       None if bos is None else int(bos), text_tokenizer)
 
 
 def load(path: str | Path, seed_index: int = 0) -> ServedModel:

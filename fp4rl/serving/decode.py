@@ -10,9 +10,13 @@ same cache layout, the same `sample_token` per row. With every row greedy, token
 lengths are bitwise those of `sampler.generate` on the same batch (tests/serving/test_engine.py).
 
 Shapes: B rows, P prompt width (left-padded), T = max_new_tokens (static); V vocabulary.
-Outputs: tokens [B, T] (`pad_id` after a row's stop, its EOS kept), logprobs [B, T] (log softmax
-of logits / temperature at the drawn token, before the top-p truncation, raw logits when
-greedy; 0 after the stop), lengths [B] (tokens generated, EOS included).
+A row stops at its budget or on any of the stop ids, which are a runtime array `stop_S` (as in the
+sampler): a chat checkpoint ends a turn and a text on different tokens, and one compiled program
+serves every set of S ids (S = 0: no stop token, every row runs to its budget).
+
+Outputs: tokens [B, T] (`pad_id` after a row's stop, its stop token kept), logprobs [B, T] (log
+softmax of logits / temperature at the drawn token, before the top-p truncation, raw logits when
+greedy; 0 after the stop), lengths [B] (tokens generated, the stop token included).
 """
 
 from __future__ import annotations
@@ -68,12 +72,12 @@ def _draw(logits_BxV, keys_B, temperature_B, top_p_B):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def generate_rows(graphdef, recipe, impl: str, T: int, qparams, rows: RowParams, eos_id, pad_id) -> Generated:
+def generate_rows(graphdef, recipe, impl: str, T: int, qparams, rows: RowParams, stop_S, pad_id) -> Generated:
     """Generate up to min(T, max_tokens_B[b]) tokens for every row b of `rows`.
 
     recipe: a PrecisionRecipe (hashable, static); qparams: `sync_weights` under that recipe.
-    eos_id may be -1 (no stop token: every row runs to its budget). Compiled once per
-    (graphdef, recipe, impl, T, B, P).
+    stop_S: int32 [S], the ids any of which stops a row (S may be 0). Compiled once per
+    (graphdef, recipe, impl, T, B, P, S).
     """
     config = nnx.merge(graphdef, qparams).config
     prompt_BxP = jnp.asarray(rows.prompt_BxP, jnp.int32)
@@ -82,6 +86,7 @@ def generate_rows(graphdef, recipe, impl: str, T: int, qparams, rows: RowParams,
     max_tokens_B = jnp.asarray(rows.max_tokens_B, jnp.int32)
     temperature_B, top_p_B = jnp.asarray(rows.temperature_B, F32), jnp.asarray(rows.top_p_B, F32)
     seed_B, choice_B = jnp.asarray(rows.seed_B, jnp.uint32), jnp.asarray(rows.choice_B, jnp.uint32)
+    stop_S = jnp.asarray(stop_S, jnp.int32)
     prompt_valid_BxP = jnp.arange(P)[None, :] >= (P - lengths_in[:, None])
     cache = init_cache(config, B, P + T - 1)  # the prompt, then new tokens 0..T-2 fed back
     fwd_key = jax.random.key(0)  # feeds only a quantized backward, which a forward never runs
@@ -98,7 +103,8 @@ def generate_rows(graphdef, recipe, impl: str, T: int, qparams, rows: RowParams,
         logp_B = jnp.where(done_B, 0.0, logp_B)
         lengths = lengths + (~done_B).astype(jnp.int32)
         out = (tokens.at[:, t].set(token_B), logprobs.at[:, t].set(logp_B), lengths)
-        return token_B, done_B | (token_B == eos_id) | (lengths >= max_tokens_B), out
+        stopped_B = jnp.any(token_B[:, None] == stop_S[None, :], axis=1)
+        return token_B, done_B | stopped_B | (lengths >= max_tokens_B), out
 
     out = (jnp.full((B, T), pad_id, jnp.int32), jnp.zeros((B, T), F32), jnp.zeros((B,), jnp.int32))
     logits_BxV, cache = step_model(prompt_BxP, prompt_valid_BxP, cache)

@@ -68,7 +68,8 @@ class RowRequest:
 @dataclasses.dataclass(frozen=True)
 class RowResult:
     """token_ids: the completion without its stop token; logprobs: theirs; completion_tokens: tokens
-    generated, the stop token included; finish_reason: "stop" (EOS) or "length" (budget)."""
+    generated, the stop token included; finish_reason: "stop" (it ended on one of the model's
+    stop ids) or "length" (budget)."""
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
@@ -131,7 +132,7 @@ class Engine:
         return decode.RowParams(prompt, lengths, budget, temperature, top_p, seed, choice)
 
     def _ids(self):
-        return np.int32(self.model.eos_id), np.int32(self.model.pad_id)
+        return np.asarray(self.model.stop_ids, np.int32), np.int32(self.model.pad_id)
 
     def compile(self) -> dict[int, float]:
         """Compile the program of every prompt bucket ahead; returns seconds per bucket."""
@@ -176,7 +177,7 @@ class Engine:
         for b, row in enumerate(rows):
             n = int(out.lengths[b])
             tokens = [int(t) for t in out.tokens[b, :n]]
-            stopped = n > 0 and tokens[-1] == self.model.eos_id
+            stopped = n > 0 and tokens[-1] in self.model.stop_ids
             keep = n - 1 if stopped else n
             results.append(RowResult(tuple(tokens[:keep]), tuple(float(x) for x in out.logprobs[b, :keep]), n,
                                      "stop" if stopped else "length"))

@@ -93,6 +93,7 @@ def test_the_hf_command_trains_resumes_exports_and_serves(files, tmp_path):
     assert not np.array_equal(np.asarray(exported(tokens)), np.asarray(start(tokens)))  # RL changed the policy
     served = checkpoints.load(out)  # what `experiments.serve --checkpoint OUT` loads
     assert served.kind == "hf" and served.text
+    assert served.stop_ids == HFCodec.from_dir(out).stop_ids  # the server stops where the RL sampler stopped
     assert served.decode(served.encode("What is 9 - 5?")) == "What is 9 - 5?"
 
 

@@ -41,7 +41,7 @@ def test_rl_arm_checkpoint_serves_the_chosen_seed(warmup_dir, tmp_path):
 
 def test_hf_checkpoint_is_served_on_token_ids():
     model = checkpoints.load(HF)
-    assert (model.kind, model.text, model.eos_id, model.trained_recipe) == ("hf", False, checkpoints.NO_EOS, "bf16")
+    assert (model.kind, model.text, model.stop_ids, model.trained_recipe) == ("hf", False, (), "bf16")
     with pytest.raises(ValueError, match="no text tokenizer"):
         model.encode("a=1.")
     ref = np.load(os.path.join(HF, "reference_logits.npz"))

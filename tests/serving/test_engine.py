@@ -93,7 +93,7 @@ def test_greedy_rows_are_the_samplers_tokens_bitwise(served):
     rows = decode.RowParams(ids, mask.sum(1).astype(np.int32), np.full(B, T, np.int32), np.zeros(B, np.float32),
                             np.ones(B, np.float32), np.arange(7, 7 + B, dtype=np.uint32), np.zeros(B, np.uint32))
     got = decode.generate_rows(model.graphdef, served.forward_recipe, IMPL, T, served.qparams, rows,
-                               np.int32(model.eos_id), np.int32(model.pad_id))
+                               np.asarray(model.stop_ids, np.int32), np.int32(model.pad_id))
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(expected.tokens))
     np.testing.assert_array_equal(np.asarray(got.logprobs), np.asarray(expected.logprobs))
     np.testing.assert_array_equal(np.asarray(got.lengths), np.asarray(expected.lengths))
@@ -123,7 +123,7 @@ def test_budgets_and_finish_reasons(engine, served):
     assert 1 <= results[0].completion_tokens <= 3 and results[2].completion_tokens == 1
     for r in results:
         assert len(r.logprobs) == len(r.token_ids)
-        assert served.model.eos_id not in r.token_ids  # the stop token is not part of the completion
+        assert not set(served.model.stop_ids) & set(r.token_ids)  # the stop token is not part of the completion
         assert r.finish_reason == ("stop" if len(r.token_ids) < r.completion_tokens else "length")
     # The longer budget is the prefix-compatible continuation of the shorter one (greedy).
     assert results[1].token_ids[:len(results[0].token_ids)] == results[0].token_ids
