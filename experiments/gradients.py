@@ -24,14 +24,14 @@ import jax  # noqa: E402
 
 from fp4rl import configs  # noqa: E402
 from fp4rl.config_cli import cli, preset_of  # noqa: E402
-from fp4rl.rl import gradients, sft  # noqa: E402
+from fp4rl.rl import gradients, gradients_config, sft  # noqa: E402
 
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not any(a == "--preset" or a.startswith("--preset=") for a in argv):
         argv = ["--preset", "cpu", *argv]
-    config = cli(gradients.GradientsConfig, configs.GRADIENTS_PRESETS, argv)
+    config = cli(gradients_config.GradientsConfig, configs.GRADIENTS_PRESETS, argv)
     print(f"devices: {jax.devices()}")
     preset = preset_of(argv)
     if not config.merge:  # merging reads earlier measurements only

@@ -17,7 +17,7 @@ import dataclasses
 
 from fp4rl.numerics_study import NumericsConfig
 from fp4rl.recipe import ABLATION_ARMS
-from fp4rl.rl import gradients, sft, trainer
+from fp4rl.rl import gradients_config, sft, trainer
 from fp4rl.rl.ablation import RUNNER_SET, AblationConfig, field_default
 from fp4rl.rl.task import TaskConfig
 from fp4rl.serving.deployment_eval import ServeEvalConfig
@@ -178,10 +178,10 @@ RL_PRESETS["hf"] = trainer.RLConfig(steps=200, group_size=16, prompts_per_step=3
 
 
 def _gradients_preset(name: str, prompts_per_step: int | None = None, max_gen_batches: int | None = None,
-                      **overrides) -> gradients.GradientsConfig:
+                      **overrides) -> gradients_config.GradientsConfig:
     """The RL preset's measurement (rollout, loss, optimizer, warm-up), optionally with another
     number of prompts per batch or of generation batches to fill one."""
-    config = gradients.from_rl_config(RL_PRESETS[name], out=f"runs/{name}/gradients", **overrides)
+    config = gradients_config.from_rl_config(RL_PRESETS[name], out=f"runs/{name}/gradients", **overrides)
     rollout = {k: v for k, v in (("prompts_per_step", prompts_per_step), ("max_gen_batches", max_gen_batches)) if v is not None}
     return dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, **rollout)) if rollout else config
 
@@ -210,7 +210,7 @@ GRADIENTS_PRESETS = {
 GRADIENTS_PRESETS.update({
     name: _gradients_preset(name, prompts_per_step=prompts, batches=128, sr_keys=2, mismatch_batches=4, kl_batches=16,
                             adam_warmup_batches=warm, sketch_dim=1 << 15, compile_workers=4,
-                            **({} if warm else {"recipes": tuple(r for r in gradients.DEFAULT_RECIPES if r != "nvfp4-pt")}))
+                            **({} if warm else {"recipes": tuple(r for r in gradients_config.DEFAULT_RECIPES if r != "nvfp4-pt")}))
     for name, (_, _, prompts, warm) in _LADDER.items()})
 
 # ------------------------------------------------------------------ the main job (experiments.ablation)

@@ -118,7 +118,7 @@ def gradient_sources(recipe_names: Sequence[str]) -> list[int]:
 
 
 def plan_row(name: str, mc: ModelConfig, warmup, measurement) -> dict:
-    """One preset's row. warmup: its `sft.SFTConfig`; measurement: its `gradients.GradientsConfig`."""
+    """One preset's row. warmup: its `sft.SFTConfig`; measurement: its `fp4rl.rl.gradients_config.GradientsConfig`."""
     mc = dataclasses.replace(mc, max_seq_len=max(mc.max_seq_len, warmup.max_len + warmup.max_new_tokens))
     counts = mc.param_count()
     k, share = kept_layers(mc.num_layers)

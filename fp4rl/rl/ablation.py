@@ -34,7 +34,7 @@ from fp4rl.analysis import gradient_report, learning
 from fp4rl.analysis.report import write_report, write_sections_report
 from fp4rl.analysis.runs import has_arm_metrics
 from fp4rl.recipe import ABLATION_ARMS, BASELINE_ARMS, PrecisionRecipe
-from fp4rl.rl import gradients, resume, sft, trainer
+from fp4rl.rl import gradients, gradients_config, resume, sft, trainer
 from fp4rl.rl.run_dir import prepare_out
 from fp4rl.rl.run_settings import expert_gemm_of, run_records, settings_text
 
@@ -78,7 +78,7 @@ class AblationConfig:
 
     sft: sft.SFTConfig = sft.SFTConfig()
     rl: trainer.RLConfig = trainer.RLConfig()
-    gradients: gradients.GradientsConfig = gradients.GradientsConfig()
+    gradients: gradients_config.GradientsConfig = gradients_config.GradientsConfig()
     measure_gradients: bool = False
     learning_steps: int = 0
     arm_eval_every: int | None = None
@@ -100,7 +100,7 @@ class AblationConfig:
             raise ValueError(f"need {self.compile_workers=}, {self.learning_steps=} and {self.arm_eval_every=} >= 0")
         given = {"rl.arm": self.rl.arm, "rl.seeds": self.rl.seeds, "rl.init": self.rl.init, "rl.out": self.rl.out,
                  "sft.out": self.sft.out, "gradients.init": self.gradients.init, "gradients.out": self.gradients.out}
-        classes = {"rl": trainer.RLConfig, "sft": sft.SFTConfig, "gradients": gradients.GradientsConfig}
+        classes = {"rl": trainer.RLConfig, "sft": sft.SFTConfig, "gradients": gradients_config.GradientsConfig}
         for dotted, option in RUNNER_SET.items():
             sub, name = dotted.split(".")
             if given[dotted] != field_default(classes[sub], name):
