@@ -17,7 +17,7 @@ import dataclasses
 
 from fp4rl.numerics_study import NumericsConfig
 from fp4rl.recipe import ABLATION_ARMS
-from fp4rl.rl import gradients_config, sft, trainer
+from fp4rl.rl import gradients_config, policy, sft, trainer
 from fp4rl.rl.ablation import RUNNER_SET, AblationConfig, field_default
 from fp4rl.rl.task import TaskConfig
 from fp4rl.serving.deployment_eval import ServeEvalConfig
@@ -168,10 +168,14 @@ RL_PRESETS.update({name: _ladder_rl(name) for name in _LADDER})
 # prompts with a chat template are a few hundred tokens), DAPO's group of 16 and learning rate 1e-6,
 # its overlong buffer scaled to the shorter limit; 32 prompts x 16 in 4 mini-batches of 128 rows,
 # which split evenly over 8 devices. No held-out evaluation: it is defined on the procedural task.
+# The update rematerialises each layer, attends in chunks of 1,024 queries and runs each mini-batch
+# as 16 micro-batches of 8 rows (one row per device on 8 devices): without these its activations
+# alone need terabytes per device (docs/parallel.md "Memory per device").
 RL_PRESETS["hf"] = trainer.RLConfig(steps=200, group_size=16, prompts_per_step=32, max_gen_batches=3, mini_batches=4,
                                     prompt_len=1024, max_new_tokens=7168, overlong_buffer=1024,
                                     optim=trainer.OptimConfig(lr=1e-6, warmup_steps=10), eval_every=0,
                                     checkpoint_every=10, init="", model=trainer.ModelSource(dtype="bfloat16"),
+                                    memory=policy.UpdateMemory(remat=True, attention_query_chunk=1024, micro_batches=16),
                                     out="runs/hf/rl")
 
 # -------------------------------------------------------- gradient measurements (experiments.gradients)

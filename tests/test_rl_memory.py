@@ -21,3 +21,23 @@ def test_expert_parallelism_splits_only_the_routed_experts():
     m = rl_memory.memory_per_device(mc, data=1, expert=8, seq_len=8192, prompts=32, group_size=16, mini_batches=4)
     assert m["rollout_rows"] == 64 and m["update_rows"] == 16
     assert m["kv_cache"] == 64 * 8192 * 48 * 2 * 4 * 128 * 2
+
+
+def test_the_update_options_bound_activations_by_one_micro_batch():
+    mc = rl_memory.qwen3_30b_a3b()
+    shape = dict(data=1, expert=8, seq_len=8192, prompts=32, group_size=16, mini_batches=4)
+    one = rl_memory.memory_per_device(mc, micro_rows=1, query_chunk=1024, **shape)
+    two = rl_memory.memory_per_device(mc, micro_rows=2, query_chunk=1024, **shape)
+    whole = rl_memory.memory_per_device(mc, micro_rows=16, query_chunk=1024, **shape)
+    # Linear in micro-batch rows, plus the accumulated f32 gradient (4 P_dev) only when chunked.
+    accumulated = 4 * one["params_per_device"]
+    assert two["activations_options"] - accumulated == pytest.approx(2 * (one["activations_options"] - accumulated))
+    assert whole["activations_options"] == pytest.approx(16 * (one["activations_options"] - accumulated))
+    # The LM head's f32 logits of one row of 8k tokens alone are 12 V S bytes (x OVERHEAD).
+    assert one["activations_options"] - accumulated > rl_memory.OVERHEAD * 12 * mc.vocab_size * 8192
+    # Query chunks shrink the score term: [H, c, S] per row instead of [H, S, S].
+    full_scores = rl_memory.memory_per_device(mc, micro_rows=1, query_chunk=0, **shape)
+    saved = rl_memory.OVERHEAD * 6 * mc.num_heads * 8192 * (8192 - 1024)
+    assert full_scores["activations_options"] - one["activations_options"] == pytest.approx(saved)
+    with pytest.raises(ValueError, match="micro_rows=3 must be >= 1 and divide the 16 update rows"):
+        rl_memory.memory_per_device(mc, micro_rows=3, **shape)

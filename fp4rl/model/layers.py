@@ -128,24 +128,65 @@ class Attention(nnx.Module):
             # decode loop's carry), then read by the GEMMs as it lies: no per-token copy of the cache.
             new_cache = keys, values = tuple(lax.dynamic_update_slice_in_dim(c, new, jnp.asarray(index, jnp.int32), axis=2)
                                              for c, new in zip(kv_cache, new_BxKxLxDh))
-            k_spec = "bksd"
-        else:
-            keys, values, k_spec = k_BxLxKxDh, v_BxLxKxDh, "bskd"
-        scores = jnp.einsum(f"blkgd,{k_spec}->bkgls", q_BxLxKxGxDh, keys.astype(dtype),
-                            preferred_element_type=F32) * F32(Dh**-0.5)
-        # Masked scores are -inf, so their probabilities are exactly 0: keys a query may not see
-        # (later tokens, padding) cannot change its output by a single bit.
-        scores = jnp.where(mask_BxLxS[:, None, None], scores, -jnp.inf)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dtype)  # softmax in f32 (HF: dtype=float32)
-        if kv_cache is None:
-            out_BxLxKxGxDh = jnp.einsum("bkgls,bskd->blkgd", probs, values.astype(dtype), preferred_element_type=F32)
-        else:  # the batched matmul [B, K] x ([G L, S] @ [S, Dh]) as it lies, then the small output transposed
+            probs = attention_probs(q_BxLxKxGxDh, keys.astype(dtype), mask_BxLxS, "bksd").astype(dtype)
+            # The batched matmul [B, K] x ([G L, S] @ [S, Dh]) as it lies, then the small output transposed.
             out_BxKxGxLxDh = jnp.einsum("bkgls,bksd->bkgld", probs, values.astype(dtype), preferred_element_type=F32)
             out_BxLxKxGxDh = jnp.transpose(out_BxKxGxLxDh, (0, 3, 1, 2, 4))
+        elif ctx.attention_query_chunk:
+            out_BxLxKxGxDh = attend_by_query_chunks(q_BxLxKxGxDh, k_BxLxKxDh.astype(dtype), v_BxLxKxDh.astype(dtype),
+                                                    mask_BxLxS, ctx.attention_query_chunk)
+        else:
+            out_BxLxKxGxDh = attend(q_BxLxKxGxDh, k_BxLxKxDh.astype(dtype), v_BxLxKxDh.astype(dtype), mask_BxLxS)
         out_BxLxKxGxDh = out_BxLxKxGxDh.astype(dtype)
         out_BxLxHDh = out_BxLxKxGxDh.reshape(B, L, H * Dh)
         y = site_dot(out_BxLxHDh, self.o.get_value(), ctx, self.site_kinds()["o"], self.layer, "o")
         return y, new_cache
+
+
+def attention_probs(q_BxLxKxGxDh, keys, mask_BxLxS, k_spec: str):
+    """softmax(q k^T / sqrt(Dh)) over the keys, in f32 (HF: dtype=float32), [B, K, G, L, S];
+    `keys` laid out as `k_spec` ("bskd" this call's keys, "bksd" a cache buffer)."""
+    Dh = q_BxLxKxGxDh.shape[-1]
+    scores = jnp.einsum(f"blkgd,{k_spec}->bkgls", q_BxLxKxGxDh, keys, preferred_element_type=F32) * F32(Dh**-0.5)
+    # Masked scores are -inf, so their probabilities are exactly 0: keys a query may not see
+    # (later tokens, padding) cannot change its output by a single bit.
+    scores = jnp.where(mask_BxLxS[:, None, None], scores, -jnp.inf)
+    return jax.nn.softmax(scores, axis=-1)
+
+
+def attend(q_BxLxKxGxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxLxS):
+    """Cache-free attention of every query over this call's keys: out [B, L, K, G, Dh] in f32
+    (probabilities rounded to the compute dtype, that of `v`, before the second GEMM)."""
+    probs = attention_probs(q_BxLxKxGxDh, k_BxSxKxDh, mask_BxLxS, "bskd").astype(v_BxSxKxDh.dtype)
+    return jnp.einsum("bkgls,bskd->blkgd", probs, v_BxSxKxDh, preferred_element_type=F32)
+
+
+def attend_by_query_chunks(q_BxLxKxGxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxLxS, chunk: int):
+    """`attend` for `chunk` queries at a time (a `lax.scan` over the full chunks, then the rest).
+
+    A query's softmax runs over its own row of scores only, so a chunk of queries against all keys
+    is the same per-row computation as all queries at once. Each chunk is under `jax.checkpoint`:
+    the backward recomputes its scores instead of storing them, so the live score tensor is
+    [B, H, chunk, S], not [B, H, L, S].
+    """
+    B, L = q_BxLxKxGxDh.shape[:2]
+    attend_chunk = jax.checkpoint(attend, policy=jax.checkpoint_policies.nothing_saveable, prevent_cse=False)
+    full = L // chunk
+    outs = []
+    if full:
+        def to_chunks(x):  # [B, full * chunk, ...] -> [full, B, chunk, ...]
+            return jnp.swapaxes(x[:, : full * chunk].reshape(B, full, chunk, *x.shape[2:]), 0, 1)
+
+        def step(_, q_and_mask):
+            q_c, mask_c = q_and_mask
+            return None, attend_chunk(q_c, k_BxSxKxDh, v_BxSxKxDh, mask_c)
+
+        _, out = lax.scan(step, None, (to_chunks(q_BxLxKxGxDh), to_chunks(mask_BxLxS)))
+        outs.append(jnp.swapaxes(out, 0, 1).reshape(B, full * chunk, *out.shape[3:]))
+    if full * chunk < L:
+        rest = slice(full * chunk, L)
+        outs.append(attend_chunk(q_BxLxKxGxDh[:, rest], k_BxSxKxDh, v_BxSxKxDh, mask_BxLxS[:, rest]))
+    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
 class SwiGLU(nnx.Module):

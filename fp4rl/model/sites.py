@@ -63,6 +63,9 @@ class Ctx:
       iteration fold in its own layer, so keys equal those of the unrolled model.
     scan_layers: run each maximal run of identical layers (`transformer.layer_runs`) as one
       `lax.scan` (compile time independent of depth) instead of unrolling every layer.
+    remat: rematerialise each layer in the backward (`transformer.run_blocks`).
+    attention_query_chunk: queries per chunk of the cache-free attention (0: all at once;
+      `layers.attend_by_query_chunks`).
     """
 
     recipe: PrecisionRecipe
@@ -71,6 +74,8 @@ class Ctx:
     key: Any = None
     layer_shift: Any = 0
     scan_layers: bool = True
+    remat: bool = False
+    attention_query_chunk: int = 0
 
     def site(self, kind: str, layer: int | None) -> SiteConfig:
         return self.recipe.site(kind, layer, self.num_layers)

@@ -132,27 +132,43 @@ def layer_runs(config: ModelConfig, recipe: PrecisionRecipe) -> list[tuple[int, 
 
 
 def run_blocks(blocks, x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx: Ctx, kv=None, index=None):
-    """Apply consecutive identical blocks; the MoE aux has a leading [len(blocks)] axis. One block
-    is called directly, with `kv` its layer's cache (k, v) (returned with the new slots written);
-    several (no cache) are one `lax.scan` over their stacked parameters. The stack is a copy per
-    forward, small next to the layers' GEMMs."""
+    """Apply consecutive identical blocks; the MoE aux has a leading [len(blocks)] axis. With a
+    cache, one block is called directly, with `kv` its layer's cache (k, v) (returned with the new
+    slots written); without, several are one `lax.scan` over their stacked parameters (the stack
+    is a copy per forward, small next to the layers' GEMMs), each under `jax.checkpoint` when
+    `ctx.remat` (a cached forward is inference: nothing to rematerialise)."""
     def with_layer_axis(tree):
         return None if tree is None else jax.tree.map(lambda a: a[None], tree)
 
-    if len(blocks) == 1:
+    if kv is not None:
+        if len(blocks) > 1:
+            raise ValueError("a forward with a KV cache runs its layers one by one (each owns its cache buffer)")
         x_BxLxD, kv, aux = blocks[0](x_BxLxD, positions_BxL, mask_BxLxS, valid_BxL, ctx, kv, index)
         return x_BxLxD, kv, with_layer_axis(aux)
-    if kv is not None:
-        raise ValueError("a forward with a KV cache runs its layers one by one (each owns its cache buffer)")
 
     graphdef, _ = nnx.split(blocks[0])  # the first block's static layer index resolves the sites
+
+    def apply_block(x, state, shift):
+        block = nnx.merge(graphdef, state)
+        x, _, aux = block(x, positions_BxL, mask_BxLxS, valid_BxL, dataclasses.replace(ctx, layer_shift=shift))
+        return x, aux
+
+    if ctx.remat:
+        # The backward recomputes the layer from its inputs (residual stream, parameters, the
+        # shared positions and mask) instead of keeping its intermediates: one layer's tensors are
+        # live at a time. The recomputation runs the same operations on the same inputs (keys
+        # included), so values and gradients are those without remat.
+        apply_block = jax.checkpoint(apply_block, policy=jax.checkpoint_policies.nothing_saveable, prevent_cse=False)
+
+    if len(blocks) == 1:
+        x_BxLxD, aux = apply_block(x_BxLxD, nnx.split(blocks[0])[1], ctx.layer_shift)
+        return x_BxLxD, None, with_layer_axis(aux)
+
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(nnx.split(b)[1] for b in blocks))
 
     def step(x, xs):
         state, shift = xs
-        block = nnx.merge(graphdef, state)
-        x, _, aux = block(x, positions_BxL, mask_BxLxS, valid_BxL, dataclasses.replace(ctx, layer_shift=shift))
-        return x, aux
+        return apply_block(x, state, shift)
 
     shifts = jnp.arange(len(blocks), dtype=jnp.int32)
     x_BxLxD, aux = jax.lax.scan(step, x_BxLxD, (stacked, shifts))
@@ -265,7 +281,8 @@ def resolve_recipe(recipe) -> PrecisionRecipe:
 
 
 def forward(graphdef, params, tokens_BxL, recipe, *, key=None, impl: str = "auto",
-            positions=None, cache: KVCache | None = None, valid=None, scan_layers: bool = True):
+            positions=None, cache: KVCache | None = None, valid=None, scan_layers: bool = True,
+            remat: bool = False, attention_query_chunk: int = 0):
     """logits_BxLxV float32 and aux, a pure function of (params, tokens, key, cache).
 
     recipe: PrecisionRecipe (or its name); every linear resolves its SiteConfig from it.
@@ -277,6 +294,11 @@ def forward(graphdef, params, tokens_BxL, recipe, *, key=None, impl: str = "auto
     scan_layers: scan each run of identical layers (`layer_runs`) instead of unrolling them;
       the values are the same (tests compare both), the compile time much shorter for deep stacks.
       A forward with a cache runs its layers unrolled whatever this says (`KVCache`).
+    remat: per-layer rematerialisation (`jax.checkpoint` of each block, saving only its inputs):
+      the backward keeps one layer's intermediates at a time; values and gradients unchanged.
+    attention_query_chunk: > 0 computes the cache-free attention for this many queries at a time
+      against all keys, each chunk rematerialised in the backward, so no [B, H, L, S] score tensor
+      is live; 0 (default) computes all queries at once. A forward with a cache ignores both.
     aux: router_topk int32 [L_moe, B, L, k] (MoE layers in order), aux_loss f32 () (Switch
       loss, mean over MoE layers, unscaled), expert_load f32 [L_moe, E], cache (KVCache | None).
     """
@@ -290,7 +312,10 @@ def forward(graphdef, params, tokens_BxL, recipe, *, key=None, impl: str = "auto
         raise ValueError(f"{tokens_BxL.shape[1]} tokens do not fit a cache of {cache.size} slots")
     if cache is None and tokens_BxL.shape[1] > config.max_seq_len:
         raise ValueError(f"sequence length {tokens_BxL.shape[1]} exceeds max_seq_len={config.max_seq_len}")
-    ctx = Ctx(recipe=recipe, num_layers=config.num_layers, impl=impl, key=key, scan_layers=scan_layers)
+    if attention_query_chunk < 0:
+        raise ValueError(f"attention_query_chunk={attention_query_chunk} must be >= 0 (0: all queries at once)")
+    ctx = Ctx(recipe=recipe, num_layers=config.num_layers, impl=impl, key=key, scan_layers=scan_layers, remat=remat,
+              attention_query_chunk=attention_query_chunk)
     return model(tokens_BxL, ctx, positions_BxL=positions, valid_BxL=valid, cache=cache)
 
 

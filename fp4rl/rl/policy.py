@@ -17,7 +17,7 @@ import optax
 
 from fp4rl.model import transformer
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import dapo
+from fp4rl.rl import dapo, micro_batch
 
 GRAD_GROUPS = ("shared_expert", "routed_experts", "router", "attention", "last_layers", "embed_head")
 
@@ -143,12 +143,37 @@ class LossConfig:
 LOSS_KINDS = ("dapo", "grpo")
 
 
-def _response_forward(graphdef, recipe: PrecisionRecipe, prompt_len: int, impl: str, temperature: float):
+@dataclasses.dataclass(frozen=True)
+class UpdateMemory:
+    """How the update trades compute for activation memory; the defaults change nothing.
+
+    remat: rematerialise each layer in the backward (`transformer.forward(remat=True)`); values
+      and gradients are unchanged.
+    attention_query_chunk: queries per chunk of the attention (`transformer.forward`), 0: all at
+      once; values unchanged, key and value gradients summed over chunks in another f32 order.
+    micro_batches: forward and backward a mini-batch in this many chunks of rows, gradients summed,
+      one optimizer step (`fp4rl.rl.micro_batch`, which says what stays the same).
+    """
+
+    remat: bool = False
+    attention_query_chunk: int = 0
+    micro_batches: int = 1
+
+    def __post_init__(self):
+        if self.attention_query_chunk < 0:
+            raise ValueError(f"attention_query_chunk={self.attention_query_chunk} must be >= 0 (0: all queries at once)")
+        if self.micro_batches < 1:
+            raise ValueError(f"micro_batches={self.micro_batches} must be >= 1 (1: the whole mini-batch at once)")
+
+
+def _response_forward(graphdef, recipe: PrecisionRecipe, prompt_len: int, impl: str, temperature: float,
+                      memory: UpdateMemory = UpdateMemory()):
     """Per seed: `(params, tokens, valid, key) -> ((logp_NxTr, aux_loss), (logits_NxTrxV, router_topk))`,
     the one forward that both the update and every log-prob the trainer uses go through."""
 
     def run(params, tokens_NxL, valid_NxL, key):
-        logits, aux = transformer.forward(graphdef, params, tokens_NxL, recipe, key=key, impl=impl, valid=valid_NxL)
+        logits, aux = transformer.forward(graphdef, params, tokens_NxL, recipe, key=key, impl=impl, valid=valid_NxL,
+                                          remat=memory.remat, attention_query_chunk=memory.attention_query_chunk)
         logp = next_token_logprobs(logits, tokens_NxL, temperature)[:, prompt_len - 1 :]
         # The router's top-k at the positions that predicted the response tokens (the sampler
         # records the choices of the token it feeds, t - 1).
@@ -214,7 +239,7 @@ def make_loss_fn(graphdef, recipe: PrecisionRecipe, loss: LossConfig, aux_loss_c
 
 def make_functions(graphdef, recipe: PrecisionRecipe, optimizer: optax.GradientTransformation, loss: LossConfig,
                    aux_loss_coef: float, prompt_len: int, masks, impl: str = "auto",
-                   temperature: float = 1.0) -> dict[str, Callable]:
+                   temperature: float = 1.0, memory: UpdateMemory = UpdateMemory()) -> dict[str, Callable]:
     """Per-seed pure functions: `response_logprobs` (see `response_logprobs_fn`) and
     `update(params, opt_state, batch, key, apply, skip_nonfinite) -> (params, opt_state, metrics)`.
 
@@ -226,8 +251,10 @@ def make_functions(graphdef, recipe: PrecisionRecipe, optimizer: optax.GradientT
     skipped (state kept, `metrics["skipped"]`) when the mini-batch has no loss token (dynamic
     sampling left it empty: Adam would otherwise step on its momentum alone) or, with
     `skip_nonfinite`, when the loss, gradient or update is not finite.
+    memory: how the update trades compute for activation memory (`UpdateMemory`).
     """
-    forward = _response_forward(graphdef, recipe, prompt_len, impl, temperature)
+    forward = _response_forward(graphdef, recipe, prompt_len, impl, temperature, memory)
+    micro_batches = memory.micro_batches
     total_loss = objective(loss, aux_loss_coef)
 
     def update(params, opt_state, batch: Batch, key, apply, skip_nonfinite: bool):
@@ -237,22 +264,18 @@ def make_functions(graphdef, recipe: PrecisionRecipe, optimizer: optax.GradientT
             lambda lp, al: total_loss(lp, al, batch), argnums=(0, 1), has_aux=True)(logp, aux_loss)
         # The backward runs only in the update pass; the forward above is shared by both passes.
         grads = jax.lax.cond(apply, lambda: backward((dlogp, daux))[0], lambda: jax.tree.map(jnp.zeros_like, params))
-        grad_norm = optax.tree.norm(grads)
-        updates, new_opt_state = optimizer.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        nonfinite = ~(jnp.isfinite(total) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates)))
-        empty = ~jnp.any(batch.response_mask_NxTr)
-        skipped = empty | (nonfinite if skip_nonfinite else False)
-        keep = ~jnp.asarray(apply) | skipped
-        new_params = jax.tree.map(lambda new, old: jnp.where(keep, old, new), new_params, params)
-        new_opt_state = jax.tree.map(lambda new, old: jnp.where(keep, old, new), new_opt_state, opt_state)
+        new_params, new_opt_state, flags = micro_batch.optimizer_step(optimizer, params, opt_state, grads, total, batch,
+                                                                      apply, skip_nonfinite)
         entropy = dapo.masked_mean(dapo.token_entropy(logits, temperature), batch.response_mask_NxTr)
-        metrics = {"loss/total": total, "grad_norm/global": grad_norm, "nonfinite": nonfinite, "empty": empty,
-                   "skipped": skipped, "entropy": entropy, "logp": logp, "router_topk": router_topk,
+        metrics = {"loss/total": total, **flags, "entropy": entropy, "logp": logp, "router_topk": router_topk,
                    **stats, **group_norms(grads, masks)}
         return new_params, new_opt_state, metrics
 
-    return {"response_logprobs": response_logprobs_fn(graphdef, recipe, prompt_len, impl, temperature), "update": update}
+    if micro_batches > 1:
+        chunked = micro_batch.make_micro_batched_update(forward, total_loss, optimizer, masks, temperature,
+                                                        micro_batches, group_norms)
+    return {"response_logprobs": response_logprobs_fn(graphdef, recipe, prompt_len, impl, temperature),
+            "update": update if micro_batches == 1 else chunked}
 
 
 def make_optimizer(lr: float, warmup_steps: int, weight_decay: float, b1: float, b2: float, clip_norm: float) -> optax.GradientTransformation:

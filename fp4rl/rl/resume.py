@@ -35,6 +35,8 @@ MAY_DIFFER = {
              "checkpoint is refused by the trainer",
     "checkpoint_every": "when the state is saved, not what is computed",
     "out": "where the run directory lies: a moved directory resumes",
+    "memory.remat": "the backward recomputes each layer's values instead of keeping them: the same "
+                    "values and gradients bit for bit (tests/model/test_memory_options.py)",
 }
 # Not compared at all: not a setting of the run.
 NOT_COMPARED = {"resume": "how this check itself behaves"}

@@ -94,6 +94,8 @@ class RLConfig:
     (see `fp4rl.rl.resume`, which lists the few that may differ); "force" resumes under the new
     settings and records the change in config_changes.jsonl.
     mesh: data x expert devices (`fp4rl.parallel`, docs/parallel.md); 1 x 1 is the one-device program.
+    memory: how the update trades compute for activation memory (`policy.UpdateMemory`: per-layer
+      rematerialisation, query-chunked attention, micro-batches of a mini-batch's rows).
     expert_gemm: the routed experts' grouped-GEMM backend (`fp4rl.grouped.GEMMS`) for this run's
       programs; "" keeps the warm-up's (`ModelConfig.expert_gemm`, resolved when the warm-up was
       trained); "auto" the fastest on this platform for the warm-up's model, resolved when the run
@@ -132,6 +134,7 @@ class RLConfig:
     out: str = "runs/rl"
     resume: Literal["check", "force"] = "check"
     mesh: MeshConfig = MeshConfig()
+    memory: policy.UpdateMemory = policy.UpdateMemory()
 
     def __post_init__(self):
         PrecisionRecipe.from_name(self.arm)  # names the valid arms on a typo
@@ -158,6 +161,12 @@ class RLConfig:
         # Every device takes an equal share of each mini-batch's (and each rollout's) rows.
         self.mesh.check_rows(self.prompts_per_step * self.group_size // self.mini_batches,
                              "prompts_per_step * group_size / mini_batches")
+        rows = self.prompts_per_step * self.group_size // self.mini_batches
+        if rows % self.memory.micro_batches:
+            raise ValueError(f"memory.micro_batches={self.memory.micro_batches} must divide the {rows} rows of a "
+                             "mini-batch (prompts_per_step * group_size / mini_batches)")
+        self.mesh.check_rows(rows // self.memory.micro_batches,
+                             "prompts_per_step * group_size / mini_batches / memory.micro_batches")
         if not 1 <= self.overlong_buffer <= self.max_new_tokens:
             raise ValueError(f"overlong_buffer={self.overlong_buffer} must be in [1, max_new_tokens={self.max_new_tokens}] "
                              "(DAPO's overlong shaping starts that many tokens before the limit)")

@@ -138,7 +138,7 @@ class Trainer:
         self.optimizer = policy.make_optimizer(o.lr, o.warmup_steps, o.weight_decay, o.b1, o.b2, o.clip_norm)
         masks = policy.grad_group_masks(self.ref_params, self.model_config.num_layers)
         fns = policy.make_functions(self.graphdef, self.recipe, self.optimizer, config.loss, self.model_config.aux_loss_coef,
-                                    config.prompt_len, masks, config.impl, config.temperature)
+                                    config.prompt_len, masks, config.impl, config.temperature, config.memory)
         skip = config.on_nonfinite == "skip"
 
         def update(params, opt_state, batch, key, apply):

@@ -24,9 +24,11 @@ from fp4rl.serving import checkpoints
 from tests.rl.hf_fixture import ROWS, dapo_row, write_checkpoint, write_rows
 
 TIMING = ("time/", "throughput/")
+# The preset's update memory options stay on (remat, query chunks), micro-batches scaled to the 4 rows
+# of a mini-batch: the command and the resumed run below go through the micro-batched update.
 SMALL = ["--steps=2", "--group_size=4", "--prompts_per_step=2", "--mini_batches=2", "--max_gen_batches=1",
          "--max_new_tokens=8", "--overlong_buffer=4", "--prompt_len=48", "--model.dtype=float32", "--impl=reference",
-         "--arm=full"]
+         "--arm=full", "--memory.micro_batches=2", "--memory.attention_query_chunk=16"]
 
 
 @pytest.fixture(scope="module")

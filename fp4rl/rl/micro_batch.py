@@ -1,0 +1,115 @@
+"""The RL update over a mini-batch's rows in `micro_batches` sequential chunks, one optimizer step.
+
+Activations scale with the rows one forward takes; this update runs the forward and backward of
+a mini-batch of N rows as k chunks of N / k rows (a `lax.scan`), summing their gradients, then
+takes the one AdamW step of the unchunked update (`policy.make_functions`). Chunk c holds rows
+c, c + k, c + 2k, ...: a device's contiguous share of the rows (data parallelism splits rows in
+blocks) then contributes to every chunk, so no chunk needs rows from another device.
+
+What is the same as unchunked, and what is not:
+* The policy loss (DAPO's token mean, GRPO's sequence mean) is separable over rows given the
+  mini-batch's counts: a token's cotangent depends on its own log-prob and on how many tokens
+  (rows) the whole mini-batch has. Each chunk's cotangent is taken from the mini-batch's objective
+  with the chunk's log-probs put into a full-size array (the other rows held constant), so it is
+  bit for bit the unchunked cotangent; the chunk gradients then add in a different f32 order
+  than one backward over all rows.
+* Every logged statistic (loss, clip fractions, ratios, KL, entropy) is computed once, from the
+  chunks' log-probs and per-token entropies reassembled in row order: the same quantities.
+* The load-balancing (Switch) loss is per forward, a nonlinear function of the routed tokens'
+  shares; with k chunks it is the mean of the chunks' losses (as micro-batched MoE training
+  computes it), not the loss of all N rows at once. Its weight is `aux_loss_coef` (1e-3).
+* A recipe that quantizes activations with a per-tensor scale (NVFP4's global amax) takes that
+  amax over the chunk's rows; the old log-probs come from the same chunked program, so the first
+  update's importance ratio is still exactly 1.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fp4rl.rl import dapo
+
+
+def check_micro_batches(micro_batches: int, rows: int) -> None:
+    """A mini-batch of `rows` rows splits into `micro_batches` equal chunks."""
+    if micro_batches < 1 or rows % micro_batches:
+        raise ValueError(f"micro_batches={micro_batches} must be >= 1 and divide the {rows} rows of a mini-batch")
+
+
+def to_chunks(x, k: int):
+    """[N, ...] -> [k, N / k, ...], chunk c holding rows c, c + k, ... (module docstring)."""
+    return jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)
+
+
+def from_chunks(x, axis: int = 0):
+    """The inverse of `to_chunks` for chunks stacked on axis 0 and rows on `axis` + 1 of a chunk."""
+    k = x.shape[0]
+    x = jnp.moveaxis(x, 0, axis + 1)  # [..., N / k, k, ...]
+    return x.reshape(*x.shape[:axis], x.shape[axis] * k, *x.shape[axis + 2:])
+
+
+def make_micro_batched_update(forward: Callable, total_loss: Callable, optimizer: optax.GradientTransformation,
+                              masks, temperature: float, micro_batches: int, group_norms: Callable) -> Callable:
+    """`update(params, opt_state, batch, key, apply, skip_nonfinite)` with the contract of the
+    unchunked update (`policy.make_functions`), over `micro_batches` chunks of rows.
+
+    forward: `policy._response_forward`'s per-seed function; total_loss: `policy.objective`'s.
+    """
+    k = micro_batches
+
+    def update(params, opt_state, batch, key, apply, skip_nonfinite: bool):
+        rows = batch.tokens_NxL.shape[0]
+        check_micro_batches(k, rows)
+        chunks = jax.tree.map(lambda x: to_chunks(x, k), batch)
+        zeros = jax.tree.map(jnp.zeros_like, params)
+
+        def chunk_step(grads, c):
+            chunk = jax.tree.map(lambda x: x[c], chunks)
+            (logp, aux_loss), backward, (logits, router_topk) = jax.vjp(
+                lambda p: forward(p, chunk.tokens_NxL, chunk.valid_NxL, key), params, has_aux=True)
+
+            def loss_of_chunk(logp_c, aux_c):
+                # The mini-batch's objective with this chunk's rows in place: its counts are the
+                # whole mini-batch's, so the chunk's cotangent is the unchunked one.
+                logp_full = from_chunks(to_chunks(batch.logp_old_NxTr, k).at[c].set(logp_c))
+                return total_loss(logp_full, aux_c / k, batch)[0]
+
+            dlogp, daux = jax.grad(loss_of_chunk, argnums=(0, 1))(logp, aux_loss)
+            # The backward runs only in the update pass (as unchunked).
+            grads = jax.lax.cond(apply, lambda: jax.tree.map(jnp.add, grads, backward((dlogp, daux))[0]),
+                                 lambda: grads)
+            entropy = dapo.token_entropy(logits, temperature)
+            return grads, (logp, aux_loss, entropy, router_topk)
+
+        grads, (logp, aux_losses, entropy, router_topk) = jax.lax.scan(chunk_step, zeros, jnp.arange(k))
+        logp, entropy = from_chunks(logp), from_chunks(entropy)
+        router_topk = from_chunks(router_topk, axis=1)  # [k, L_moe, N / k, T, top_k]
+        total, stats = total_loss(logp, jnp.mean(aux_losses), batch)
+        new_params, new_opt_state, flags = optimizer_step(optimizer, params, opt_state, grads, total, batch, apply,
+                                                          skip_nonfinite)
+        metrics = {"loss/total": total, **flags, "entropy": dapo.masked_mean(entropy, batch.response_mask_NxTr),
+                   "logp": logp, "router_topk": router_topk, **stats, **group_norms(grads, masks)}
+        return new_params, new_opt_state, metrics
+
+    return update
+
+
+def optimizer_step(optimizer, params, opt_state, grads, total, batch, apply, skip_nonfinite: bool):
+    """(new params, new optimizer state, {grad_norm/global, nonfinite, empty, skipped}): the step
+    of `grads`, kept only when `apply` and not skipped (no loss token, or not finite with
+    `skip_nonfinite`: `policy.make_functions`)."""
+    grad_norm = optax.tree.norm(grads)
+    updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    nonfinite = ~(jnp.isfinite(total) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates)))
+    empty = ~jnp.any(batch.response_mask_NxTr)
+    skipped = empty | (nonfinite if skip_nonfinite else False)
+    keep = ~jnp.asarray(apply) | skipped
+    new_params = jax.tree.map(lambda new, old: jnp.where(keep, old, new), new_params, params)
+    new_opt_state = jax.tree.map(lambda new, old: jnp.where(keep, old, new), new_opt_state, opt_state)
+    return new_params, new_opt_state, {"grad_norm/global": grad_norm, "nonfinite": nonfinite, "empty": empty,
+                                       "skipped": skipped}
