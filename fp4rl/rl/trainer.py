@@ -203,6 +203,12 @@ class Trainer:
         keys are the same program (arms sharing a forward): one task per key is enough. Nothing
         here is needed for correctness; a program that is not compiled ahead compiles on first use.
         """
+        return [(key, lambda lower=lower: lower().compile()) for _, key, lower in self.lowerings()]
+
+    def lowerings(self) -> list[tuple[str, tuple, Callable[[], Any]]]:
+        """(name, key, lower) of the programs `compile_tasks` compiles: "sync", "sample", "update";
+        `lower()` returns the program lowered for the abstract arguments `step` passes (also what
+        tools/program_digest.py hashes). None on a mesh (see `compile_tasks`)."""
         if self.mesh is not None:
             return []
         c = self.config
@@ -214,21 +220,21 @@ class Trainer:
         keys = lambda: _abstract(jax.eval_shape(lambda: self._step_keys(0, 0)))  # noqa: E731
 
         def sync():
-            return self._sync.lower(state()["params"]).compile()
+            return self._sync.lower(state()["params"])
 
         def sample():
             qparams = _abstract(jax.eval_shape(self._sync, state()["params"])[0])
-            return self._sample.lower(qparams, spec((S, R, P), i32), spec((S, R, P), bool), keys(),
-                                      spec((), f32)).compile()
+            return self._sample.lower(qparams, spec((S, R, P), i32), spec((S, R, P), bool), keys(), spec((), f32))
 
         def update():
             s = state()
             batch = policy.Batch(spec((S, n, P + T), i32), spec((S, n, P + T), bool), spec((S, n, T), bool),
                                  spec((S, n, T), f32), spec((S, n, T), f32), spec((S, n, T), f32), spec((S, n), f32))
-            return self._update.lower(s["params"], s["opt_state"], batch, keys(), spec((), bool)).compile()
+            return self._update.lower(s["params"], s["opt_state"], batch, keys(), spec((), bool))
 
         shapes = (S, R, P, T)
-        return [((self._sync, shapes), sync), ((self._sample, shapes), sample), ((self._update, shapes, n), update)]
+        return [("sync", (self._sync, shapes), sync), ("sample", (self._sample, shapes), sample),
+                ("update", (self._update, shapes, n), update)]
 
     # ------------------------------------------------------------------ state
     def _fresh_state(self):
