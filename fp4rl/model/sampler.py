@@ -138,6 +138,11 @@ def operands_ahead(qparams, config):
     return jax.tree.map(ahead, qparams, is_leaf=qlinear.is_quantized_weight)
 
 
+def is_stop(token_B, stop_S):
+    """bool [B]: the row's token is one of the stop ids `stop_S` (int32 [S], S may be 0)."""
+    return jnp.any(token_B[:, None] == stop_S[None, :], axis=1)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _generate(graphdef, recipe, impl, T, qparams, prompt_BxP, prompt_lengths_B, key, temperature, top_p,
               stop_S, pad_id) -> SampleOutput:
@@ -165,7 +170,7 @@ def _generate(graphdef, recipe, impl, T, qparams, prompt_BxP, prompt_lengths_B, 
         topk_MxBxK = jnp.where(done_B[None, :, None], -1, topk_MxBxK)
         out = (tokens.at[:, t].set(token_B), logprobs.at[:, t].set(logp_B),
                lengths + (~done_B).astype(jnp.int32), topk.at[:, :, t].set(topk_MxBxK))
-        return token_B, done_B | jnp.any(token_B[:, None] == stop_S[None, :], axis=1), key, out
+        return token_B, done_B | is_stop(token_B, stop_S), key, out
 
     M, k = config.num_moe_layers, config.top_k
     out = (jnp.full((B, T), pad_id, jnp.int32), jnp.zeros((B, T), F32),

@@ -29,7 +29,6 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from fp4rl.rl import dapo
 
@@ -37,7 +36,8 @@ from fp4rl.rl import dapo
 def check_micro_batches(micro_batches: int, rows: int) -> None:
     """A mini-batch of `rows` rows splits into `micro_batches` equal chunks."""
     if micro_batches < 1 or rows % micro_batches:
-        raise ValueError(f"micro_batches={micro_batches} must be >= 1 and divide the {rows} rows of a mini-batch")
+        raise ValueError(f"memory.micro_batches={micro_batches} must be >= 1 and divide the {rows} rows of a mini-batch "
+                         "(prompts_per_step * group_size / mini_batches)")
 
 
 def to_chunks(x, k: int):
@@ -52,12 +52,13 @@ def from_chunks(x, axis: int = 0):
     return x.reshape(*x.shape[:axis], x.shape[axis] * k, *x.shape[axis + 2:])
 
 
-def make_micro_batched_update(forward: Callable, total_loss: Callable, optimizer: optax.GradientTransformation,
+def make_micro_batched_update(forward: Callable, total_loss: Callable, optimizer_step: Callable,
                               masks, temperature: float, micro_batches: int, group_norms: Callable) -> Callable:
     """`update(params, opt_state, batch, key, apply, skip_nonfinite)` with the contract of the
     unchunked update (`policy.make_functions`), over `micro_batches` chunks of rows.
 
-    forward: `policy._response_forward`'s per-seed function; total_loss: `policy.objective`'s.
+    forward: `policy._response_forward`'s per-seed function; total_loss: `policy.objective`'s;
+    optimizer_step: the unchunked update's step (`policy.optimizer_step` with its optimizer).
     """
     k = micro_batches
 
@@ -89,27 +90,9 @@ def make_micro_batched_update(forward: Callable, total_loss: Callable, optimizer
         logp, entropy = from_chunks(logp), from_chunks(entropy)
         router_topk = from_chunks(router_topk, axis=1)  # [k, L_moe, N / k, T, top_k]
         total, stats = total_loss(logp, jnp.mean(aux_losses), batch)
-        new_params, new_opt_state, flags = optimizer_step(optimizer, params, opt_state, grads, total, batch, apply,
-                                                          skip_nonfinite)
+        new_params, new_opt_state, flags = optimizer_step(params, opt_state, grads, total, batch, apply, skip_nonfinite)
         metrics = {"loss/total": total, **flags, "entropy": dapo.masked_mean(entropy, batch.response_mask_NxTr),
                    "logp": logp, "router_topk": router_topk, **stats, **group_norms(grads, masks)}
         return new_params, new_opt_state, metrics
 
     return update
-
-
-def optimizer_step(optimizer, params, opt_state, grads, total, batch, apply, skip_nonfinite: bool):
-    """(new params, new optimizer state, {grad_norm/global, nonfinite, empty, skipped}): the step
-    of `grads`, kept only when `apply` and not skipped (no loss token, or not finite with
-    `skip_nonfinite`: `policy.make_functions`)."""
-    grad_norm = optax.tree.norm(grads)
-    updates, new_opt_state = optimizer.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
-    nonfinite = ~(jnp.isfinite(total) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates)))
-    empty = ~jnp.any(batch.response_mask_NxTr)
-    skipped = empty | (nonfinite if skip_nonfinite else False)
-    keep = ~jnp.asarray(apply) | skipped
-    new_params = jax.tree.map(lambda new, old: jnp.where(keep, old, new), new_params, params)
-    new_opt_state = jax.tree.map(lambda new, old: jnp.where(keep, old, new), new_opt_state, opt_state)
-    return new_params, new_opt_state, {"grad_norm/global": grad_norm, "nonfinite": nonfinite, "empty": empty,
-                                       "skipped": skipped}

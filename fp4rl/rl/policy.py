@@ -9,6 +9,7 @@ t - 1, so the response log-probs are `logp_NxLm1[:, Tp-1:]`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import jax
@@ -254,28 +255,43 @@ def make_functions(graphdef, recipe: PrecisionRecipe, optimizer: optax.GradientT
     memory: how the update trades compute for activation memory (`UpdateMemory`).
     """
     forward = _response_forward(graphdef, recipe, prompt_len, impl, temperature, memory)
-    micro_batches = memory.micro_batches
     total_loss = objective(loss, aux_loss_coef)
 
-    def update(params, opt_state, batch: Batch, key, apply, skip_nonfinite: bool):
+    def update_all_rows(params, opt_state, batch: Batch, key, apply, skip_nonfinite: bool):
         (logp, aux_loss), backward, (logits, router_topk) = jax.vjp(
             lambda p: forward(p, batch.tokens_NxL, batch.valid_NxL, key), params, has_aux=True)
         (total, stats), (dlogp, daux) = jax.value_and_grad(
             lambda lp, al: total_loss(lp, al, batch), argnums=(0, 1), has_aux=True)(logp, aux_loss)
         # The backward runs only in the update pass; the forward above is shared by both passes.
         grads = jax.lax.cond(apply, lambda: backward((dlogp, daux))[0], lambda: jax.tree.map(jnp.zeros_like, params))
-        new_params, new_opt_state, flags = micro_batch.optimizer_step(optimizer, params, opt_state, grads, total, batch,
-                                                                      apply, skip_nonfinite)
+        new_params, new_opt_state, flags = optimizer_step(optimizer, params, opt_state, grads, total, batch, apply,
+                                                          skip_nonfinite)
         entropy = dapo.masked_mean(dapo.token_entropy(logits, temperature), batch.response_mask_NxTr)
         metrics = {"loss/total": total, **flags, "entropy": entropy, "logp": logp, "router_topk": router_topk,
                    **stats, **group_norms(grads, masks)}
         return new_params, new_opt_state, metrics
 
-    if micro_batches > 1:
-        chunked = micro_batch.make_micro_batched_update(forward, total_loss, optimizer, masks, temperature,
-                                                        micro_batches, group_norms)
-    return {"response_logprobs": response_logprobs_fn(graphdef, recipe, prompt_len, impl, temperature),
-            "update": update if micro_batches == 1 else chunked}
+    update = update_all_rows if memory.micro_batches == 1 else micro_batch.make_micro_batched_update(
+        forward, total_loss, functools.partial(optimizer_step, optimizer), masks, temperature, memory.micro_batches,
+        group_norms)
+    return {"response_logprobs": response_logprobs_fn(graphdef, recipe, prompt_len, impl, temperature), "update": update}
+
+
+def optimizer_step(optimizer, params, opt_state, grads, total, batch, apply, skip_nonfinite: bool):
+    """(new params, new optimizer state, {grad_norm/global, nonfinite, empty, skipped}): the step
+    of `grads`, kept only when `apply` and not skipped (no loss token, or not finite with
+    `skip_nonfinite`: `make_functions`); the unchunked and the micro-batched update share it."""
+    grad_norm = optax.tree.norm(grads)
+    updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    nonfinite = ~(jnp.isfinite(total) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates)))
+    empty = ~jnp.any(batch.response_mask_NxTr)
+    skipped = empty | (nonfinite if skip_nonfinite else False)
+    keep = ~jnp.asarray(apply) | skipped
+    new_params = jax.tree.map(lambda new, old: jnp.where(keep, old, new), new_params, params)
+    new_opt_state = jax.tree.map(lambda new, old: jnp.where(keep, old, new), new_opt_state, opt_state)
+    return new_params, new_opt_state, {"grad_norm/global": grad_norm, "nonfinite": nonfinite, "empty": empty,
+                                       "skipped": skipped}
 
 
 def make_optimizer(lr: float, warmup_steps: int, weight_decay: float, b1: float, b2: float, clip_norm: float) -> optax.GradientTransformation:

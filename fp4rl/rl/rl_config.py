@@ -18,7 +18,7 @@ from fp4rl.grouped import AUTO, check_gemm
 from fp4rl.model.config import ModelConfig
 from fp4rl.parallel.mesh import MeshConfig
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import policy, resume, sft
+from fp4rl.rl import micro_batch, policy, resume, sft
 from fp4rl.rl.run_dir import read_json
 from fp4rl.rl.run_settings import expert_gemm_of
 from fp4rl.rl.task import TaskConfig
@@ -158,22 +158,20 @@ class RLConfig:
             raise ValueError(f"on_nonfinite={self.on_nonfinite!r}; valid options: skip, stop")
         if self.resume not in resume.RESUME_OPTIONS:
             raise ValueError(f"resume={self.resume!r}; valid options: {', '.join(resume.RESUME_OPTIONS)}")
-        # Every device takes an equal share of each mini-batch's (and each rollout's) rows.
-        self.mesh.check_rows(self.prompts_per_step * self.group_size // self.mini_batches,
-                             "prompts_per_step * group_size / mini_batches")
+        # Every device takes an equal share of each mini-batch's (and each rollout's) rows, and of
+        # each micro-batch's.
         rows = self.prompts_per_step * self.group_size // self.mini_batches
-        if rows % self.memory.micro_batches:
-            raise ValueError(f"memory.micro_batches={self.memory.micro_batches} must divide the {rows} rows of a "
-                             "mini-batch (prompts_per_step * group_size / mini_batches)")
-        self.mesh.check_rows(rows // self.memory.micro_batches,
-                             "prompts_per_step * group_size / mini_batches / memory.micro_batches")
+        self.mesh.check_rows(rows, "prompts_per_step * group_size / mini_batches")
+        if self.memory.micro_batches > 1:
+            micro_batch.check_micro_batches(self.memory.micro_batches, rows)
+            self.mesh.check_rows(rows // self.memory.micro_batches,
+                                 "prompts_per_step * group_size / mini_batches / memory.micro_batches")
         if not 1 <= self.overlong_buffer <= self.max_new_tokens:
             raise ValueError(f"overlong_buffer={self.overlong_buffer} must be in [1, max_new_tokens={self.max_new_tokens}] "
                              "(DAPO's overlong shaping starts that many tokens before the limit)")
         if self.data_file and self.eval_every:
             raise ValueError(f"eval_every={self.eval_every} evaluates on the procedural task's held-out stream, which a "
                              f"data_file run does not train on: set eval_every=0 with data_file={self.data_file!r}")
-
 
 
 def arm_dir(config: RLConfig) -> Path:

@@ -208,7 +208,7 @@ class Trainer:
     def lowerings(self) -> list[tuple[str, tuple, Callable[[], Any]]]:
         """(name, key, lower) of the programs `compile_tasks` compiles: "sync", "sample", "update";
         `lower()` returns the program lowered for the abstract arguments `step` passes (also what
-        tools/program_digest.py hashes). None on a mesh (see `compile_tasks`)."""
+        tools/program_digest.py hashes); none on a mesh (see `compile_tasks`)."""
         if self.mesh is not None:
             return []
         c = self.config

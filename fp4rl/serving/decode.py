@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from fp4rl.model.sampler import sample_token
+from fp4rl.model.sampler import is_stop, sample_token
 from fp4rl.model.transformer import forward, init_cache
 
 F32 = jnp.float32
@@ -103,8 +103,7 @@ def generate_rows(graphdef, recipe, impl: str, T: int, qparams, rows: RowParams,
         logp_B = jnp.where(done_B, 0.0, logp_B)
         lengths = lengths + (~done_B).astype(jnp.int32)
         out = (tokens.at[:, t].set(token_B), logprobs.at[:, t].set(logp_B), lengths)
-        stopped_B = jnp.any(token_B[:, None] == stop_S[None, :], axis=1)
-        return token_B, done_B | stopped_B | (lengths >= max_tokens_B), out
+        return token_B, done_B | is_stop(token_B, stop_S) | (lengths >= max_tokens_B), out
 
     out = (jnp.full((B, T), pad_id, jnp.int32), jnp.zeros((B, T), F32), jnp.zeros((B,), jnp.int32))
     logits_BxV, cache = step_model(prompt_BxP, prompt_valid_BxP, cache)
