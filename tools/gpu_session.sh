@@ -38,7 +38,10 @@
 #   bash tools/gpu_session.sh decode    # bench_decode (bf16, full) x expert GEMM backend (DECODE_GEMMS), each with a
 #                                       # profiled call: per-kernel time per step
 #   bash tools/gpu_session.sh probe     # compiled Mosaic bf16 cases vs the NumPy oracle, field by field
-# The image lacks grain/tensorboardX: carried as wheels in .whl/ (see README "GPU runs").
+#   bash tools/gpu_session.sh hf        # the `hf` preset (the paper's path) on a local ~320M-parameter Qwen3-MoE
+#                                       # checkpoint and DAPO-Math-style rows: HF_STEPS RL steps, step time and memory
+# The image lacks grain/tensorboardX (and tokenizers/jinja2/safetensors for `hf`): carried as wheels in .whl/
+# (see README "GPU runs").
 # Each step has its own time limit and logs to $OUT/log.txt; results are tarred into $OUT.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -373,6 +376,20 @@ PY
       --rollouts_file=$dir/rollouts.npz --out="$dir/${GRAD_PART:-all}" ${GRAD_ARGS:-}
     cp "$log" "$dir/${GRAD_PART:-all}.log" && cp runs/h200/sft/sft_meta.json "$dir/warmup_meta.json"
     tar czf "$OUT/gradients.tgz" "$dir"
+    ;;
+  hf)
+    # The paper's path compiled: a local Qwen3-MoE of ~320M parameters (fp4rl.model.hf_local: random
+    # weights, its own BPE tokenizer and chat template, 8k positions) and 512 DAPO-Math-style rows, RL
+    # with the `hf` preset's shapes (32 prompts x 16, 1k prompt + 7k response tokens, remat, chunked
+    # attention, 16 micro-batches) on one GPU; metrics (time/step_s, memory/peak_gb) come back in hf.tgz.
+    dir=runs/hf
+    step hf_checkpoint 240 python -m fp4rl.model.hf_local $dir/qwen3_300m --size=300m \
+      --rows=$dir/rows.jsonl --num_rows=512 || exit 1
+    # shellcheck disable=SC2086  # HF_ARGS are words
+    step hf_rl "${HF_SECONDS:-480}" python -m experiments.rl --preset hf --model.hf=$dir/qwen3_300m \
+      --rl.data_file=$dir/rows.jsonl --rl.steps="${HF_STEPS:-4}" --rl.out=$dir/rl ${HF_ARGS:-}
+    cp "$log" $dir/log.txt
+    tar czf "$OUT/hf.tgz" --exclude=checkpoint --exclude=tb $dir/rl $dir/log.txt $dir/qwen3_300m/config.json
     ;;
   *)
     # the modes are this script's case labels
