@@ -162,10 +162,7 @@ class RLConfig:
         # each micro-batch's.
         rows = self.prompts_per_step * self.group_size // self.mini_batches
         self.mesh.check_rows(rows, "prompts_per_step * group_size / mini_batches")
-        if self.memory.micro_batches > 1:
-            micro_batch.check_micro_batches(self.memory.micro_batches, rows)
-            self.mesh.check_rows(rows // self.memory.micro_batches,
-                                 "prompts_per_step * group_size / mini_batches / memory.micro_batches")
+        micro_batch.check_micro_batches(self.memory.micro_batches, rows, self.mesh.size)
         if not 1 <= self.overlong_buffer <= self.max_new_tokens:
             raise ValueError(f"overlong_buffer={self.overlong_buffer} must be in [1, max_new_tokens={self.max_new_tokens}] "
                              "(DAPO's overlong shaping starts that many tokens before the limit)")
