@@ -5,6 +5,7 @@ one program. From a Hugging Face Qwen-MoE checkpoint instead (no warm-up: the ch
 initial policy; its tokenizer, chat template and stop tokens are used), on DAPO-Math-17k rows:
 
     python -m experiments.rl --preset hf --model.hf=DIR --rl.data_file=FILE [--mesh.data=N --mesh.expert=M]
+        [--rl.eval_every=N --rl.eval_file=HELD_OUT_FILE]
 
 Every setting is spelled `--key` or `--rl.key`. Rerunning the same command resumes an interrupted
 run; rerunning it with other settings is refused unless `--resume=force` (`fp4rl.rl.resume`).
@@ -47,9 +48,9 @@ def main(argv=None) -> None:
         inputs = run_inputs.load(config)
     except run_inputs.InputError as err:
         _fail(err)
-    if inputs.rows is not None:
-        dropped = ", ".join(f"{k} {v}" for k, v in inputs.rows.dropped.items() if v) or "none"
-        print(f"{config.data_file}: {len(inputs.rows.prompts)} of {inputs.rows.num_read} rows used (dropped: {dropped})")
+    for path, rows in ((config.data_file, inputs.rows), (config.eval_file, inputs.eval_rows)):
+        if rows is not None:
+            print(f"{path}: {len(rows.prompts)} of {rows.num_read} rows usable (dropped: {run_inputs.dropped_summary(rows)})")
     history = trainer.train(config, inputs=inputs)
     last = [h[-1] for h in history if h]
     for seed, record in enumerate(last):

@@ -167,7 +167,9 @@ RL_PRESETS.update({name: _ladder_rl(name) for name in _LADDER})
 # warm-up) on DAPO-Math-17k (--rl.data_file=FILE). Sequences of 8k tokens (1k of prompt: DAPO-Math
 # prompts with a chat template are a few hundred tokens), DAPO's group of 16 and learning rate 1e-6,
 # its overlong buffer scaled to the shorter limit; 32 prompts x 16 in 4 mini-batches of 128 rows,
-# which split evenly over 8 devices. No held-out evaluation: it is defined on the procedural task.
+# which split evenly over 8 devices. No held-out evaluation by default: it needs held-out rows of the
+# data set's format (--rl.eval_every=N --rl.eval_file=FILE: greedy and sampled accuracy on its first
+# eval_prompts usable rows).
 # The update rematerialises each layer, attends in chunks of 1,024 queries and runs each mini-batch
 # as 16 micro-batches of 8 rows (one row per device on 8 devices): without these its activations
 # alone need terabytes per device (docs/parallel.md "Memory per device").

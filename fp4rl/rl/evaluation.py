@@ -2,7 +2,7 @@
 
 The warm-up is calibrated on the sampled accuracy of the RL difficulty band (docs/rl.md); the
 final held-out accuracy of an RL run is greedy, on problems from a task seed the training
-data never uses.
+data never uses, or, for a run on a data file, on the rows of its eval file.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from fp4rl.model import sync as model_sync
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import data, tokenizer, verifier
 from fp4rl.rl.codec import CHAR, TextCodec
+from fp4rl.rl.math_file import MathRows
 from fp4rl.rl.task import TaskConfig, make_problem
 
 
@@ -110,3 +111,17 @@ def accuracy_table_markdown(rows: list[dict]) -> str:
 def held_out_prompts(task: TaskConfig, task_seed: int, num: int, prompt_len: int, rows: int, codec: TextCodec = CHAR):
     """The held-out problems as fixed-shape prompt batches of `rows` (the rollout batch shape)."""
     return prompt_batches([make_problem(i, task_seed, task) for i in range(num)], prompt_len, rows, codec)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOutRow:
+    """A held-out row of a data file (`math_file.MathRows`): what `prompt_batches` reads of a problem."""
+
+    prompt: str
+    answer: int
+
+
+def held_out_file_prompts(math_rows: MathRows, num: int, prompt_len: int, rows: int, codec: TextCodec):
+    """The first `num` usable rows of an eval file, batched as `held_out_prompts` batches problems."""
+    chosen = [HeldOutRow(p, a) for p, a in zip(math_rows.prompts[:num], math_rows.answers[:num])]
+    return prompt_batches(chosen, prompt_len, rows, codec)

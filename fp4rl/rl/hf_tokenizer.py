@@ -167,9 +167,13 @@ class HFCodec:
 
     def render(self, prompt: str) -> str:
         """The chat template applied to one user message, with the generation prompt."""
+        return self.render_messages([{"role": "user", "content": prompt}])
+
+    def render_messages(self, messages: list[dict]) -> str:
+        """The chat template applied to a conversation ({role, content} dicts), with the generation
+        prompt: the text the model continues as the assistant (the server's chat route)."""
         try:
-            return self.template.render(messages=[{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                        **self.special_tokens)
+            return self.template.render(messages=messages, add_generation_prompt=True, **self.special_tokens)
         except jinja2.exceptions.TemplateError as err:
             raise ValueError(f"{self.name}: the chat template failed: {err}") from None
 

@@ -33,11 +33,24 @@ import jax.numpy as jnp
 from fp4rl.rl import dapo
 
 
-def check_micro_batches(micro_batches: int, rows: int) -> None:
-    """A mini-batch of `rows` rows splits into `micro_batches` equal chunks."""
+def valid_micro_batches(rows: int, devices: int = 1) -> list[int]:
+    """The chunk counts that split `rows` rows into equal chunks, each with an equal share on every
+    one of `devices` devices (data parallelism splits each chunk's rows over them)."""
+    return [k for k in range(1, rows + 1) if rows % k == 0 and (rows // k) % devices == 0]
+
+
+def check_micro_batches(micro_batches: int, rows: int, devices: int = 1) -> None:
+    """A mini-batch of `rows` rows splits into `micro_batches` equal chunks, and on a mesh of
+    `devices` devices every chunk splits evenly over them."""
     if micro_batches < 1 or rows % micro_batches:
         raise ValueError(f"memory.micro_batches={micro_batches} must be >= 1 and divide the {rows} rows of a mini-batch "
-                         "(prompts_per_step * group_size / mini_batches)")
+                         f"(prompts_per_step * group_size / mini_batches); valid options: "
+                         f"{', '.join(map(str, valid_micro_batches(rows)))}")
+    if (rows // micro_batches) % devices:
+        raise ValueError(f"memory.micro_batches={micro_batches} leaves {rows // micro_batches} rows per micro-batch, "
+                         f"not a multiple of the mesh's devices (every device takes an equal share of each "
+                         f"micro-batch's rows); valid options on mesh.data * mesh.expert = {devices} devices: "
+                         f"{', '.join(map(str, valid_micro_batches(rows, devices)))}")
 
 
 def to_chunks(x, k: int):

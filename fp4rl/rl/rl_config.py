@@ -90,6 +90,9 @@ class RLConfig:
     final accuracy) and sampled accuracy at `temperature` (`eval/sampled_accuracy`), the same
     sampling keys at every evaluation so that differences between steps are not sampling noise;
     the policy before any update is evaluated too (`eval/initial_*`, logged with step 0).
+    eval_file: the held-out rows of a data_file run (same formats and columns as data_file; rows
+      the verifier cannot judge are dropped as for training): its first `eval_prompts` usable rows
+      replace the procedural stream, with the same metrics; "" with data_file: no evaluation.
     resume: "check" refuses to resume a checkpoint under settings other than its config.json's
     (see `fp4rl.rl.resume`, which lists the few that may differ); "force" resumes under the new
     settings and records the change in config_changes.jsonl.
@@ -129,6 +132,7 @@ class RLConfig:
     init: str = "runs/sft"
     model: ModelSource = ModelSource()
     data_file: str = ""
+    eval_file: str = ""
     prompt_key: str = "prompt"
     answer_key: str = ""
     out: str = "runs/rl"
@@ -162,16 +166,27 @@ class RLConfig:
         # each micro-batch's.
         rows = self.prompts_per_step * self.group_size // self.mini_batches
         self.mesh.check_rows(rows, "prompts_per_step * group_size / mini_batches")
-        if self.memory.micro_batches > 1:
-            micro_batch.check_micro_batches(self.memory.micro_batches, rows)
-            self.mesh.check_rows(rows // self.memory.micro_batches,
-                                 "prompts_per_step * group_size / mini_batches / memory.micro_batches")
+        micro_batch.check_micro_batches(self.memory.micro_batches, rows, self.mesh.size)
         if not 1 <= self.overlong_buffer <= self.max_new_tokens:
             raise ValueError(f"overlong_buffer={self.overlong_buffer} must be in [1, max_new_tokens={self.max_new_tokens}] "
                              "(DAPO's overlong shaping starts that many tokens before the limit)")
-        if self.data_file and self.eval_every:
-            raise ValueError(f"eval_every={self.eval_every} evaluates on the procedural task's held-out stream, which a "
-                             f"data_file run does not train on: set eval_every=0 with data_file={self.data_file!r}")
+        self._check_evaluation()
+
+    def _check_evaluation(self):
+        """A data_file run evaluates on held-out rows of eval_file; every other run on the procedural
+        task's held-out stream, which a data_file run does not train on."""
+        if self.eval_file and not self.data_file:
+            raise ValueError(f"eval_file={self.eval_file!r} holds held-out rows for a data_file run; without data_file the "
+                             "evaluation is the procedural task's held-out stream (eval_task_seed): drop eval_file")
+        if self.eval_file and not self.eval_every:
+            raise ValueError(f"eval_file={self.eval_file!r} is read by the held-out evaluation only: set eval_every > 0 "
+                             "(steps between evaluations), or drop eval_file")
+        if self.data_file and self.eval_every and not self.eval_file:
+            raise ValueError(f"eval_every={self.eval_every} with data_file={self.data_file!r} needs eval_file=FILE, held-out "
+                             "rows in data_file's format (the procedural task's stream is not this run's task); or set "
+                             "eval_every=0")
+        if self.eval_every and self.eval_prompts < 1:
+            raise ValueError(f"eval_prompts={self.eval_prompts} must be >= 1 when eval_every={self.eval_every}")
 
 
 def arm_dir(config: RLConfig) -> Path:

@@ -31,7 +31,9 @@ class InputError(ValueError):
 class RunInputs:
     """graphdef / params: the initial policy (also the KL reference). meta: the warm-up's
     sft_meta.json, or for a checkpoint {"model_config", "hf"}; `meta["model_config"]` is the model's
-    config as a dict either way. rows: the data file's rows (None: the procedural task)."""
+    config as a dict either way. rows: the data file's rows (None: the procedural task). eval_rows: the
+    eval file's usable rows, all of them (None: no eval_file; the trainer evaluates the first
+    `eval_prompts`)."""
 
     graphdef: object
     params: object
@@ -39,6 +41,7 @@ class RunInputs:
     codec: TextCodec
     records: grain.MapDataset
     rows: MathRows | None
+    eval_rows: MathRows | None = None
 
     @property
     def model_config(self) -> ModelConfig:
@@ -65,21 +68,43 @@ def _hf_policy(config: RLConfig):
     return model.graphdef, model.params, meta, codec
 
 
-def _records(config: RLConfig, codec: TextCodec) -> tuple[grain.MapDataset, MathRows | None]:
-    if not config.data_file:
-        return data.problem_records(config.task, config.task_seed, data.DataConfig().num_problems), None
+def dropped_summary(rows: MathRows) -> str:
+    """"not_integer 1, too_long 2" (or "none"): why rows of a file were not used."""
+    return ", ".join(f"{k} {v}" for k, v in rows.dropped.items() if v) or "none"
+
+
+def _math_rows(config: RLConfig, path: str, codec: TextCodec) -> MathRows:
+    """A data or eval file's usable rows (prompts that fit prompt_len, integer ground truths)."""
     try:
-        rows = load_math_rows(config.data_file, prompt_key=config.prompt_key, answer_key=config.answer_key or None,
+        return load_math_rows(path, prompt_key=config.prompt_key, answer_key=config.answer_key or None,
                               codec=codec, max_prompt_tokens=config.prompt_len)
     except KeyError as err:  # a row without the columns: its message names the file and the row
         raise InputError(err.args[0]) from None
-    except (ValueError, ImportError, FileNotFoundError) as err:
+    except OSError as err:  # a missing or unreadable file: strerror and the path, one line
+        raise InputError(f"{path}: cannot read the file ({err.strerror or err})") from None
+    except (ValueError, ImportError) as err:
         raise InputError(str(err)) from None
+
+
+def _records(config: RLConfig, codec: TextCodec) -> tuple[grain.MapDataset, MathRows | None]:
+    if not config.data_file:
+        return data.problem_records(config.task, config.task_seed, data.DataConfig().num_problems), None
+    rows = _math_rows(config, config.data_file, codec)
     if len(rows.prompts) < config.prompts_per_step:
-        dropped = ", ".join(f"{k} {v}" for k, v in rows.dropped.items() if v) or "none"
-        raise InputError(f"{config.data_file}: {len(rows.prompts)} usable rows of {rows.num_read} (dropped: {dropped}), "
-                         f"fewer than prompts_per_step={config.prompts_per_step}")
+        raise InputError(f"{config.data_file}: {len(rows.prompts)} usable rows of {rows.num_read} "
+                         f"(dropped: {dropped_summary(rows)}), fewer than prompts_per_step={config.prompts_per_step}")
     return data.file_records(rows), rows
+
+
+def _eval_rows(config: RLConfig, codec: TextCodec) -> MathRows | None:
+    if not config.eval_file:
+        return None
+    rows = _math_rows(config, config.eval_file, codec)
+    if not rows.prompts:
+        raise InputError(f"eval_file {config.eval_file}: no usable row of {rows.num_read} (dropped: "
+                         f"{dropped_summary(rows)}); the held-out evaluation needs rows with integer ground truths "
+                         f"whose prompts fit prompt_len={config.prompt_len} tokens")
+    return rows
 
 
 def load(config: RLConfig, warmup=None) -> RunInputs:
@@ -94,4 +119,4 @@ def load(config: RLConfig, warmup=None) -> RunInputs:
         graphdef, params, meta = sft.load(config.init) if warmup is None else warmup
         codec = CHAR
     records, rows = _records(config, codec)
-    return RunInputs(graphdef, params, meta, codec, records, rows)
+    return RunInputs(graphdef, params, meta, codec, records, rows, _eval_rows(config, codec))

@@ -149,9 +149,7 @@ class Trainer:
         scfg = evaluation.sampler_config(config.max_new_tokens, config.temperature, config.top_p, self.codec)
         self._sync, self._sample = _forward_programs(
             self.graphdef, self.model_config, self.recipe.forward_only(), scfg, config.impl)
-        self._eval_batches = (evaluation.held_out_prompts(config.task, config.eval_task_seed, config.eval_prompts,
-                                                          config.prompt_len, config.prompts_per_step * config.group_size,
-                                                          self.codec) if config.eval_every else [])
+        self._eval_batches = self._held_out_batches(inputs)
         dcfg = lambda seed: data.DataConfig(batch_size=config.prompts_per_step, max_len=config.prompt_len,  # noqa: E731
                                             shuffle_seed=seed, task_seed=config.task_seed)
         self.iterators = [data.iterate(data.prompt_batches(inputs.records, dcfg(s), self.codec), dcfg(s))
@@ -167,6 +165,20 @@ class Trainer:
         # Checked here, before anything compiles; only a run with a checkpoint resumes (without one
         # it starts over and rewrites config.json).
         self.setting_changes = check_settings(requested, self.warmup_config) if self.ckpt.steps() else {}
+
+    def _held_out_batches(self, inputs: run_inputs.RunInputs):
+        """The evaluation's prompt batches, in the rollout's shape (one compiled sampler): the first
+        eval_prompts usable rows of eval_file for a data-file run, else the procedural held-out stream."""
+        c = self.config
+        rows = c.prompts_per_step * c.group_size
+        if not c.eval_every:
+            return []
+        if c.eval_file:
+            if inputs.eval_rows is None:
+                raise ValueError(f"eval_file={c.eval_file!r} but the run's inputs hold no eval rows: load them with "
+                                 "run_inputs.load(config) for this config")
+            return evaluation.held_out_file_prompts(inputs.eval_rows, c.eval_prompts, c.prompt_len, rows, self.codec)
+        return evaluation.held_out_prompts(c.task, c.eval_task_seed, c.eval_prompts, c.prompt_len, rows, self.codec)
 
     @functools.cached_property
     def ref_params_S(self):
@@ -447,6 +459,10 @@ class Trainer:
         start_from = f"checkpoint {c.model.hf}" if c.model.hf else f"warm-up {c.init}"
         log(f"rl {c.arm}: seeds {self.seeds}, {c.steps} steps, {start_from}, run directory {self.dir}; "
             f"{self.layer_map['summary']}")
+        if c.eval_every:
+            held_out = sum(len(answers) for _, _, answers in self._eval_batches)
+            source = f"rows of {c.eval_file}" if c.eval_file else f"problems of stream {c.eval_task_seed}"
+            log(f"held-out evaluation every {c.eval_every} steps and at the last: {held_out} {source}")
         state, start = self._restore_or_init(log)
         if start:
             log(f"resuming from step {start} (checkpoint of step {start - 1} in {self.ckpt.directory})")

@@ -16,7 +16,9 @@ ids, completions as `token_ids`). Its stop tokens are every end-of-sequence id t
 read as the RL path reads them (`fp4rl.rl.hf_tokenizer.stop_ids`: generation_config.json's, then
 tokenizer_config.json's `eos_token`, then config.json's), so a chat model stops at the end of its
 turn and at the end of text alike; a folder naming none is served without a stop token (rows run
-to their token budget).
+to their token budget). The chat route (`fp4rl.serving.chat`) renders conversations with the folder's
+chat template (`fp4rl.rl.hf_tokenizer.HFCodec`, as the RL prompts are rendered); a folder without
+one, and the character tokenizer's checkpoints, have no chat.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from fp4rl.model.config import ModelConfig
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import policy, sft, tokenizer
 from fp4rl.rl.checkpoint import Checkpointer
+from fp4rl.rl.hf_tokenizer import HFCodec
 from fp4rl.rl.hf_tokenizer import stop_ids as hf_stop_ids
 
 
@@ -45,6 +48,8 @@ class ServedModel:
     tokenizer, or `hf_tokenizer`); otherwise prompts are token ids. stop_ids: the ids that end a
     row, any of them (empty: rows run to their token budget). pad_id: the padding id.
     hf_tokenizer: a Hugging Face checkpoint's tokenizer.json, when it has one.
+    chat: the folder's tokenizer and chat template, when it has both; otherwise None and
+    `no_chat` says why (the chat route's error).
     """
 
     path: str
@@ -58,6 +63,8 @@ class ServedModel:
     pad_id: int
     bos_id: int | None
     hf_tokenizer: tokenizers.Tokenizer | None = None
+    chat: HFCodec | None = None
+    no_chat: str = "the character tokenizer's checkpoints have no chat template (their prompts are task text)"
 
     def encode(self, prompt: str) -> list[int]:
         """Token ids of a text prompt: with the character tokenizer BOS, then one token per
@@ -116,9 +123,18 @@ def _load_hf(path: Path) -> ServedModel:
     pad = hf_config.get("pad_token_id")
     bos = hf_config.get("bos_token_id")
     text_tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json")) if (path / "tokenizer.json").is_file() else None
+    chat, no_chat = _chat_codec(path)
     return ServedModel(str(path), "hf", model.graphdef, model.params, model.config, "bf16", text_tokenizer is not None,
                        hf_stop_ids(path, text_tokenizer), 0 if pad is None else int(pad),
-                       None if bos is None else int(bos), text_tokenizer)
+                       None if bos is None else int(bos), text_tokenizer, chat, no_chat)
+
+
+def _chat_codec(path: Path) -> tuple[HFCodec | None, str]:
+    """The folder's chat codec, or None and why not (it serves completions all the same)."""
+    try:
+        return HFCodec.from_dir(path), ""
+    except ValueError as err:
+        return None, str(err)
 
 
 def load(path: str | Path, seed_index: int = 0) -> ServedModel:

@@ -267,7 +267,7 @@ def _logprobs(choice: Choice, offsets: list[int], sl: slice = slice(None)) -> di
             "text_offset": offsets[sl]}
 
 
-def _usage(prompt_tokens: int, choices: Sequence[Choice]) -> dict:
+def usage_body(prompt_tokens: int, choices: Sequence[Choice]) -> dict:
     completion = sum(c.completion_tokens for c in choices)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
 
@@ -291,7 +291,7 @@ def completion_body(model: str, fingerprint: str, prompt_tokens: int, choices: S
         "logprobs": _logprobs(c, c.text_offset) if logprobs else None,
         "finish_reason": c.finish_reason,
     } for index, c in enumerate(choices)])
-    body["usage"] = _usage(prompt_tokens, choices)
+    body["usage"] = usage_body(prompt_tokens, choices)
     return body
 
 
@@ -323,4 +323,4 @@ class Stream:
                             "finish_reason": choice.finish_reason}])
 
     def usage_chunk(self, prompt_tokens: int, choices: Sequence[Choice]) -> dict | None:
-        return self._chunk([], _usage(prompt_tokens, choices)) if self.include_usage else None
+        return self._chunk([], usage_body(prompt_tokens, choices)) if self.include_usage else None

@@ -1,14 +1,13 @@
 """An OpenAI-compatible HTTP server for one quantized deployment, on the standard library's
 threading HTTP server (the GPU image has no web framework, and one route family needs none).
 
-    POST /v1/completions   the completions API (`protocol`), dynamically batched (`batcher`);
-                           `stream: true` answers with server-sent events
-    GET  /v1/models        the served model, with its quantization and recipe (`/v1/models/{id}` too)
-    GET  /health           liveness plus the deployment and the batcher's counters
-
-There is no `/v1/chat/completions`: the served models have no chat template (task prompts are
-plain text for the character tokenizer), so a chat request gets a 404 rather than an invented
-conversation format.
+    POST /v1/completions       the completions API (`protocol`), dynamically batched (`batcher`);
+                               `stream: true` answers with server-sent events
+    POST /v1/chat/completions  the chat API (`chat`) for a Hugging Face folder with a chat template:
+                               the messages rendered by the template, then the completions route's
+                               generation; any other checkpoint answers 400 (no invented template)
+    GET  /v1/models            the served model, with its quantization and recipe (`/v1/models/{id}` too)
+    GET  /health               liveness plus the deployment and the batcher's counters
 
 Every error is an OpenAI-style JSON body with a 4xx/5xx status (unknown routes and malformed HTTP
 included); a bad request never stops the server. Each connection has its own thread (HTTP/1.1
@@ -38,7 +37,7 @@ import urllib.parse
 from pathlib import Path
 
 from fp4rl.rl.sft import params_digest
-from fp4rl.serving import checkpoints, deployment
+from fp4rl.serving import chat, checkpoints, deployment
 from fp4rl.serving.batcher import Batcher, QueueFull
 from fp4rl.serving.engine import Engine, RowRequest, RowResult
 from fp4rl.serving.protocol import (APIError, Choice, CompletionRequest, Limits, Stream, completion_body, error_body,
@@ -47,7 +46,7 @@ from fp4rl.serving.serve_config import ServeConfig
 
 MAX_BODY_BYTES = 8 << 20
 KEEP_ALIVE_S = 30.0  # an idle keep-alive connection's thread ends after this
-ROUTES = {"/health": "GET", "/v1/models": "GET", "/v1/completions": "POST"}
+ROUTES = {"/health": "GET", "/v1/models": "GET", "/v1/completions": "POST", "/v1/chat/completions": "POST"}
 
 
 @dataclasses.dataclass
@@ -91,6 +90,7 @@ def _describe(service: Service) -> dict:
         "checkpoint_kind": dep.model.kind,
         "trained_recipe": dep.model.trained_recipe,
         "text_prompts": dep.model.text,
+        "chat": dep.model.chat is not None,
         "max_prompt_tokens": cfg.max_prompt_tokens,
         "max_tokens": cfg.max_new_tokens,
         "max_batch": cfg.max_batch,
@@ -142,6 +142,18 @@ def _rows(service: Service, body) -> tuple[CompletionRequest, list[list[int]], l
     return request, prompts, jobs
 
 
+def _chat_prompt(service: Service, messages: list[dict]) -> str:
+    """The conversation as the text the model continues (its chat template, the generation prompt)."""
+    model = service.engine.model
+    if model.chat is None:
+        raise APIError(400, f"the model {service.name!r} has no chat template, so it serves /v1/completions only: "
+                       f"{model.no_chat}", param="messages", code="chat_not_supported")
+    try:
+        return model.chat.render_messages(messages)
+    except ValueError as e:  # the template refused the conversation (raise_exception), e.g. roles out of order
+        raise APIError(400, str(e), param="messages", code="invalid_messages") from None
+
+
 def _choices(service: Service, results: list[RowResult], stop: tuple[str, ...]) -> list[Choice]:
     model = service.engine.model
     return [make_choice(r, [model.decode([t]) for t in r.token_ids], stop) for r in results]
@@ -156,6 +168,13 @@ def _result(future: concurrent.futures.Future) -> list[RowResult]:
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _json_body(raw: bytes):
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+        raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -195,6 +214,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                                    f"{self.service.name!r}", type="not_found_error", param="model",
                                    code="model_not_found")
                 self._send_json(200, _model_entry(self.service))
+            elif path == "/v1/chat/completions":
+                self._chat_completions(raw)
             else:
                 self._completions(raw)
         except (BrokenPipeError, ConnectionResetError):
@@ -231,17 +252,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 "tokens": stats.tokens, "tokens_per_second": stats.tokens_per_second,
                 "compile_seconds": service.compile_seconds, "uptime_seconds": time.time() - service.started}
 
-    def _completions(self, raw: bytes) -> None:
-        service = self.service
+    def _submit(self, jobs: list[list[RowRequest]]) -> list[concurrent.futures.Future]:
         try:
-            body = json.loads(raw, parse_constant=_no_constant)
-        except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
-            raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
-        request, prompts, jobs = _rows(service, body)
-        try:
-            futures = [service.batcher.submit(rows) for rows in jobs]
+            return [self.service.batcher.submit(rows) for rows in jobs]
         except QueueFull as e:
             raise APIError(503, f"{e}; retry later", type="overloaded_error", code="queue_full") from None
+
+    def _chat_completions(self, raw: bytes) -> None:
+        service = self.service
+        messages, body = chat.parse_chat(_json_body(raw))
+        try:
+            request, prompts, jobs = _rows(service, {**body, "prompt": _chat_prompt(service, messages)})
+        except APIError as e:  # the rendered conversation is this route's prompt: name the field the client sent
+            if e.param == "prompt":
+                e.param = "messages"
+            raise
+        choices = [c for f in self._submit(jobs) for c in _choices(service, _result(f), request.stop)]
+        self._send_json(200, chat.chat_completion_body(service.name, service.fingerprint, sum(map(len, prompts)),
+                                                       choices))
+
+    def _completions(self, raw: bytes) -> None:
+        service = self.service
+        request, prompts, jobs = _rows(service, _json_body(raw))
+        futures = self._submit(jobs)
         prompt_tokens = sum(map(len, prompts))
         logprobs = request.logprobs is not None
         if not request.stream:

@@ -285,7 +285,10 @@ def test_malformed_json_http_and_unknown_routes(client, server):
                              (client.post("/v1/completions", content=b"\xff\xfe"), 400),
                              (client.post("/v1/completions", content=b'{"model": "smoke-nvfp4", "prompt": "a", '
                                                                      b'"temperature": NaN}'), 400),
-                             (client.post("/v1/chat/completions", json={"model": MODEL, "messages": []}), 404),
+                             (client.post("/v1/chat/completions", json={"model": MODEL, "messages": []}), 400),
+                             # the character tokenizer has no chat template: refused, not answered in an invented format
+                             (client.post("/v1/chat/completions", json={"model": MODEL, "messages": [
+                                 {"role": "user", "content": "a=1. b=a+1. What is b?"}]}), 400),
                              (client.get("/v1/completions"), 405),
                              (client.get("/nowhere"), 404)):
         assert response.status_code == status
