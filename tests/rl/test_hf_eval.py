@@ -1,5 +1,5 @@
 """Held-out evaluation of a data-file run on an eval file (docs/rl.md "From a Hugging Face checkpoint"):
-a run from the fixture checkpoint (tests/rl/hf_fixture.py) logs the procedural evaluation's metrics,
+a run from the fixture checkpoint (fp4rl/model/hf_local.py) logs the procedural evaluation's metrics,
 which the learning analysis reads unchanged; the same run twice logs the same values; bad eval
 settings and files stop the run with one line naming them."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from fp4rl.analysis import learning
 from fp4rl.rl import run_inputs, trainer
-from tests.rl.hf_fixture import dapo_row, write_checkpoint, write_rows
+from fp4rl.model.hf_local import dapo_row, write_checkpoint, write_rows
 
 TIMING = ("time/", "throughput/")
 ACCURACIES = ("eval/accuracy", "eval/sampled_accuracy", "eval/greedy_miscopied", "eval/greedy_wrong_chain",

@@ -1,5 +1,5 @@
 """RL from a Hugging Face Qwen-MoE checkpoint on DAPO-Math rows (docs/rl.md "From a Hugging Face
-checkpoint"): the command of the `hf` preset runs on local fixtures (tests/rl/hf_fixture.py), a
+checkpoint"): the command of the `hf` preset runs on local fixtures (fp4rl/model/hf_local.py), a
 resumed run equals an uninterrupted one, the trained policy exports as a Hugging Face folder that
 imports with identical logits and serves, and bad inputs stop the run with one line naming them.
 The run on 8 devices: tests/parallel/multidevice/test_hf_rl_mesh.py."""
@@ -21,7 +21,7 @@ from fp4rl.model import hf_export
 from fp4rl.rl import run_inputs, trainer
 from fp4rl.rl.hf_tokenizer import HFCodec
 from fp4rl.serving import checkpoints
-from tests.rl.hf_fixture import ROWS, dapo_row, write_checkpoint, write_rows
+from fp4rl.model.hf_local import ROWS, dapo_row, write_checkpoint, write_rows
 
 TIMING = ("time/", "throughput/")
 # The preset's update memory options stay on (remat, query chunks), micro-batches scaled to the 4 rows

@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions on a Hugging Face folder with a chat template (tests/rl/hf_fixture.py's
+"""POST /v1/chat/completions on a Hugging Face folder with a chat template (fp4rl/model/hf_local.py's
 Qwen3-MoE, served bf16): the answer is the completion route's generation for the conversation the
 template renders, in OpenAI's chat.completion format (checked with the `openai` client); malformed
 messages and a folder without a template get OpenAI-style 400s naming the field."""
@@ -12,7 +12,7 @@ import pytest
 from fp4rl.rl.hf_tokenizer import HFCodec
 from fp4rl.serving.engine import EngineConfig
 from fp4rl.serving.server import BackgroundServer, ServeConfig, load_service
-from tests.rl.hf_fixture import write_checkpoint
+from fp4rl.model.hf_local import write_checkpoint
 
 pytestmark = pytest.mark.xdist_group("serving-chat")
 

@@ -16,14 +16,14 @@ from fp4rl.model import hf
 from fp4rl.rl.hf_tokenizer import HFCodec
 from fp4rl.serving import checkpoints, deployment
 from fp4rl.serving.engine import Engine, EngineConfig, RowRequest, RowResult
-from tests.rl.hf_fixture import ANSWER_TOKENS, write_checkpoint
+from fp4rl.model.hf_local import ANSWER_TOKENS, write_checkpoint
 
 TURN_END, TEXT_END = "<|im_end|>", "<|endoftext|>"  # generation_config.json's eos ids, in that order
 
 
 @pytest.fixture(scope="module")
 def chat_dir(tmp_path_factory):
-    """tests/rl/hf_fixture.py's Qwen3-MoE folder, its head rewired so that greedy decoding emits
+    """fp4rl/model/hf_local.py's Qwen3-MoE folder, its head rewired so that greedy decoding emits
     `<|im_end|>` after a prompt ending in `\\boxed{4}` and `<|endoftext|>` after one ending in
     `\\boxed{5}`."""
     directory = write_checkpoint(tmp_path_factory.mktemp("chat") / "qwen3")

@@ -1,4 +1,4 @@
-"""RL from a Hugging Face Qwen2-MoE checkpoint (shared expert, q/k/v biases; tests/rl/hf_fixture.py)
+"""RL from a Hugging Face Qwen2-MoE checkpoint (shared expert, q/k/v biases; fp4rl/model/hf_local.py)
 on DAPO-Math rows: one step on a 2 x 4 mesh equals the one-device step."""
 
 import json
@@ -7,7 +7,7 @@ import numpy as np
 
 from fp4rl.parallel.mesh import MeshConfig
 from fp4rl.rl import trainer
-from tests.rl.hf_fixture import write_checkpoint, write_rows
+from fp4rl.model.hf_local import write_checkpoint, write_rows
 
 TIMING = ("time/", "throughput/")
 

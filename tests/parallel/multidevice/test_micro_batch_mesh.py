@@ -1,5 +1,5 @@
 """The micro-batched update (`policy.UpdateMemory`, fp4rl/rl/micro_batch.py) on a 2 x 4 mesh: one RL
-step from a Hugging Face checkpoint (tests/rl/hf_fixture.py) equals the same step on one device,
+step from a Hugging Face checkpoint (fp4rl/model/hf_local.py) equals the same step on one device,
 and the one-device step without micro-batches or the other memory options."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 
 from fp4rl.parallel.mesh import MeshConfig
 from fp4rl.rl import policy, trainer
-from tests.rl.hf_fixture import write_checkpoint, write_rows
+from fp4rl.model.hf_local import write_checkpoint, write_rows
 
 TIMING = ("time/", "throughput/")
 # Remat, query chunks of 16 (prompt 48 + response 8 tokens: 4 chunks) and 2 micro-batches.
