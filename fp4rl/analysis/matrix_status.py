@@ -1,0 +1,145 @@
+"""Where an RL matrix stands: per arm, the seeds run against the plan, its learning, stability and
+cost, and the device runs still to do, read from the committed metrics.
+
+    python -m fp4rl.analysis.matrix_status results/long_h200/chain/matrix [--window=150:300]
+        [--reward_cap=0.8@150] [--preset=h200-chain] [--write=STATUS.md]
+
+The plan (`PLAN`): the decisive arms (bf16, full and its leave-one-out arms) at 8 seeds, every
+other arm at 4, each run as 4-seed halves (seeds 0-3, then 4-7 with `--rl.seed_offset=4`, merged
+with `fp4rl.rl.merge_seeds`), in `PLAN`'s order: the decisive arms' first halves first (the claim
+needs all four), then their second halves, then the 4-seed arms. One table replaces hand-kept
+counts, so the status and the next command cannot drift from the files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from fp4rl.analysis import learning
+from fp4rl.analysis.report import _ci
+from fp4rl.analysis.runs import load_run
+from fp4rl.analysis.summary import summarize_run
+from fp4rl.analysis.verdicts import claim_reproduced, run_verdicts, spike_counts
+
+DECISIVE_ARMS = ("bf16", "full", "full-dq", "full-46", "full-hp")
+FOUR_SEED_ARMS = ("nvfp4", "nvfp4-pt", "+dq", "+46", "+hp", "mxfp8-q", "mxfp8", "mxfp8+dq")
+HALF = 4  # seeds per device run: 8 do not fit one H200's memory at h200-chain
+# (arm, first seed) of every 4-seed run, in the order they are to run.
+PLAN = (tuple((arm, 0) for arm in DECISIVE_ARMS) + tuple((arm, HALF) for arm in DECISIVE_ARMS)
+        + tuple((arm, 0) for arm in FOUR_SEED_ARMS))
+TIMING_KEYS = ("time/step_s", "time/rollout_s", "memory/peak_gb")
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmStatus:
+    arm: str
+    seeds: tuple[int, ...]
+    planned: int
+    steps: int  # the fewest steps any seed ran
+    timing: dict  # TIMING_KEYS -> the first seed's median over steps >= 1 (step 0 compiles); max for memory
+
+
+def _timing(first_seed_run) -> dict:
+    """The vmapped seeds share one step; each seed's record adds its own bookkeeping to the clock,
+    so the first seed's is the step's time (later seeds log a few tens of ms more)."""
+    out = {}
+    for key in TIMING_KEYS:
+        steps, values = first_seed_run.logged(key)
+        values = values[steps >= 1]
+        out[key] = float("nan") if values.size == 0 else float(values.max() if key.startswith("memory") else np.median(values))
+    return out
+
+
+def arm_statuses(run) -> list[ArmStatus]:
+    planned = {arm: (8 if arm in DECISIVE_ARMS else HALF) for arm in DECISIVE_ARMS + FOUR_SEED_ARMS}
+    rows = []
+    for arm, seeds in run.arms.items():
+        runs = list(seeds.values())
+        rows.append(ArmStatus(arm, tuple(sorted(seeds)), planned.get(arm, HALF),
+                              min(len(r) for r in runs), _timing(seeds[min(seeds)])))
+    return rows
+
+
+def remaining_runs(run) -> list[tuple[str, int]]:
+    """The planned 4-seed runs whose seeds are not all in the run directory, in plan order."""
+    return [(arm, first) for arm, first in PLAN
+            if not set(range(first, first + HALF)) <= set(run.arms.get(arm, {}))]
+
+
+def run_command(arm: str, first_seed: int, preset: str, warmup_sha: str) -> str:
+    extra = (f"ABLATION_ARGS=--rl.seed_offset={first_seed} MATRIX_DIR=/tmp/fp4rl-matrix-b " if first_seed else "")
+    sha = f"WARMUP_SHA256={warmup_sha} " if warmup_sha else ""
+    return (f"{sha}{extra}MODE=matrix MATRIX_PRESET={preset} ARMS={arm} SEEDS={HALF} PARALLEL=1 "
+            "bash tools/long_horizon_call.sh")
+
+
+def _window_cell(arm_dir: Path, window, reward_cap, cap_step) -> str:
+    try:
+        bar = learning.long_horizon_bar(arm_dir, window, reward_cap, cap_step)
+    except ValueError as error:  # too few evaluations in the window
+        return f"n/a ({error})"
+    return f"{_ci(bar.change, '+.3f')}: {bar.verdict}"
+
+
+def status_markdown(run_dir: str | Path, window=(150, 300), reward_cap=0.8, cap_step=150,
+                    preset: str = "h200-chain", warmup_sha: str = "") -> str:
+    run_dir = Path(run_dir)
+    run = load_run(run_dir)
+    summaries = summarize_run(run)
+    verdicts = run_verdicts(summaries)
+    claim = claim_reproduced(verdicts)
+    lines = [f"# Matrix status: `{run_dir}`", "",
+             f"Claim (docs/rl.md): **{ {True: 'REPRODUCED', False: 'NOT REPRODUCED', None: 'UNDECIDED'}[claim.reproduced] }**.",
+             "", f"| arm | seeds (planned) | steps | held-out sampled accuracy change | window {window[0]} -> {window[1]} "
+             "| spiking steps / judged (severe) | reward gap to bf16, paired | verdict | s per step (rollout) | peak GB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in arm_statuses(run):
+        summary, verdict = summaries[row.arm], verdicts[row.arm]
+        change = learning.summarize(run_dir / row.arm).change
+        spikes, judged, severe = spike_counts(summary)
+        gap = _ci(summary.reward_gap_ci, "+.3f") if summary.has_reference else "n/a"
+        mark = {True: "PASS", False: "FAIL: " + ", ".join(verdict.failed()), None: "UNDECIDED"}[verdict.passed]
+        t = row.timing
+        seeds = f"{row.seeds[0]}-{row.seeds[-1]}" if row.seeds == tuple(range(row.seeds[0], row.seeds[-1] + 1)) else ",".join(map(str, row.seeds))
+        lines.append(f"| {row.arm} | {seeds} ({row.planned}) | {row.steps} | {_ci(change, '+.3f')} "
+                     f"| {_window_cell(run_dir / row.arm, window, reward_cap, cap_step)} | {spikes} / {judged} ({severe}) "
+                     f"| {gap} | {mark} | {t['time/step_s']:.2f} ({t['time/rollout_s']:.2f}) | {t['memory/peak_gb']:.1f} |")
+    todo = remaining_runs(run)
+    lines += ["", f"Device runs to go: {len(todo)} of {len(PLAN)} (4 seeds each)" + (", next:" if todo else ".")]
+    if todo:
+        arm, first = todo[0]
+        lines += ["", "```bash", run_command(arm, first, preset, warmup_sha), "```", "",
+                  "Then: " + ", ".join(f"{a} seeds {f}-{f + HALF - 1}" for a, f in todo[1:]) + "." if todo[1:] else ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _cap(text: str) -> tuple[float, int]:
+    cap, _, step = text.partition("@")
+    return float(cap), int(step)
+
+
+def main(argv=None) -> str:
+    parser = argparse.ArgumentParser(prog="python -m fp4rl.analysis.matrix_status", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", help="the matrix directory: ARM/seedK/metrics.jsonl")
+    parser.add_argument("--window", default="150:300", help="the long-horizon window, START:END (steps)")
+    parser.add_argument("--reward_cap", default="0.8@150", help="CAP@STEP: the early-saturation cap")
+    parser.add_argument("--preset", default="h200-chain", help="the preset in the next run's command")
+    parser.add_argument("--warmup_sha", default="", help="the warm-up digest the next run's command holds it to")
+    parser.add_argument("--write", default="", help="also write the status here (markdown)")
+    args = parser.parse_args(argv)
+    if not Path(args.run_dir).is_dir():
+        parser.error(f"{args.run_dir} is not a directory")
+    start, _, end = args.window.partition(":")
+    text = status_markdown(args.run_dir, (int(start), int(end)), *_cap(args.reward_cap), args.preset, args.warmup_sha)
+    if args.write:
+        Path(args.write).write_text(text)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

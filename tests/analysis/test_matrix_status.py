@@ -1,0 +1,32 @@
+"""fp4rl.analysis.matrix_status: the matrix's table and the runs still to do, from a synthetic matrix."""
+
+from fp4rl.analysis import matrix_status
+from fp4rl.analysis.runs import load_run
+from fp4rl.analysis.synthetic import make_synthetic_run
+
+
+def _matrix(tmp_path):
+    root = tmp_path / "matrix"
+    make_synthetic_run(root, ["bf16", "full-dq"], 4, 120, spiky_arms=["full-dq"], initial_eval=True)
+    make_synthetic_run(root, ["full"], 8, 120, initial_eval=True)  # both halves of a decisive arm
+    return root
+
+
+def test_remaining_runs_follow_the_plan_and_skip_the_halves_on_disk(tmp_path):
+    todo = matrix_status.remaining_runs(load_run(_matrix(tmp_path)))
+    assert ("bf16", 0) not in todo and ("full", 0) not in todo and ("full", 4) not in todo
+    assert todo[:3] == [("full-46", 0), ("full-hp", 0), ("bf16", 4)]  # first halves of the decisive arms first
+    assert len(todo) == len(matrix_status.PLAN) - 4
+    assert "--rl.seed_offset=4" in matrix_status.run_command("bf16", 4, "h200-chain", "")
+    assert "seed_offset" not in matrix_status.run_command("full-46", 0, "h200-chain", "abc")
+
+
+def test_status_table_judges_each_arm_and_names_the_next_run(tmp_path):
+    text = matrix_status.main([str(_matrix(tmp_path)), "--window=60:119", "--reward_cap=0.99@60",
+                               "--write", str(tmp_path / "status.md")])
+    assert (tmp_path / "status.md").read_text() == text
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ") and "---" not in line}
+    assert "0-7 (8)" in rows["full"] and "0-3 (8)" in rows["bf16"]
+    assert "PASS" in rows["full"] and "FAIL" in rows["full-dq"]  # the spiky arm fails spike and reward
+    assert "Device runs to go: 14 of 18" in text and "ARMS=full-46" in text
+
