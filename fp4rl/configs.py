@@ -170,14 +170,16 @@ RL_PRESETS.update({name: _ladder_rl(name) for name in _LADDER})
 # which split evenly over 8 devices. No held-out evaluation by default: it needs held-out rows of the
 # data set's format (--rl.eval_every=N --rl.eval_file=FILE: greedy and sampled accuracy on its first
 # eval_prompts usable rows).
-# The update rematerialises each layer, attends in chunks of 1,024 queries and runs each mini-batch
-# as 16 micro-batches of 8 rows (one row per device on 8 devices): without these its activations
-# alone need terabytes per device (docs/parallel.md "Memory per device").
+# The update rematerialises each layer, attends in chunks of 1,024 queries, applies the LM head to
+# 1,024 positions at a time and runs each mini-batch as 16 micro-batches of 8 rows (one row per
+# device on 8 devices): without these its activations alone need terabytes per device
+# (docs/parallel.md "Memory per device").
 RL_PRESETS["hf"] = trainer.RLConfig(steps=200, group_size=16, prompts_per_step=32, max_gen_batches=3, mini_batches=4,
                                     prompt_len=1024, max_new_tokens=7168, overlong_buffer=1024,
                                     optim=trainer.OptimConfig(lr=1e-6, warmup_steps=10), eval_every=0,
                                     checkpoint_every=10, init="", model=trainer.ModelSource(dtype="bfloat16"),
-                                    memory=policy.UpdateMemory(remat=True, attention_query_chunk=1024, micro_batches=16),
+                                    memory=policy.UpdateMemory(remat=True, attention_query_chunk=1024, micro_batches=16,
+                                                               logit_chunk=1024),
                                     out="runs/hf/rl")
 
 # -------------------------------------------------------- gradient measurements (experiments.gradients)

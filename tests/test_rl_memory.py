@@ -41,3 +41,13 @@ def test_the_update_options_bound_activations_by_one_micro_batch():
     assert full_scores["activations_options"] - one["activations_options"] == pytest.approx(saved)
     with pytest.raises(ValueError, match="micro_rows=3 must be >= 1 and divide the 16 update rows"):
         rl_memory.memory_per_device(mc, micro_rows=3, **shape)
+
+
+def test_the_chunked_lm_head_holds_one_chunk_of_logits():
+    mc = rl_memory.qwen3_30b_a3b()
+    shape = dict(data=1, expert=8, seq_len=8192, prompts=32, group_size=16, mini_batches=4, micro_rows=1)
+    whole = rl_memory.memory_per_device(mc, logit_chunk=0, **shape)
+    chunked = rl_memory.memory_per_device(mc, logit_chunk=1024, **shape)
+    saved = rl_memory.OVERHEAD * 12 * mc.vocab_size * (8192 - 1024)
+    assert whole["activations_options"] - chunked["activations_options"] == pytest.approx(saved)
+    assert chunked["logit_chunk"] == 1024 and whole["logit_chunk"] == 8192

@@ -14,12 +14,14 @@ docs/parallel.md "Design"):
     as the code runs = OVERHEAD T a(S), a(S) of `fp4rl.analysis.scaling_plan` (every layer's saved
                        tensors, the materialised attention scores and probabilities among them)
     with the update's memory options (`policy.UpdateMemory`: per-layer remat, micro-batches of R
-    rows per device, attention in query chunks of c) = OVERHEAD (R S (2 D L + b + 12 V) + R 6 H c S)
-                       + 4 P_dev: each layer's bf16 input kept (2 D L per token), one layer's
-                       tensors other than its scores live at a time (b = (a(S) - 12 V) / L - 6 H S),
-                       the LM head's f32 logits of the micro-batch (12 V), one query chunk's scores
-                       and probabilities (6 H c S per row), and the f32 gradient sum that the
-                       micro-batches accumulate into beside each one's own gradient (4 P_dev)
+    rows per device, attention in query chunks of c, the LM head over h positions at a time)
+                     = OVERHEAD (R S (2 D L + b) + R h 12 V + R 6 H c S) + 4 P_dev: each layer's bf16
+                       input kept (2 D L per token), one layer's tensors other than its scores live
+                       at a time (b = (a(S) - 12 V) / L - 6 H S), the LM head's f32 logits and
+                       log-softmax of h positions per row (12 V each; h = S without logit chunks),
+                       one query chunk's scores and probabilities (6 H c S per row), and the f32
+                       gradient sum that the micro-batches accumulate into beside each one's own
+                       gradient (4 P_dev)
 
 "Fits" adds the weights and optimizer state to the larger of the rollout's KV cache and the
 update's activations with the options. The figures scale with rows per device; XLA:GPU assigns
@@ -56,23 +58,26 @@ def params_per_device(mc: ModelConfig, expert: int) -> float:
 
 
 def memory_per_device(mc: ModelConfig, *, data: int, expert: int, seq_len: int, prompts: int, group_size: int,
-                      mini_batches: int, micro_rows: int = 1, query_chunk: int = 1024) -> dict[str, float]:
+                      mini_batches: int, micro_rows: int = 1, query_chunk: int = 1024,
+                      logit_chunk: int = 0) -> dict[str, float]:
     """Bytes per device of each part (module docstring) for one RL step of this shape; the update's
     options: remat, micro-batches of `micro_rows` rows per device, attention in chunks of
-    `query_chunk` queries (0: all at once)."""
+    `query_chunk` queries (0: all at once), the LM head over `logit_chunk` positions at a time (0:
+    all at once)."""
     devices = data * expert
     p = params_per_device(mc, expert)
     rollout_rows = prompts * group_size / devices
     update_rows = rollout_rows / mini_batches
     if micro_rows < 1 or update_rows % micro_rows:
         raise ValueError(f"micro_rows={micro_rows} must be >= 1 and divide the {update_rows:.0f} update rows per device")
-    if query_chunk < 0:
-        raise ValueError(f"query_chunk={query_chunk} must be >= 0 (0: all queries at once)")
+    if query_chunk < 0 or logit_chunk < 0:
+        raise ValueError(f"query_chunk={query_chunk} and logit_chunk={logit_chunk} must be >= 0 (0: all at once)")
     a = activation_bytes_per_token(mc, seq_len)
     scores_per_token = 6 * mc.num_heads * seq_len  # f32 scores + bf16 probabilities over S keys, per layer
     layer_rest = (a - 12 * mc.vocab_size) / mc.num_layers - scores_per_token
     chunk = min(query_chunk or seq_len, seq_len)
-    options = micro_rows * seq_len * (2 * mc.d_model * mc.num_layers + layer_rest + 12 * mc.vocab_size)
+    head_positions = min(logit_chunk or seq_len, seq_len)
+    options = micro_rows * (seq_len * (2 * mc.d_model * mc.num_layers + layer_rest) + head_positions * 12 * mc.vocab_size)
     options += micro_rows * scores_per_token * chunk
     accumulated = 4 * p if micro_rows < update_rows else 0.0
     kv_per_token = mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * 2
@@ -80,15 +85,17 @@ def memory_per_device(mc: ModelConfig, *, data: int, expert: int, seq_len: int, 
             "kv_cache": rollout_rows * seq_len * kv_per_token,
             "activations": OVERHEAD * update_rows * seq_len * a,
             "activations_options": OVERHEAD * options + accumulated,
-            "rollout_rows": rollout_rows, "update_rows": update_rows, "micro_rows": micro_rows, "query_chunk": chunk}
+            "rollout_rows": rollout_rows, "update_rows": update_rows, "micro_rows": micro_rows, "query_chunk": chunk,
+            "logit_chunk": head_positions}
 
 
 def table(mc: ModelConfig, seq_len: int, prompts: int, group_size: int, mini_batches: int, micro_rows: int = 1,
-          query_chunk: int = 1024) -> str:
+          query_chunk: int = 1024, logit_chunk: int = 0) -> str:
     count = mc.param_count()
     lines = [f"Qwen3-30B-A3B: {count.total / 1e9:.2f}B parameters, {count.active / 1e9:.2f}B active; sequences of "
              f"{seq_len} tokens; {prompts} prompts x {group_size} samples, {mini_batches} mini-batches; update options: "
-             f"remat, {micro_rows} row(s) per device per micro-batch, attention query chunk {query_chunk or seq_len}", "",
+             f"remat, {micro_rows} row(s) per device per micro-batch, attention query chunk {query_chunk or seq_len}, "
+             f"LM head over {logit_chunk or seq_len} positions at a time", "",
              "| mesh (data x expert) | params/device | weights (f32 + ref + bf16) | AdamW + grads | KV cache (rollout) "
              "| activations as the code runs by default | activations with the options (micro-batch rows) "
              "| fits H200 (141 GB) / B200 (180 GB) with the options |",
@@ -96,7 +103,8 @@ def table(mc: ModelConfig, seq_len: int, prompts: int, group_size: int, mini_bat
     gb = lambda x: f"{x / 1e9:,.1f} GB"  # noqa: E731
     for data, expert in MESHES:
         m = memory_per_device(mc, data=data, expert=expert, seq_len=seq_len, prompts=prompts, group_size=group_size,
-                              mini_batches=mini_batches, micro_rows=micro_rows, query_chunk=query_chunk)
+                              mini_batches=mini_batches, micro_rows=micro_rows, query_chunk=query_chunk,
+                              logit_chunk=logit_chunk)
         static = m["weights"] + m["optimizer"]
         need = static + max(m["kv_cache"], m["activations_options"])
         fits = " / ".join("yes" if need <= cap else "no" for cap in DEVICES.values())
@@ -118,9 +126,11 @@ def main(argv=None) -> None:
     parser.add_argument("--micro_rows", type=int, default=1, help="rows per device per micro-batch of the update")
     parser.add_argument("--query_chunk", type=int, default=preset.memory.attention_query_chunk or 1024,
                         help="queries per attention chunk (0: all at once)")
+    parser.add_argument("--logit_chunk", type=int, default=preset.memory.logit_chunk,
+                        help="positions per LM-head chunk (0: all at once)")
     args = parser.parse_args(argv)
     print(table(qwen3_30b_a3b(), args.seq_len, args.prompts, args.group_size, args.mini_batches, args.micro_rows,
-                args.query_chunk), end="")
+                args.query_chunk, args.logit_chunk), end="")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ without padding. The sampler (left-padded prompts) and the trainer therefore agr
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -196,7 +197,8 @@ class Transformer(nnx.Module):
         # A tied head reuses `embed`, which the gather needs raw: it is quantized inside qdot.
         return {} if self.config.tie_embeddings else {"head": "lm_head"}
 
-    def __call__(self, tokens_BxL, ctx: Ctx, positions_BxL=None, valid_BxL=None, cache: KVCache | None = None):
+    def __call__(self, tokens_BxL, ctx: Ctx, positions_BxL=None, valid_BxL=None, cache: KVCache | None = None,
+                 hidden: bool = False):
         config = self.config
         B, L = tokens_BxL.shape
         dtype = dtype_of(config.dtype)
@@ -239,8 +241,10 @@ class Transformer(nnx.Module):
         # The head reads the final norm's output in f32 so logits (and the RL log-probs) are never
         # rounded to bf16; a quantized head quantizes that operand anyway.
         h_BxLxD = self.final_norm(x_BxLxD).astype(F32)
-        head = self.embed.get_value().T if config.tie_embeddings else self.head.get_value()
-        logits_BxLxV = site_dot(h_BxLxD, head, ctx, "lm_head", None, "lm_head").astype(F32)  # no layer
+        if hidden:  # the caller applies the head, e.g. to chunks of rows (`forward(hidden=True)`)
+            logits_BxLxV = (h_BxLxD, functools.partial(self.head_logits, ctx=ctx))
+        else:
+            logits_BxLxV = self.head_logits(h_BxLxD, ctx)
 
         k = config.top_k
         if moe_aux:  # each run's aux has a leading [layers of the run] axis
@@ -260,6 +264,11 @@ class Transformer(nnx.Module):
             )
         aux = {"router_topk": router_topk, "aux_loss": aux_loss, "expert_load": expert_load, "cache": new_cache}
         return logits_BxLxV, aux
+
+    def head_logits(self, h_xD, ctx: Ctx):
+        """The LM head's f32 logits of final-norm outputs h [..., D] (any leading shape)."""
+        head = self.embed.get_value().T if self.config.tie_embeddings else self.head.get_value()
+        return site_dot(h_xD, head, ctx, "lm_head", None, "lm_head").astype(F32)  # no layer
 
 
 def init(config: ModelConfig, seed: int):
@@ -282,7 +291,7 @@ def resolve_recipe(recipe) -> PrecisionRecipe:
 
 def forward(graphdef, params, tokens_BxL, recipe, *, key=None, impl: str = "auto",
             positions=None, cache: KVCache | None = None, valid=None, scan_layers: bool = True,
-            remat: bool = False, attention_query_chunk: int = 0):
+            remat: bool = False, attention_query_chunk: int = 0, hidden: bool = False):
     """logits_BxLxV float32 and aux, a pure function of (params, tokens, key, cache).
 
     recipe: PrecisionRecipe (or its name); every linear resolves its SiteConfig from it.
@@ -299,6 +308,9 @@ def forward(graphdef, params, tokens_BxL, recipe, *, key=None, impl: str = "auto
     attention_query_chunk: > 0 computes the cache-free attention for this many queries at a time
       against all keys, each chunk rematerialised in the backward, so no [B, H, L, S] score tensor
       is live; 0 (default) computes all queries at once. A forward with a cache ignores both.
+    hidden: return `(h_BxLxD, head)` in place of the logits: the final norm's f32 output and
+      `head(h)`, the LM head's f32 logits of any rows of it, for a caller that never holds the
+      [B, L, V] logits at once (`fp4rl.rl.chunked_head`).
     aux: router_topk int32 [L_moe, B, L, k] (MoE layers in order), aux_loss f32 () (Switch
       loss, mean over MoE layers, unscaled), expert_load f32 [L_moe, E], cache (KVCache | None).
     """
@@ -316,7 +328,7 @@ def forward(graphdef, params, tokens_BxL, recipe, *, key=None, impl: str = "auto
         raise ValueError(f"attention_query_chunk={attention_query_chunk} must be >= 0 (0: all queries at once)")
     ctx = Ctx(recipe=recipe, num_layers=config.num_layers, impl=impl, key=key, scan_layers=scan_layers, remat=remat,
               attention_query_chunk=attention_query_chunk)
-    return model(tokens_BxL, ctx, positions_BxL=positions, valid_BxL=valid, cache=cache)
+    return model(tokens_BxL, ctx, positions_BxL=positions, valid_BxL=valid, cache=cache, hidden=hidden)
 
 
 def site_map(graphdef, params, recipe, *, batch: int = 1, length: int = 32):

@@ -66,12 +66,13 @@ def from_chunks(x, axis: int = 0):
 
 
 def make_micro_batched_update(forward: Callable, total_loss: Callable, optimizer_step: Callable,
-                              masks, temperature: float, micro_batches: int, group_norms: Callable) -> Callable:
+                              masks, token_entropy: Callable, micro_batches: int, group_norms: Callable) -> Callable:
     """`update(params, opt_state, batch, key, apply, skip_nonfinite)` with the contract of the
     unchunked update (`policy.make_functions`), over `micro_batches` chunks of rows.
 
     forward: `policy._response_forward`'s per-seed function; total_loss: `policy.objective`'s;
     optimizer_step: the unchunked update's step (`policy.optimizer_step` with its optimizer).
+    token_entropy: the per-token entropy from the forward's second output (`policy.entropy_fn`).
     """
     k = micro_batches
 
@@ -96,7 +97,7 @@ def make_micro_batched_update(forward: Callable, total_loss: Callable, optimizer
             # The backward runs only in the update pass (as unchunked).
             grads = jax.lax.cond(apply, lambda: jax.tree.map(jnp.add, grads, backward((dlogp, daux))[0]),
                                  lambda: grads)
-            entropy = dapo.token_entropy(logits, temperature)
+            entropy = token_entropy(logits)
             return grads, (logp, aux_loss, entropy, router_topk)
 
         grads, (logp, aux_losses, entropy, router_topk) = jax.lax.scan(chunk_step, zeros, jnp.arange(k))

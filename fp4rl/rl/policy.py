@@ -18,7 +18,7 @@ import optax
 
 from fp4rl.model import transformer
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import dapo, micro_batch
+from fp4rl.rl import chunked_head, dapo, micro_batch
 
 GRAD_GROUPS = ("shared_expert", "routed_experts", "router", "attention", "last_layers", "embed_head")
 
@@ -154,25 +154,40 @@ class UpdateMemory:
       once; values unchanged, key and value gradients summed over chunks in another f32 order.
     micro_batches: forward and backward a mini-batch in this many chunks of rows, gradients summed,
       one optimizer step (`fp4rl.rl.micro_batch`, which says what stays the same).
+    logit_chunk: > 0 applies the LM head to this many response positions at a time, each chunk's
+      logits reduced to log-probs and entropies and recomputed in the backward
+      (`fp4rl.rl.chunked_head`), so no [rows, tokens, V] logits are held; values the same up to the
+      order of f32 sums. 0: the whole response at once.
     """
 
     remat: bool = False
     attention_query_chunk: int = 0
     micro_batches: int = 1
+    logit_chunk: int = 0
 
     def __post_init__(self):
         if self.attention_query_chunk < 0:
             raise ValueError(f"attention_query_chunk={self.attention_query_chunk} must be >= 0 (0: all queries at once)")
         if self.micro_batches < 1:
             raise ValueError(f"micro_batches={self.micro_batches} must be >= 1 (1: the whole mini-batch at once)")
+        if self.logit_chunk < 0:
+            raise ValueError(f"logit_chunk={self.logit_chunk} must be >= 0 (0: the whole response at once)")
 
 
 def _response_forward(graphdef, recipe: PrecisionRecipe, prompt_len: int, impl: str, temperature: float,
                       memory: UpdateMemory = UpdateMemory()):
     """Per seed: `(params, tokens, valid, key) -> ((logp_NxTr, aux_loss), (logits_NxTrxV, router_topk))`,
-    the one forward that both the update and every log-prob the trainer uses go through."""
+    the one forward that both the update and every log-prob the trainer uses go through. With
+    `memory.logit_chunk` the logits are never formed whole and the per-token entropy [N, Tr] takes
+    their place (`entropy_fn` reads either)."""
 
     def run(params, tokens_NxL, valid_NxL, key):
+        if memory.logit_chunk:
+            (h, head), aux = transformer.forward(graphdef, params, tokens_NxL, recipe, key=key, impl=impl,
+                                                 valid=valid_NxL, remat=memory.remat,
+                                                 attention_query_chunk=memory.attention_query_chunk, hidden=True)
+            logp, entropy = chunked_head.response_stats(h, head, tokens_NxL, prompt_len, temperature, memory.logit_chunk)
+            return (logp, aux["aux_loss"]), (entropy, aux["router_topk"][:, :, prompt_len - 1 : -1])
         logits, aux = transformer.forward(graphdef, params, tokens_NxL, recipe, key=key, impl=impl, valid=valid_NxL,
                                           remat=memory.remat, attention_query_chunk=memory.attention_query_chunk)
         logp = next_token_logprobs(logits, tokens_NxL, temperature)[:, prompt_len - 1 :]
@@ -181,6 +196,14 @@ def _response_forward(graphdef, recipe: PrecisionRecipe, prompt_len: int, impl: 
         return (logp, aux["aux_loss"]), (logits[:, prompt_len - 1 : -1], aux["router_topk"][:, :, prompt_len - 1 : -1])
 
     return run
+
+
+def entropy_fn(temperature: float, memory: UpdateMemory) -> Callable:
+    """The per-token entropy [N, Tr] from `_response_forward`'s second output: computed from the
+    logits, or as it is where `memory.logit_chunk` made the forward return it."""
+    if memory.logit_chunk:
+        return lambda entropy_NxTr: entropy_NxTr
+    return lambda logits_NxTrxV: dapo.token_entropy(logits_NxTrxV, temperature)
 
 
 def response_logprobs_fn(graphdef, recipe: PrecisionRecipe, prompt_len: int, impl: str = "auto",
@@ -256,6 +279,7 @@ def make_functions(graphdef, recipe: PrecisionRecipe, optimizer: optax.GradientT
     """
     forward = _response_forward(graphdef, recipe, prompt_len, impl, temperature, memory)
     total_loss = objective(loss, aux_loss_coef)
+    token_entropy = entropy_fn(temperature, memory)
 
     def update_all_rows(params, opt_state, batch: Batch, key, apply, skip_nonfinite: bool):
         (logp, aux_loss), backward, (logits, router_topk) = jax.vjp(
@@ -266,13 +290,13 @@ def make_functions(graphdef, recipe: PrecisionRecipe, optimizer: optax.GradientT
         grads = jax.lax.cond(apply, lambda: backward((dlogp, daux))[0], lambda: jax.tree.map(jnp.zeros_like, params))
         new_params, new_opt_state, flags = optimizer_step(optimizer, params, opt_state, grads, total, batch, apply,
                                                           skip_nonfinite)
-        entropy = dapo.masked_mean(dapo.token_entropy(logits, temperature), batch.response_mask_NxTr)
+        entropy = dapo.masked_mean(token_entropy(logits), batch.response_mask_NxTr)
         metrics = {"loss/total": total, **flags, "entropy": entropy, "logp": logp, "router_topk": router_topk,
                    **stats, **group_norms(grads, masks)}
         return new_params, new_opt_state, metrics
 
     update = update_all_rows if memory.micro_batches == 1 else micro_batch.make_micro_batched_update(
-        forward, total_loss, functools.partial(optimizer_step, optimizer), masks, temperature, memory.micro_batches,
+        forward, total_loss, functools.partial(optimizer_step, optimizer), masks, token_entropy, memory.micro_batches,
         group_norms)
     return {"response_logprobs": response_logprobs_fn(graphdef, recipe, prompt_len, impl, temperature), "update": update}
 
