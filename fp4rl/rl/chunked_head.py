@@ -42,6 +42,7 @@ def response_stats(h_NxLxD, head, tokens_NxL, prompt_len: int, temperature, chun
     h_NxTrxD = h_NxLxD[:, prompt_len - 1 : -1]  # the positions that predict the response tokens
     targets_NxTr = tokens_NxL[:, prompt_len:]
     tr = targets_NxTr.shape[1]
+    chunk = min(chunk, tr)  # a response shorter than a chunk is one chunk, unpadded
 
     @jax.checkpoint  # the backward recomputes a chunk's logits instead of keeping them
     def one_chunk(h_NxCxD, targets_NxC):
