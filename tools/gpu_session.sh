@@ -38,6 +38,9 @@
 #   bash tools/gpu_session.sh decode    # bench_decode (bf16, full) x expert GEMM backend (DECODE_GEMMS), each with a
 #                                       # profiled call: per-kernel time per step
 #   bash tools/gpu_session.sh probe     # compiled Mosaic bf16 cases vs the NumPy oracle, field by field
+#   bash tools/gpu_session.sh ladder    # the model-size ladder (LADDER, configs.SCALING_LADDER by default): per rung its
+#                                       # warm-up, the band check, and the gradient measurement when in the band;
+#                                       # outlasts a call: start it detached (MODE=ladder tools/long_horizon_call.sh)
 #   bash tools/gpu_session.sh hf        # the `hf` preset (the paper's path) on a local ~320M-parameter Qwen3-MoE
 #                                       # checkpoint and DAPO-Math-style rows: HF_STEPS RL steps, step time and memory
 # The image lacks grain/tensorboardX (and tokenizers/jinja2/safetensors for `hf`): carried as wheels in .whl/
@@ -376,6 +379,27 @@ PY
       --rollouts_file=$dir/rollouts.npz --out="$dir/${GRAD_PART:-all}" ${GRAD_ARGS:-}
     cp "$log" "$dir/${GRAD_PART:-all}.log" && cp runs/h200/sft/sft_meta.json "$dir/warmup_meta.json"
     tar czf "$OUT/gradients.tgz" "$dir"
+    ;;
+  ladder)
+    # The model-size ladder (`experiments.scaling`): each rung's deterministic warm-up (its digest
+    # printed for the next call to hold it to), its place against the RL band (`fp4rl.analysis.band`:
+    # the rule is the measurement's precondition), then, inside the band, the fixed-parameter gradient
+    # measurement (`experiments.gradients --preset RUNG`, into runs/RUNG/gradients, the scaling
+    # point `experiments.scaling fit` reads). A rung outside the band is reported and not measured.
+    ladder=${LADDER:-$(python -c "from fp4rl import configs; print(','.join(configs.SCALING_LADDER))")}
+    for rung in ${ladder//,/ }; do
+      sft_dir=$(python -c "from fp4rl import configs; print(configs.SFT_PRESETS['$rung'].out)") || exit 2
+      if [ ! -e "$sft_dir/sft_meta.json" ]; then
+        XLA_FLAGS= step "warmup_$rung" "${WARMUP_SECONDS:-1800}" python -m experiments.sft --preset "$rung" || continue
+      fi
+      if step "band_$rung" 120 python -m fp4rl.analysis.band "$sft_dir" --table "$sft_dir/band.md"; then
+        # shellcheck disable=SC2086  # GRAD_ARGS are words
+        step "gradients_$rung" "${GRAD_SECONDS:-3000}" python -m experiments.gradients --preset "$rung" ${GRAD_ARGS:-}
+      else
+        echo "=== $rung: its warm-up lies outside the RL band ($sft_dir/band.md); not measured" | tee -a "$log"
+      fi
+    done
+    tar czf "$OUT/ladder.tgz" --exclude=checkpoint --exclude=tb runs/*/gradients runs/*/sft/*.md runs/*/sft/*.json "$log"
     ;;
   hf)
     # The paper's path compiled: a local Qwen3-MoE of ~320M parameters (fp4rl.model.hf_local: random
