@@ -406,11 +406,13 @@ PY
     # weights, its own BPE tokenizer and chat template, 8k positions) and 512 DAPO-Math-style rows, RL
     # with the `hf` preset's shapes (32 prompts x 16, 1k prompt + 7k response tokens, remat, chunked
     # attention, 16 micro-batches) on one GPU; metrics (time/step_s, memory/peak_gb) come back in hf.tgz.
+    # At 8k tokens a step is tens of seconds and compiling minutes: start it detached
+    # (HF_STEPS=3 MODE=hf tools/long_horizon_call.sh).
     dir=runs/hf
     step hf_checkpoint 240 python -m fp4rl.model.hf_local $dir/qwen3_300m --size=300m \
       --rows=$dir/rows.jsonl --num_rows=512 || exit 1
     # shellcheck disable=SC2086  # HF_ARGS are words
-    step hf_rl "${HF_SECONDS:-480}" python -m experiments.rl --preset hf --model.hf=$dir/qwen3_300m \
+    step hf_rl "${HF_SECONDS:-1500}" python -m experiments.rl --preset hf --model.hf=$dir/qwen3_300m \
       --rl.data_file=$dir/rows.jsonl --rl.steps="${HF_STEPS:-4}" --rl.out=$dir/rl ${HF_ARGS:-}
     cp "$log" $dir/log.txt
     tar czf "$OUT/hf.tgz" --exclude=checkpoint --exclude=tb $dir/rl $dir/log.txt $dir/qwen3_300m/config.json
