@@ -7,7 +7,7 @@ log-softmax's temporaries (docs/parallel.md "Memory per device"). Here the final
 cut into chunks of `chunk` positions; each chunk's logits are formed, reduced to the picked
 token's log-prob and the entropy, and dropped; the backward recomputes them chunk by chunk
 (`jax.checkpoint`), so one chunk's logits are live at a time. The values are those of
-`policy.next_token_logprobs` and `dapo.token_entropy` on the full logits, up to the order of
+`token_logprobs.next_token_logprobs` and `dapo.token_entropy` on the full logits, up to the order of
 f32 sums (tests compare them).
 """
 
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from fp4rl.rl.token_logprobs import pick_last_axis, sampling_logprobs  # the unchunked path's own ops
 
 
 def _chunks(x, chunk: int):
@@ -35,8 +37,6 @@ def response_stats(h_NxLxD, head, tokens_NxL, prompt_len: int, temperature, chun
     under softmax(logits / temperature) (temperature <= 0: the raw logits), from the final norm's
     output h and `head(h_rows) -> f32 logits` (`transformer.forward(hidden=True)`), `chunk`
     positions at a time. The entropy is logged, never differentiated."""
-    from fp4rl.rl.policy import _logp_V, pick_last_axis  # the unchunked path's own ops
-
     if chunk < 1:
         raise ValueError(f"chunk={chunk} must be >= 1 positions")
     h_NxTrxD = h_NxLxD[:, prompt_len - 1 : -1]  # the positions that predict the response tokens
@@ -46,7 +46,7 @@ def response_stats(h_NxLxD, head, tokens_NxL, prompt_len: int, temperature, chun
 
     @jax.checkpoint  # the backward recomputes a chunk's logits instead of keeping them
     def one_chunk(h_NxCxD, targets_NxC):
-        logp_NxCxV = _logp_V(head(h_NxCxD), temperature)
+        logp_NxCxV = sampling_logprobs(head(h_NxCxD), temperature)
         entropy = -jnp.sum(jnp.exp(logp_NxCxV) * logp_NxCxV, axis=-1)
         return pick_last_axis(logp_NxCxV, targets_NxC), jax.lax.stop_gradient(entropy)
 

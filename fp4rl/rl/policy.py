@@ -19,6 +19,7 @@ import optax
 from fp4rl.model import transformer
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import chunked_head, dapo, micro_batch
+from fp4rl.rl.token_logprobs import next_token_logprobs
 
 GRAD_GROUPS = ("shared_expert", "routed_experts", "router", "attention", "last_layers", "embed_head")
 
@@ -68,24 +69,6 @@ def group_norms(grads, masks) -> dict[str, jax.Array]:
         sq = [jnp.sum(jnp.square(g.astype(jnp.float32))) for g, m in zip(jax.tree.leaves(grads), jax.tree.leaves(mask)) if m]
         out[f"grad_norm/{group}"] = jnp.sqrt(sum(sq)) if sq else jnp.float32(0)
     return out
-
-
-def next_token_logprobs(logits_NxLxV, tokens_NxL, temperature=1.0):
-    """log p(token_t | tokens_<t) for t = 1..L-1: [N, L-1], in float32, under the sampling
-    distribution softmax(logits / temperature) (temperature 0, greedy, scores the raw logits)."""
-    return pick_last_axis(_logp_V(logits_NxLxV[:, :-1], temperature), tokens_NxL[:, 1:])
-
-
-def pick_last_axis(x_NxTxV, index_NxT):
-    """x[n, t, index[n, t]] as a one-hot sum (exact: one nonzero term), whose gradient is a product
-    where take_along_axis's is a scatter, which XLA:GPU's deterministic mode sorts (`expert_dispatch`)."""
-    return jnp.sum(x_NxTxV * jax.nn.one_hot(index_NxT, x_NxTxV.shape[-1], dtype=x_NxTxV.dtype), axis=-1)
-
-
-def _logp_V(logits, temperature):
-    """log softmax of logits / temperature in float32 (temperature <= 0: the raw logits)."""
-    t = jnp.asarray(temperature, jnp.float32)
-    return jax.nn.log_softmax(logits.astype(jnp.float32) / jnp.where(t > 0, t, 1.0), axis=-1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,10 +29,11 @@ from fp4rl.model.config import ModelConfig
 from fp4rl.parallel import placement
 from fp4rl.parallel.mesh import MeshConfig, make_mesh
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import data, evaluation, policy, resume, tokenizer
+from fp4rl.rl import data, evaluation, resume, tokenizer
 from fp4rl.rl.checkpoint import Checkpointer
 from fp4rl.rl.run_dir import prepare_out, read_json, write_json_atomic
 from fp4rl.rl.task import TaskConfig
+from fp4rl.rl.token_logprobs import pick_last_axis
 
 SFT_RECIPE = "bf16"
 
@@ -90,7 +91,7 @@ def _lm_loss(graphdef, params, batch):
     recipe = PrecisionRecipe.from_name(SFT_RECIPE)
     logits, aux = transformer.forward(graphdef, params, batch["ids_BxT"], recipe, valid=batch["mask_BxT"])
     logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-    nll = -policy.pick_last_axis(logp, batch["ids_BxT"][:, 1:])
+    nll = -pick_last_axis(logp, batch["ids_BxT"][:, 1:])
     mask = batch["loss_mask_BxT"][:, 1:]
     return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1), aux["aux_loss"]
 

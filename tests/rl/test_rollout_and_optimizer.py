@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fp4rl.rl import dapo, policy, rollout
+from fp4rl.rl.token_logprobs import next_token_logprobs
 
 
 def _generation(num_prompts: int, group_size: int, tr: int = 4) -> rollout.Generation:
@@ -109,8 +110,8 @@ def test_loss_config_validates():
 def test_logprobs_honour_the_temperature():
     logits = jax.random.normal(jax.random.key(0), (2, 5, 7))
     tokens = jax.random.randint(jax.random.key(1), (2, 5), 0, 7)
-    got = policy.next_token_logprobs(logits, tokens, 0.5)
+    got = next_token_logprobs(logits, tokens, 0.5)
     want = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1] / 0.5), tokens[:, 1:, None], -1)[..., 0]
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
     raw = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), tokens[:, 1:, None], -1)[..., 0]
-    np.testing.assert_array_equal(np.asarray(policy.next_token_logprobs(logits, tokens, 0.0)), np.asarray(raw))
+    np.testing.assert_array_equal(np.asarray(next_token_logprobs(logits, tokens, 0.0)), np.asarray(raw))
