@@ -51,3 +51,13 @@ def test_the_chunked_lm_head_holds_one_chunk_of_logits():
     saved = rl_memory.OVERHEAD * 12 * mc.vocab_size * (8192 - 1024)
     assert whole["activations_options"] - chunked["activations_options"] == pytest.approx(saved)
     assert chunked["logit_chunk"] == 1024 and whole["logit_chunk"] == 8192
+
+
+def test_generation_chunks_divide_the_kv_cache():
+    mc = rl_memory.qwen3_30b_a3b()
+    shape = dict(data=1, expert=8, seq_len=8192, prompts=32, group_size=16, mini_batches=4)
+    whole, chunked = (rl_memory.memory_per_device(mc, generation_chunks=k, **shape) for k in (1, 4))
+    assert chunked["kv_cache"] * 4 == whole["kv_cache"] and chunked["rollout_rows"] == 16
+    assert chunked["update_rows"] == whole["update_rows"] == 16  # the update's rows do not change
+    with pytest.raises(ValueError, match="generation_chunks=3 must split 512 rows evenly over 8 devices"):
+        rl_memory.memory_per_device(mc, generation_chunks=3, **shape)

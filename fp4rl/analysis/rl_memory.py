@@ -9,7 +9,8 @@ docs/parallel.md "Design"):
   weights    = 4 P_dev f32 master weights + 4 P_dev the reference (KL) copy + 2 P_dev the synced
                forward weights (bf16: the `bf16` arm; NVFP4 experts take ~0.56 bytes instead)
   optimizer  = 8 P_dev AdamW's two f32 moments + 4 P_dev the f32 gradient
-  KV cache   = rollout rows per device x S x L x 2 (k, v) x kv heads x head_dim x 2 (bf16)
+  KV cache   = rollout rows per device and sampler call (a generation batch's rows / generation_chunks)
+               x S x L x 2 (k, v) x kv heads x head_dim x 2 (bf16)
   activations, one update's mini-batch (rows per device x S tokens, T):
     as the code runs = OVERHEAD T a(S), a(S) of `fp4rl.analysis.scaling_plan` (every layer's saved
                        tensors, the materialised attention scores and probabilities among them)
@@ -59,15 +60,18 @@ def params_per_device(mc: ModelConfig, expert: int) -> float:
 
 def memory_per_device(mc: ModelConfig, *, data: int, expert: int, seq_len: int, prompts: int, group_size: int,
                       mini_batches: int, micro_rows: int = 1, query_chunk: int = 1024,
-                      logit_chunk: int = 0) -> dict[str, float]:
+                      logit_chunk: int = 0, generation_chunks: int = 1) -> dict[str, float]:
     """Bytes per device of each part (module docstring) for one RL step of this shape; the update's
     options: remat, micro-batches of `micro_rows` rows per device, attention in chunks of
     `query_chunk` queries (0: all at once), the LM head over `logit_chunk` positions at a time (0:
-    all at once)."""
+    all at once); the rollout in `generation_chunks` sampler calls per generation batch."""
     devices = data * expert
     p = params_per_device(mc, expert)
-    rollout_rows = prompts * group_size / devices
-    update_rows = rollout_rows / mini_batches
+    if generation_chunks < 1 or (prompts * group_size) % (generation_chunks * devices):
+        raise ValueError(f"generation_chunks={generation_chunks} must split {prompts * group_size} rows evenly over "
+                         f"{devices} devices")
+    rollout_rows = prompts * group_size / devices / generation_chunks
+    update_rows = prompts * group_size / devices / mini_batches
     if micro_rows < 1 or update_rows % micro_rows:
         raise ValueError(f"micro_rows={micro_rows} must be >= 1 and divide the {update_rows:.0f} update rows per device")
     if query_chunk < 0 or logit_chunk < 0:
@@ -90,12 +94,13 @@ def memory_per_device(mc: ModelConfig, *, data: int, expert: int, seq_len: int, 
 
 
 def table(mc: ModelConfig, seq_len: int, prompts: int, group_size: int, mini_batches: int, micro_rows: int = 1,
-          query_chunk: int = 1024, logit_chunk: int = 0) -> str:
+          query_chunk: int = 1024, logit_chunk: int = 0, generation_chunks: int = 1) -> str:
     count = mc.param_count()
     lines = [f"Qwen3-30B-A3B: {count.total / 1e9:.2f}B parameters, {count.active / 1e9:.2f}B active; sequences of "
              f"{seq_len} tokens; {prompts} prompts x {group_size} samples, {mini_batches} mini-batches; update options: "
              f"remat, {micro_rows} row(s) per device per micro-batch, attention query chunk {query_chunk or seq_len}, "
-             f"LM head over {logit_chunk or seq_len} positions at a time", "",
+             f"LM head over {logit_chunk or seq_len} positions at a time; rollout in {generation_chunks} sampler "
+             "call(s) per generation batch", "",
              "| mesh (data x expert) | params/device | weights (f32 + ref + bf16) | AdamW + grads | KV cache (rollout) "
              "| activations as the code runs by default | activations with the options (micro-batch rows) "
              "| fits H200 (141 GB) / B200 (180 GB) with the options |",
@@ -104,7 +109,7 @@ def table(mc: ModelConfig, seq_len: int, prompts: int, group_size: int, mini_bat
     for data, expert in MESHES:
         m = memory_per_device(mc, data=data, expert=expert, seq_len=seq_len, prompts=prompts, group_size=group_size,
                               mini_batches=mini_batches, micro_rows=micro_rows, query_chunk=query_chunk,
-                              logit_chunk=logit_chunk)
+                              logit_chunk=logit_chunk, generation_chunks=generation_chunks)
         static = m["weights"] + m["optimizer"]
         need = static + max(m["kv_cache"], m["activations_options"])
         fits = " / ".join("yes" if need <= cap else "no" for cap in DEVICES.values())
@@ -128,9 +133,11 @@ def main(argv=None) -> None:
                         help="queries per attention chunk (0: all at once)")
     parser.add_argument("--logit_chunk", type=int, default=preset.memory.logit_chunk,
                         help="positions per LM-head chunk (0: all at once)")
+    parser.add_argument("--generation_chunks", type=int, default=preset.generation_chunks,
+                        help="sampler calls per generation batch")
     args = parser.parse_args(argv)
     print(table(qwen3_30b_a3b(), args.seq_len, args.prompts, args.group_size, args.mini_batches, args.micro_rows,
-                args.query_chunk, args.logit_chunk), end="")
+                args.query_chunk, args.logit_chunk, args.generation_chunks), end="")
 
 
 if __name__ == "__main__":

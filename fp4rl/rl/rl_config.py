@@ -83,7 +83,10 @@ class RLConfig:
       reward_model.ground_truth, solution, answer).
     prompts_per_step x group_size responses are trained on per step, in `mini_batches`
     updates of whole groups (the kept groups spread evenly over them); `max_gen_batches` bounds
-    dynamic sampling. prompt_len: max prompt tokens. temperature: the sampling temperature; the
+    dynamic sampling. generation_chunks: each generation batch's prompts_per_step x group_size rows
+    are sampled in this many calls of equal rows, one after the other, so the KV cache holds only
+    one call's rows (1: all at once; with more, call j draws with the batch's keys folded with j).
+    prompt_len: max prompt tokens. temperature: the sampling temperature; the
     sampler's and the trainer's log-probs are both those of softmax(logits / temperature).
     eval_every: held-out evaluation every this many steps (and at the last step; 0: never) on
     `eval_prompts` problems of stream `eval_task_seed`: greedy accuracy (`eval/accuracy`, docs/rl.md's
@@ -115,6 +118,7 @@ class RLConfig:
     group_size: int = 8
     prompts_per_step: int = 4
     max_gen_batches: int = 3
+    generation_chunks: int = 1
     mini_batches: int = 2
     max_new_tokens: int = 48
     overlong_buffer: int = 8
@@ -167,10 +171,19 @@ class RLConfig:
         rows = self.prompts_per_step * self.group_size // self.mini_batches
         self.mesh.check_rows(rows, "prompts_per_step * group_size / mini_batches")
         micro_batch.check_micro_batches(self.memory.micro_batches, rows, self.mesh.size)
+        self._check_generation_chunks()
         if not 1 <= self.overlong_buffer <= self.max_new_tokens:
             raise ValueError(f"overlong_buffer={self.overlong_buffer} must be in [1, max_new_tokens={self.max_new_tokens}] "
                              "(DAPO's overlong shaping starts that many tokens before the limit)")
         self._check_evaluation()
+
+    def _check_generation_chunks(self):
+        rows = self.prompts_per_step * self.group_size
+        valid = [k for k in range(1, rows + 1) if rows % k == 0 and (rows // k) % self.mesh.size == 0]
+        if self.generation_chunks not in valid:
+            raise ValueError(f"generation_chunks={self.generation_chunks} must split the {rows} rows of a generation batch "
+                             f"(prompts_per_step * group_size) into equal calls whose rows split evenly over "
+                             f"{self.mesh.size} device(s); valid options: {', '.join(map(str, valid))}")
 
     def _check_evaluation(self):
         """A data_file run evaluates on held-out rows of eval_file; every other run on the procedural

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from fp4rl.grouped import AUTO
 from fp4rl.model import sync as model_sync
 from fp4rl.model.config import ModelConfig
+from fp4rl.model.sampler import SampleOutput
 from fp4rl.model.transformer import graphdef_of
 from fp4rl.parallel import placement
 from fp4rl.parallel.mesh import make_mesh
@@ -225,7 +226,7 @@ class Trainer:
             return []
         c = self.config
         S, R, P, T = len(self.seeds), c.prompts_per_step * c.group_size, c.prompt_len, c.max_new_tokens
-        n = R // c.mini_batches
+        n, rows_per_call = R // c.mini_batches, R // c.generation_chunks
         i32, f32 = jnp.int32, jnp.float32
         spec = lambda shape, dtype: _abstract(jax.ShapeDtypeStruct(shape, dtype))  # noqa: E731
         state = lambda: _abstract(jax.eval_shape(self._fresh_state))  # noqa: E731
@@ -236,7 +237,8 @@ class Trainer:
 
         def sample():
             qparams = _abstract(jax.eval_shape(self._sync, state()["params"])[0])
-            return self._sample.lower(qparams, spec((S, R, P), i32), spec((S, R, P), bool), keys(), spec((), f32))
+            return self._sample.lower(qparams, spec((S, rows_per_call, P), i32), spec((S, rows_per_call, P), bool), keys(),
+                                      spec((), f32))
 
         def update():
             s = state()
@@ -245,7 +247,7 @@ class Trainer:
             return self._update.lower(s["params"], s["opt_state"], batch, keys(), spec((), bool))
 
         shapes = (S, R, P, T)
-        return [("sync", (self._sync, shapes), sync), ("sample", (self._sample, shapes), sample),
+        return [("sync", (self._sync, shapes), sync), ("sample", (self._sample, shapes, rows_per_call), sample),
                 ("update", (self._update, shapes, n), update)]
 
     # ------------------------------------------------------------------ state
@@ -322,8 +324,7 @@ class Trainer:
             mask = np.stack([np.repeat(x["prompt_mask_BxT"], c.group_size, 0) for x in batches])
             keys = self._step_keys(step, b)
             t0 = time.time()
-            inputs = (*self._put_rows((ids.astype(np.int32), mask.astype(bool))), keys, self._put(jnp.float32(c.temperature)))
-            out = jax.device_get(self._sample(qparams, *inputs))
+            out = self._generate(qparams, ids.astype(np.int32), mask.astype(bool), keys, jnp.float32(c.temperature))
             gen_time += time.time() - t0
             gen_tokens += float(np.sum(out.lengths))
             for k, pool in enumerate(pools):
@@ -334,6 +335,22 @@ class Trainer:
             if all(p.full for p in pools):
                 break
         return pools, b + 1, gen_time, gen_tokens
+
+    def _generate(self, qparams, ids_SxRxP, mask_SxRxP, keys, temperature) -> SampleOutput:
+        """The sampler on a generation batch's rows (host arrays), in `generation_chunks` calls of
+        equal rows (the KV cache holds one call's); call j draws with `keys` folded with j, one call
+        with `keys` as they are. Returns host arrays."""
+        k = self.config.generation_chunks
+        if k == 1:
+            inputs = (*self._put_rows((ids_SxRxP, mask_SxRxP)), keys, self._put(temperature))
+            return jax.device_get(self._sample(qparams, *inputs))
+        calls = []
+        for j, (ids, mask) in enumerate(zip(np.split(ids_SxRxP, k, axis=1), np.split(mask_SxRxP, k, axis=1))):
+            keys_j = self._put(jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, j))
+            calls.append(jax.device_get(self._sample(qparams, *self._put_rows((ids, mask)), keys_j, self._put(temperature))))
+        # rows are axis 1 of [seeds, rows, ...], axis 2 of router_topk [seeds, moe layers, rows, ...]
+        return SampleOutput(*(np.concatenate(parts, axis=2 if name == "router_topk" else 1)
+                              for name, parts in zip(SampleOutput._fields, zip(*calls))))
 
     def step(self, state, step: int):
         with self._on_mesh():
@@ -538,9 +555,8 @@ class Trainer:
             keys = jnp.stack([jax.random.fold_in(jax.random.key(c.eval_task_seed), 1000 * s + i) for s in self.seeds])
             all_answers += answers
             for mode, temperature in (("greedy", 0.0), ("sampled", c.temperature)):
-                inputs = (*self._put_rows((np.stack([ids] * n).astype(np.int32), np.stack([mask] * n).astype(bool))),
-                          self._put(keys), self._put(jnp.float32(temperature)))
-                tokens = np.asarray(self._sample(qparams, *inputs).tokens)
+                tokens = self._generate(qparams, np.stack([ids] * n).astype(np.int32), np.stack([mask] * n).astype(bool),
+                                        self._put(keys), jnp.float32(temperature)).tokens
                 for k in range(n):
                     texts[mode][k] += decode_batch(self.codec, tokens[k][: len(answers)])
         records = []
