@@ -287,7 +287,7 @@ def plot(result: Learning, path: Path) -> Path:
     return path
 
 
-def _window(text: str) -> tuple[int, int]:
+def parse_window(text: str) -> tuple[int, int]:
     try:
         start, end = (int(v) for v in text.split(":"))
     except ValueError:
@@ -297,7 +297,7 @@ def _window(text: str) -> tuple[int, int]:
     return start, end
 
 
-def _reward_cap(text: str) -> tuple[float, int]:
+def parse_reward_cap(text: str) -> tuple[float, int]:
     try:
         cap, step = text.split("@")
         return float(cap), int(step)
@@ -308,8 +308,8 @@ def _reward_cap(text: str) -> tuple[float, int]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m fp4rl.analysis.learning", description=__doc__.split("\n")[0])
     parser.add_argument("arm_dir", help="a directory holding seed*/metrics.jsonl")
-    parser.add_argument("--window", type=_window, help="START:END: also judge the long-horizon bar on this window")
-    parser.add_argument("--reward_cap", type=_reward_cap, default=(0.8, 150),
+    parser.add_argument("--window", type=parse_window, help="START:END: also judge the long-horizon bar on this window")
+    parser.add_argument("--reward_cap", type=parse_reward_cap, default=(0.8, 150),
                         help="CAP@STEP for the long-horizon bar (default 0.8@150)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     result = summarize(args.arm_dir)

@@ -117,24 +117,20 @@ def status_markdown(run_dir: str | Path, window=(150, 300), reward_cap=0.8, cap_
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _cap(text: str) -> tuple[float, int]:
-    cap, _, step = text.partition("@")
-    return float(cap), int(step)
-
-
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(prog="python -m fp4rl.analysis.matrix_status", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="the matrix directory: ARM/seedK/metrics.jsonl")
-    parser.add_argument("--window", default="150:300", help="the long-horizon window, START:END (steps)")
-    parser.add_argument("--reward_cap", default="0.8@150", help="CAP@STEP: the early-saturation cap")
+    parser.add_argument("--window", type=learning.parse_window, default=(150, 300),
+                        help="the long-horizon window, START:END (steps; default 150:300)")
+    parser.add_argument("--reward_cap", type=learning.parse_reward_cap, default=(0.8, 150),
+                        help="CAP@STEP: the early-saturation cap (default 0.8@150)")
     parser.add_argument("--preset", default="h200-chain", help="the preset in the next run's command")
     parser.add_argument("--warmup_sha", default="", help="the warm-up digest the next run's command holds it to")
     parser.add_argument("--write", default="", help="also write the status here (markdown)")
     args = parser.parse_args(argv)
     if not Path(args.run_dir).is_dir():
         parser.error(f"{args.run_dir} is not a directory")
-    start, _, end = args.window.partition(":")
-    text = status_markdown(args.run_dir, (int(start), int(end)), *_cap(args.reward_cap), args.preset, args.warmup_sha)
+    text = status_markdown(args.run_dir, args.window, *args.reward_cap, args.preset, args.warmup_sha)
     if args.write:
         Path(args.write).write_text(text)
     print(text)

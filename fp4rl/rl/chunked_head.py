@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fp4rl.rl.token_logprobs import pick_last_axis, sampling_logprobs  # the unchunked path's own ops
+from fp4rl.rl.token_logprobs import entropy, pick_last_axis, sampling_logprobs  # the unchunked path's own ops
 
 
 def _chunks(x, chunk: int):
@@ -47,8 +47,7 @@ def response_stats(h_NxLxD, head, tokens_NxL, prompt_len: int, temperature, chun
     @jax.checkpoint  # the backward recomputes a chunk's logits instead of keeping them
     def one_chunk(h_NxCxD, targets_NxC):
         logp_NxCxV = sampling_logprobs(head(h_NxCxD), temperature)
-        entropy = -jnp.sum(jnp.exp(logp_NxCxV) * logp_NxCxV, axis=-1)
-        return pick_last_axis(logp_NxCxV, targets_NxC), jax.lax.stop_gradient(entropy)
+        return pick_last_axis(logp_NxCxV, targets_NxC), jax.lax.stop_gradient(entropy(logp_NxCxV))
 
-    logp, entropy = jax.lax.map(lambda c: one_chunk(*c), (_chunks(h_NxTrxD, chunk), _chunks(targets_NxTr, chunk)))
-    return _unchunk(logp, tr), _unchunk(entropy, tr)
+    logp, token_entropy = jax.lax.map(lambda c: one_chunk(*c), (_chunks(h_NxTrxD, chunk), _chunks(targets_NxTr, chunk)))
+    return _unchunk(logp, tr), _unchunk(token_entropy, tr)

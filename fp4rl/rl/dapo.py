@@ -17,6 +17,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from fp4rl.rl.token_logprobs import entropy, sampling_logprobs
+
 
 def masked_mean(x, mask, axis=None):
     """Mean of `x` over `mask`; 0 where the mask is empty (not NaN).
@@ -190,6 +192,4 @@ def mismatch_stats(logp_trainer_NxT, logp_sampler_NxT, mask_NxT):
 def token_entropy(logits_NxTxV, temperature=1.0):
     """Per-token entropy of softmax(logits / temperature), [N, T] (logged, never in the DAPO loss);
     temperature <= 0 (greedy) measures the raw logits."""
-    t = jnp.asarray(temperature, jnp.float32)
-    logp = jax.nn.log_softmax(logits_NxTxV.astype(jnp.float32) / jnp.where(t > 0, t, 1.0), axis=-1)
-    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    return entropy(sampling_logprobs(logits_NxTxV, temperature))

@@ -35,7 +35,8 @@ from fp4rl.rl import dapo
 
 def valid_micro_batches(rows: int, devices: int = 1) -> list[int]:
     """The chunk counts that split `rows` rows into equal chunks, each with an equal share on every
-    one of `devices` devices (data parallelism splits each chunk's rows over them)."""
+    one of `devices` devices (data parallelism splits each chunk's rows over them); the rollout's
+    `generation_chunks` follow the same rule."""
     return [k for k in range(1, rows + 1) if rows % k == 0 and (rows // k) % devices == 0]
 
 

@@ -165,14 +165,12 @@ def _response_forward(graphdef, recipe: PrecisionRecipe, prompt_len: int, impl: 
     their place (`entropy_fn` reads either)."""
 
     def run(params, tokens_NxL, valid_NxL, key):
-        if memory.logit_chunk:
-            (h, head), aux = transformer.forward(graphdef, params, tokens_NxL, recipe, key=key, impl=impl,
-                                                 valid=valid_NxL, remat=memory.remat,
-                                                 attention_query_chunk=memory.attention_query_chunk, hidden=True)
-            logp, entropy = chunked_head.response_stats(h, head, tokens_NxL, prompt_len, temperature, memory.logit_chunk)
-            return (logp, aux["aux_loss"]), (entropy, aux["router_topk"][:, :, prompt_len - 1 : -1])
         logits, aux = transformer.forward(graphdef, params, tokens_NxL, recipe, key=key, impl=impl, valid=valid_NxL,
-                                          remat=memory.remat, attention_query_chunk=memory.attention_query_chunk)
+                                          remat=memory.remat, attention_query_chunk=memory.attention_query_chunk,
+                                          hidden=bool(memory.logit_chunk))
+        if memory.logit_chunk:  # `logits` is (final-norm output, head)
+            logp, entropy = chunked_head.response_stats(*logits, tokens_NxL, prompt_len, temperature, memory.logit_chunk)
+            return (logp, aux["aux_loss"]), (entropy, aux["router_topk"][:, :, prompt_len - 1 : -1])
         logp = next_token_logprobs(logits, tokens_NxL, temperature)[:, prompt_len - 1 :]
         # The router's top-k at the positions that predicted the response tokens (the sampler
         # records the choices of the token it feeds, t - 1).

@@ -101,7 +101,8 @@ class RLConfig:
     settings and records the change in config_changes.jsonl.
     mesh: data x expert devices (`fp4rl.parallel`, docs/parallel.md); 1 x 1 is the one-device program.
     memory: how the update trades compute for activation memory (`policy.UpdateMemory`: per-layer
-      rematerialisation, query-chunked attention, micro-batches of a mini-batch's rows).
+      rematerialisation, query-chunked attention, micro-batches of a mini-batch's rows, the LM head
+      over chunks of positions).
     expert_gemm: the routed experts' grouped-GEMM backend (`fp4rl.grouped.GEMMS`) for this run's
       programs; "" keeps the warm-up's (`ModelConfig.expert_gemm`, resolved when the warm-up was
       trained); "auto" the fastest on this platform for the warm-up's model, resolved when the run
@@ -179,7 +180,7 @@ class RLConfig:
 
     def _check_generation_chunks(self):
         rows = self.prompts_per_step * self.group_size
-        valid = [k for k in range(1, rows + 1) if rows % k == 0 and (rows // k) % self.mesh.size == 0]
+        valid = micro_batch.valid_micro_batches(rows, self.mesh.size)  # the same rule: equal chunks, even over devices
         if self.generation_chunks not in valid:
             raise ValueError(f"generation_chunks={self.generation_chunks} must split the {rows} rows of a generation batch "
                              f"(prompts_per_step * group_size) into equal calls whose rows split evenly over "

@@ -19,6 +19,11 @@ def pick_last_axis(x_NxTxV, index_NxT):
     return jnp.sum(x_NxTxV * jax.nn.one_hot(index_NxT, x_NxTxV.shape[-1], dtype=x_NxTxV.dtype), axis=-1)
 
 
+def entropy(logp_xV):
+    """-sum p log p over the last axis of log-probs (`sampling_logprobs`' output)."""
+    return -jnp.sum(jnp.exp(logp_xV) * logp_xV, axis=-1)
+
+
 def sampling_logprobs(logits, temperature):
     """log softmax of logits / temperature in float32 (temperature <= 0: the raw logits)."""
     t = jnp.asarray(temperature, jnp.float32)

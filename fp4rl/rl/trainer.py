@@ -324,7 +324,8 @@ class Trainer:
             mask = np.stack([np.repeat(x["prompt_mask_BxT"], c.group_size, 0) for x in batches])
             keys = self._step_keys(step, b)
             t0 = time.time()
-            out = self._generate(qparams, ids.astype(np.int32), mask.astype(bool), keys, jnp.float32(c.temperature))
+            out = jax.device_get(self._generate(qparams, ids.astype(np.int32), mask.astype(bool), keys,
+                                                jnp.float32(c.temperature)))
             gen_time += time.time() - t0
             gen_tokens += float(np.sum(out.lengths))
             for k, pool in enumerate(pools):
@@ -337,19 +338,19 @@ class Trainer:
         return pools, b + 1, gen_time, gen_tokens
 
     def _generate(self, qparams, ids_SxRxP, mask_SxRxP, keys, temperature) -> SampleOutput:
-        """The sampler on a generation batch's rows (host arrays), in `generation_chunks` calls of
-        equal rows (the KV cache holds one call's); call j draws with `keys` folded with j, one call
-        with `keys` as they are. Returns host arrays."""
+        """The sampler on a generation batch's rows (host arrays [seeds, rows, P]), in
+        `generation_chunks` calls of equal rows (the KV cache holds one call's); call j draws with
+        `keys` folded with j, one call with `keys` as they are. Returns device arrays: the caller
+        fetches what it reads."""
         k = self.config.generation_chunks
         if k == 1:
-            inputs = (*self._put_rows((ids_SxRxP, mask_SxRxP)), keys, self._put(temperature))
-            return jax.device_get(self._sample(qparams, *inputs))
+            return self._sample(qparams, *self._put_rows((ids_SxRxP, mask_SxRxP)), keys, self._put(temperature))
         calls = []
         for j, (ids, mask) in enumerate(zip(np.split(ids_SxRxP, k, axis=1), np.split(mask_SxRxP, k, axis=1))):
             keys_j = self._put(jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, j))
-            calls.append(jax.device_get(self._sample(qparams, *self._put_rows((ids, mask)), keys_j, self._put(temperature))))
+            calls.append(self._sample(qparams, *self._put_rows((ids, mask)), keys_j, self._put(temperature)))
         # rows are axis 1 of [seeds, rows, ...], axis 2 of router_topk [seeds, moe layers, rows, ...]
-        return SampleOutput(*(np.concatenate(parts, axis=2 if name == "router_topk" else 1)
+        return SampleOutput(*(jnp.concatenate(parts, axis=2 if name == "router_topk" else 1)
                               for name, parts in zip(SampleOutput._fields, zip(*calls))))
 
     def step(self, state, step: int):
@@ -555,8 +556,9 @@ class Trainer:
             keys = jnp.stack([jax.random.fold_in(jax.random.key(c.eval_task_seed), 1000 * s + i) for s in self.seeds])
             all_answers += answers
             for mode, temperature in (("greedy", 0.0), ("sampled", c.temperature)):
-                tokens = self._generate(qparams, np.stack([ids] * n).astype(np.int32), np.stack([mask] * n).astype(bool),
-                                        self._put(keys), jnp.float32(temperature)).tokens
+                tokens = np.asarray(self._generate(qparams, np.stack([ids] * n).astype(np.int32),
+                                                   np.stack([mask] * n).astype(bool), self._put(keys),
+                                                   jnp.float32(temperature)).tokens)
                 for k in range(n):
                     texts[mode][k] += decode_batch(self.codec, tokens[k][: len(answers)])
         records = []
