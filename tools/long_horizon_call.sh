@@ -26,10 +26,10 @@ deadline=$(( $(date +%s) + ${WAIT:-540} ))
 while [ "$(date +%s)" -lt "$deadline" ] && [ ! -e "$RUN_DIR/done" ]; do sleep 10; done
 tail -c 3000 "$RUN_DIR/log.txt" 2>/dev/null | tr '\r' '\n' | tail -n 25
 cp "$RUN_DIR/log.txt" "$OUT/" 2>/dev/null
-snapshot() {  # snapshot NAME: the runs' metrics and tables, no checkpoints (the matrix's runs live in MATRIX_DIR)
+snapshot() {  # snapshot NAME: the runs' metrics and tables, no checkpoints or weights (the matrix's runs live in MATRIX_DIR)
   local matrix=${MATRIX_DIR:-/tmp/fp4rl-matrix}
   # shellcheck disable=SC2046  # the matrix folder, where there is one
-  tar czf "$OUT/$1" --exclude=checkpoint --exclude=tb --exclude=.jax_cache -C "$RUN_DIR/tree" runs \
+  tar czf "$OUT/$1" --exclude=checkpoint --exclude=tb --exclude=.jax_cache --exclude='*.safetensors' -C "$RUN_DIR/tree" runs \
     $([ -d "$matrix" ] && echo "-C $matrix .") 2>/dev/null
 }
 if [ -e "$RUN_DIR/done" ]; then

@@ -36,7 +36,7 @@ from jax import lax
 from fp4rl import qlinear
 from fp4rl.formats import nvfp4
 from fp4rl.grouped import PACKED_GEMMS
-from fp4rl.model.transformer import resolve_recipe, forward, init_cache
+from fp4rl.model.transformer import resolve_recipe, forward, grow_cache, init_cache
 
 F32 = jnp.float32
 
@@ -46,7 +46,14 @@ class SamplerConfig:
     """max_new_tokens: T_new. temperature: 0 means greedy (argmax); > 0 scales the logits.
     top_p: nucleus sampling mass in (0, 1] (1 disables it). eos_id stops a row, and so does
     each of stop_ids (a chat checkpoint ends a turn and a text on different tokens); pad_id fills
-    the tokens after the stop (and marks left padding in prompts by default)."""
+    the tokens after the stop (and marks left padding in prompts by default).
+    prompt_prefill: the prefill runs on a cache of the prompt's P slots (grown to P + T_new - 1
+    after it) and applies the LM head to the last position only, so its attention scores are
+    [B, H, P, P] and its logits [B, V] where they would be [B, H, P, P + T_new - 1] and [B, P, V]:
+    at thousands of new tokens (the `hf` preset: 1k prompt + 7k new, 128 rows) the full-width
+    prefill's f32 scores alone need 64 GiB. The same values up to the order of additions over the
+    empty slots and rows; off by default so that the programs of the short-sequence presets (and
+    the digests their measurements were taken under, results/long_h200/chain) stay as they are."""
 
     max_new_tokens: int
     temperature: float
@@ -54,6 +61,7 @@ class SamplerConfig:
     eos_id: int
     pad_id: int
     stop_ids: tuple[int, ...] = ()
+    prompt_prefill: bool = False
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -119,7 +127,8 @@ def generate(graphdef, qparams, prompt_BxP, recipe, sampler: SamplerConfig, *, k
     return _generate(graphdef, recipe, impl, sampler.max_new_tokens, qparams, prompt_BxP,
                      jnp.asarray(prompt_lengths_B, jnp.int32), key,
                      sampler.temperature if temperature is None else temperature, sampler.top_p,
-                     jnp.asarray((sampler.eos_id, *sampler.stop_ids), jnp.int32), sampler.pad_id)
+                     jnp.asarray((sampler.eos_id, *sampler.stop_ids), jnp.int32), sampler.pad_id,
+                     sampler.prompt_prefill)
 
 
 def operands_ahead(qparams, config):
@@ -143,20 +152,24 @@ def is_stop(token_B, stop_S):
     return jnp.any(token_B[:, None] == stop_S[None, :], axis=1)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 12))
 def _generate(graphdef, recipe, impl, T, qparams, prompt_BxP, prompt_lengths_B, key, temperature, top_p,
-              stop_S, pad_id) -> SampleOutput:
+              stop_S, pad_id, prompt_prefill=False) -> SampleOutput:
     config = nnx.merge(graphdef, qparams).config
     qparams = operands_ahead(qparams, config)
     B, P = prompt_BxP.shape
     prompt_valid_BxP = jnp.arange(P)[None, :] >= (P - prompt_lengths_B[:, None])
     # Slots: the prompt, then new tokens 0..T-2 fed back (the last sampled token is never fed).
-    cache = init_cache(config, B, P + T - 1)
+    cache = init_cache(config, B, P if prompt_prefill else P + T - 1)
     # The forward's key feeds only a quantized backward, which sampling never runs; it is passed
     # so that raw (unsynced) params under such a recipe are accepted too.
     key, fwd_key = jax.random.split(key)
 
-    def step_model(tokens_BxL, valid_BxL, cache):
+    def step_model(tokens_BxL, valid_BxL, cache, last_only=False):
+        if last_only:  # the LM head on the last position alone
+            (h_BxLxD, head), aux = forward(graphdef, qparams, tokens_BxL, recipe, key=fwd_key, impl=impl,
+                                           cache=cache, valid=valid_BxL, hidden=True)
+            return head(h_BxLxD[:, -1]), aux["router_topk"][:, :, -1], aux["cache"]
         logits, aux = forward(graphdef, qparams, tokens_BxL, recipe, key=fwd_key, impl=impl,
                               cache=cache, valid=valid_BxL)
         return logits[:, -1], aux["router_topk"][:, :, -1], aux["cache"]
@@ -175,7 +188,9 @@ def _generate(graphdef, recipe, impl, T, qparams, prompt_BxP, prompt_lengths_B, 
     M, k = config.num_moe_layers, config.top_k
     out = (jnp.full((B, T), pad_id, jnp.int32), jnp.zeros((B, T), F32),
            jnp.zeros((B,), jnp.int32), jnp.full((M, B, T, k), -1, jnp.int32))
-    logits_BxV, topk_MxBxK, cache = step_model(prompt_BxP, prompt_valid_BxP, cache)
+    logits_BxV, topk_MxBxK, cache = step_model(prompt_BxP, prompt_valid_BxP, cache, last_only=prompt_prefill)
+    if prompt_prefill:
+        cache = grow_cache(cache, P + T - 1)
     token_B, done_B, key, out = emit(0, logits_BxV, topk_MxBxK, jnp.zeros((B,), bool), key, out)
 
     def cond(carry):

@@ -77,6 +77,17 @@ def init_cache(config: ModelConfig, batch: int, size: int) -> KVCache:
     )
 
 
+def grow_cache(cache: KVCache, size: int) -> KVCache:
+    """`cache` with `size` slots: its slots as they are, then empty ones (a prefill on a cache of
+    the prompt's width, whose attention then spans the prompt only, grown for the decode)."""
+    extra = size - cache.size
+    if extra < 0:
+        raise ValueError(f"cannot shrink a cache of {cache.size} slots to {size}")
+    grow = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))  # noqa: E731
+    return dataclasses.replace(cache, k=tuple(map(grow, cache.k)), v=tuple(map(grow, cache.v)),
+                               valid_BxS=jnp.pad(cache.valid_BxS, ((0, 0), (0, extra))))
+
+
 ONE_HOT_MAX_VOCAB = 1024
 
 

@@ -25,10 +25,11 @@ from fp4rl.rl.task import TaskConfig, make_problem
 
 
 def sampler_config(max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                   codec: TextCodec = CHAR) -> model_sampler.SamplerConfig:
+                   codec: TextCodec = CHAR, prompt_prefill: bool = False) -> model_sampler.SamplerConfig:
     """Rows stop on any of the codec's stop ids."""
     return model_sampler.SamplerConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                       eos_id=codec.stop_ids[0], pad_id=codec.pad_id, stop_ids=codec.stop_ids[1:])
+                                       eos_id=codec.stop_ids[0], pad_id=codec.pad_id, stop_ids=codec.stop_ids[1:],
+                                       prompt_prefill=prompt_prefill)
 
 
 def sample_fn(graphdef, recipe: PrecisionRecipe, config: model_sampler.SamplerConfig, impl: str):

@@ -86,6 +86,8 @@ class RLConfig:
     dynamic sampling. generation_chunks: each generation batch's prompts_per_step x group_size rows
     are sampled in this many calls of equal rows, one after the other, so the KV cache holds only
     one call's rows (1: all at once; with more, call j draws with the batch's keys folded with j).
+    prompt_prefill: the sampler's prefill attends over the prompt's slots only and applies the LM
+    head to its last position (`SamplerConfig.prompt_prefill`; needed at thousands of new tokens).
     prompt_len: max prompt tokens. temperature: the sampling temperature; the
     sampler's and the trainer's log-probs are both those of softmax(logits / temperature).
     eval_every: held-out evaluation every this many steps (and at the last step; 0: never) on
@@ -120,6 +122,7 @@ class RLConfig:
     prompts_per_step: int = 4
     max_gen_batches: int = 3
     generation_chunks: int = 1
+    prompt_prefill: bool = False
     mini_batches: int = 2
     max_new_tokens: int = 48
     overlong_buffer: int = 8

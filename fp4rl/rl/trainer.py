@@ -147,7 +147,8 @@ class Trainer:
 
         # `apply` (not per seed): False runs the forward only (old and reference log-probs).
         self._update = jax.jit(jax.vmap(update, in_axes=(0, 0, 0, 0, None)))
-        scfg = evaluation.sampler_config(config.max_new_tokens, config.temperature, config.top_p, self.codec)
+        scfg = evaluation.sampler_config(config.max_new_tokens, config.temperature, config.top_p, self.codec,
+                                         config.prompt_prefill)
         self._sync, self._sample = _forward_programs(
             self.graphdef, self.model_config, self.recipe.forward_only(), scfg, config.impl)
         self._eval_batches = self._held_out_batches(inputs)

@@ -68,14 +68,16 @@ def _trainer_logprobs(graphdef, params, prompt, out, recipe):
 # <= 1e-6 under bf16, full, nvfp4 and +46 here: bound 1e-5. Under an NVFP4 recipe such an ulp
 # could in principle push one activation across an E2M1 rounding boundary (|delta| ~1e-3); with
 # these fixed seeds none does, so a failure means the two paths' inputs diverged by more than
-# rounding order. Routing must agree exactly (flip rate 0).
-@pytest.mark.parametrize("name", ["bf16", "full"])
-def test_sampler_logprobs_match_trainer(name):
+# rounding order. Routing must agree exactly (flip rate 0). A prompt-width prefill (its
+# attention over the P prompt slots, the head on the last position) changes only that order too.
+@pytest.mark.parametrize("name,prompt_prefill", [("bf16", False), ("full", False), ("full", True)])
+def test_sampler_logprobs_match_trainer(name, prompt_prefill):
     recipe = PrecisionRecipe.from_name(name)
     graphdef, params = model()
     qparams, _ = sync_weights_jit(params, TINY, recipe, "reference")
     prompt = _left_padded(tokens(4), [P, 5])
-    sampler = SamplerConfig(max_new_tokens=T_NEW, temperature=1.0, top_p=0.95, eos_id=EOS, pad_id=PAD)
+    sampler = SamplerConfig(max_new_tokens=T_NEW, temperature=1.0, top_p=0.95, eos_id=EOS, pad_id=PAD,
+                            prompt_prefill=prompt_prefill)
     out = generate(graphdef, qparams, jnp.asarray(prompt), recipe, sampler, key=jax.random.key(7))
     assert out.tokens.shape == (B, T_NEW) and out.router_topk.shape == (TINY.num_moe_layers, B, T_NEW, TINY.top_k)
     lp, topk, mask = _trainer_logprobs(graphdef, params, prompt, out, recipe)
