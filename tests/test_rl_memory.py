@@ -1,5 +1,7 @@
 """The memory table of docs/parallel.md: Qwen3-30B-A3B's shapes as the code builds them."""
 
+from pathlib import Path
+
 import pytest
 
 from fp4rl.analysis import rl_memory
@@ -61,3 +63,15 @@ def test_generation_chunks_divide_the_kv_cache():
     assert chunked["update_rows"] == whole["update_rows"] == 16  # the update's rows do not change
     with pytest.raises(ValueError, match="generation_chunks=3 must split 512 rows evenly over 8 devices"):
         rl_memory.memory_per_device(mc, generation_chunks=3, **shape)
+
+
+def test_the_cli_takes_a_checkpoint_config_and_meshes(capsys):
+    # The committed 324M-parameter model of benchmarks/hf_rl/ on one device: the row its GPU peak
+    # is compared with (34.1 GB modelled).
+    config = Path(__file__).resolve().parents[1] / "benchmarks" / "hf_rl" / "model_config.json"
+    rl_memory.main([f"--hf_config={config}", "--meshes=1x1", "--micro_rows=8"])
+    out = capsys.readouterr().out
+    assert "0.32B parameters" in out and "| 1 x 1 |" in out and "(34.1 GB) |" in out and "| 8 x 1 |" not in out
+    with pytest.raises(SystemExit):
+        rl_memory.main(["--meshes=8"])
+    assert "DATAxEXPERT" in capsys.readouterr().err

@@ -32,6 +32,7 @@ buffers differently from XLA:CPU, whose memory analysis fixed OVERHEAD: a GPU ru
 from __future__ import annotations
 
 import argparse
+import json
 
 from fp4rl.analysis.scaling_plan import OVERHEAD, activation_bytes_per_token
 from fp4rl.model.config import ModelConfig
@@ -94,9 +95,10 @@ def memory_per_device(mc: ModelConfig, *, data: int, expert: int, seq_len: int, 
 
 
 def table(mc: ModelConfig, seq_len: int, prompts: int, group_size: int, mini_batches: int, micro_rows: int = 1,
-          query_chunk: int = 1024, logit_chunk: int = 0, generation_chunks: int = 1) -> str:
+          query_chunk: int = 1024, logit_chunk: int = 0, generation_chunks: int = 1, name: str = "Qwen3-30B-A3B",
+          meshes: tuple[tuple[int, int], ...] = MESHES) -> str:
     count = mc.param_count()
-    lines = [f"Qwen3-30B-A3B: {count.total / 1e9:.2f}B parameters, {count.active / 1e9:.2f}B active; sequences of "
+    lines = [f"{name}: {count.total / 1e9:.2f}B parameters, {count.active / 1e9:.2f}B active; sequences of "
              f"{seq_len} tokens; {prompts} prompts x {group_size} samples, {mini_batches} mini-batches; update options: "
              f"remat, {micro_rows} row(s) per device per micro-batch, attention query chunk {query_chunk or seq_len}, "
              f"LM head over {logit_chunk or seq_len} positions at a time; rollout in {generation_chunks} sampler "
@@ -106,7 +108,7 @@ def table(mc: ModelConfig, seq_len: int, prompts: int, group_size: int, mini_bat
              "| fits H200 (141 GB) / B200 (180 GB) with the options |",
              "|---|---|---|---|---|---|---|---|"]
     gb = lambda x: f"{x / 1e9:,.1f} GB"  # noqa: E731
-    for data, expert in MESHES:
+    for data, expert in meshes:
         m = memory_per_device(mc, data=data, expert=expert, seq_len=seq_len, prompts=prompts, group_size=group_size,
                               mini_batches=mini_batches, micro_rows=micro_rows, query_chunk=query_chunk,
                               logit_chunk=logit_chunk, generation_chunks=generation_chunks)
@@ -135,9 +137,23 @@ def main(argv=None) -> None:
                         help="positions per LM-head chunk (0: all at once)")
     parser.add_argument("--generation_chunks", type=int, default=preset.generation_chunks,
                         help="sampler calls per generation batch")
+    parser.add_argument("--hf_config", default="", help="a Hugging Face config.json in place of Qwen3-30B-A3B's")
+    parser.add_argument("--meshes", default=",".join(f"{d}x{e}" for d, e in MESHES),
+                        help="data x expert meshes, e.g. 1x1,1x8")
     args = parser.parse_args(argv)
-    print(table(qwen3_30b_a3b(), args.seq_len, args.prompts, args.group_size, args.mini_batches, args.micro_rows,
-                args.query_chunk, args.logit_chunk, args.generation_chunks), end="")
+    try:
+        meshes = tuple(tuple(int(n) for n in mesh.split("x")) for mesh in args.meshes.split(","))
+        assert all(len(mesh) == 2 and min(mesh) >= 1 for mesh in meshes)
+    except (ValueError, AssertionError):
+        parser.error(f"--meshes={args.meshes!r}: a comma-separated list of DATAxEXPERT, e.g. 1x1,1x8")
+    mc, name = qwen3_30b_a3b(), "Qwen3-30B-A3B"
+    if args.hf_config:
+        from fp4rl.model.hf import config_from_hf
+
+        with open(args.hf_config) as f:
+            mc, name = config_from_hf(json.load(f), dtype="bfloat16"), args.hf_config
+    print(table(mc, args.seq_len, args.prompts, args.group_size, args.mini_batches, args.micro_rows,
+                args.query_chunk, args.logit_chunk, args.generation_chunks, name, meshes), end="")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,10 @@ class RLConfig:
     one call's rows (1: all at once; with more, call j draws with the batch's keys folded with j).
     prompt_prefill: the sampler's prefill attends over the prompt's slots only and applies the LM
     head to its last position (`SamplerConfig.prompt_prefill`; needed at thousands of new tokens).
+    trim_padding: the update (and the old and reference log-probs) runs on the columns the step's
+      rows use, the prompt's left padding and the responses' right padding cut to power-of-two
+      widths (`fp4rl.rl.column_trim`: the same values up to the order of f32 sums; one update
+      program per width pair met); False: always prompt_len + max_new_tokens columns.
     prompt_len: max prompt tokens. temperature: the sampling temperature; the
     sampler's and the trainer's log-probs are both those of softmax(logits / temperature).
     eval_every: held-out evaluation every this many steps (and at the last step; 0: never) on
@@ -123,6 +127,7 @@ class RLConfig:
     max_gen_batches: int = 3
     generation_chunks: int = 1
     prompt_prefill: bool = False
+    trim_padding: bool = False
     mini_batches: int = 2
     max_new_tokens: int = 48
     overlong_buffer: int = 8

@@ -43,7 +43,7 @@ from fp4rl.model.transformer import graphdef_of
 from fp4rl.parallel import placement
 from fp4rl.parallel.mesh import make_mesh
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import data, dapo, evaluation, failures, policy, resume, rollout, run_inputs
+from fp4rl.rl import column_trim, data, dapo, evaluation, failures, policy, resume, rollout, run_inputs
 from fp4rl.rl.checkpoint import Checkpointer
 from fp4rl.rl.codec import decode_batch
 from fp4rl.rl.metrics_log import MetricsWriter, device_memory, truncate_after
@@ -137,16 +137,8 @@ class Trainer:
         self.dir.mkdir(parents=True, exist_ok=True)
         o = config.optim
         self.optimizer = policy.make_optimizer(o.lr, o.warmup_steps, o.weight_decay, o.b1, o.b2, o.clip_norm)
-        masks = policy.grad_group_masks(self.ref_params, self.model_config.num_layers)
-        fns = policy.make_functions(self.graphdef, self.recipe, self.optimizer, config.loss, self.model_config.aux_loss_coef,
-                                    config.prompt_len, masks, config.impl, config.temperature, config.memory)
-        skip = config.on_nonfinite == "skip"
-
-        def update(params, opt_state, batch, key, apply):
-            return fns["update"](params, opt_state, batch, key, apply, skip)
-
-        # `apply` (not per seed): False runs the forward only (old and reference log-probs).
-        self._update = jax.jit(jax.vmap(update, in_axes=(0, 0, 0, 0, None)))
+        self._grad_masks = policy.grad_group_masks(self.ref_params, self.model_config.num_layers)
+        self._update = self._update_program(config.prompt_len)
         scfg = evaluation.sampler_config(config.max_new_tokens, config.temperature, config.top_p, self.codec,
                                          config.prompt_prefill)
         self._sync, self._sample = _forward_programs(
@@ -203,6 +195,21 @@ class Trainer:
 
     def _on_mesh(self):
         return contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh)
+
+    @functools.cache
+    def _update_program(self, prompt_len: int):
+        """The update program (jitted, vmapped over seeds) for rows whose responses start at column
+        `prompt_len`: the configured width, or a trimmed step's (`RLConfig.trim_padding`)."""
+        c = self.config
+        fns = policy.make_functions(self.graphdef, self.recipe, self.optimizer, c.loss, self.model_config.aux_loss_coef,
+                                    prompt_len, self._grad_masks, c.impl, c.temperature, c.memory)
+        skip = c.on_nonfinite == "skip"
+
+        def update(params, opt_state, batch, key, apply):
+            return fns["update"](params, opt_state, batch, key, apply, skip)
+
+        # `apply` (not per seed): False runs the forward only (old and reference log-probs).
+        return jax.jit(jax.vmap(update, in_axes=(0, 0, 0, 0, None)))
 
     # ------------------------------------------------------------------ compiling ahead
     def compile_tasks(self) -> list[tuple[tuple, Callable[[], Any]]]:
@@ -364,6 +371,11 @@ class Trainer:
         qparams, sync_stats = self._sync(state["params"])
         pools, gen_batches, gen_time, gen_tokens = self._rollouts(qparams, step)
         arrays = [rollout.training_arrays(rollout.balanced(p.filled(), c.mini_batches), c.group_size) for p in pools]
+        prompt_width, update_program = c.prompt_len, self._update
+        if c.trim_padding:
+            window = column_trim.used_window(arrays, c.prompt_len, c.max_new_tokens)
+            arrays = [column_trim.trim(a, c.prompt_len, window) for a in arrays]
+            prompt_width, update_program = window.prompt, self._update_program(window.prompt)
         # explicit dtypes: the programs were compiled ahead for exactly these (compile_tasks)
         dtypes = {"tokens": jnp.int32, "valid": bool, "response_mask": bool, "logp_sampler": jnp.float32,
                   "advantages": jnp.float32}
@@ -380,14 +392,14 @@ class Trainer:
         # Old and reference log-probs through the update program itself (apply=False: forward
         # only), mini-batch by mini-batch: the first update recomputes the old ones bit for bit.
         def forward_pass(params):
-            outs = [self._update(params, state["opt_state"], minibatch(batch, m), keys[m], apply_flag(False))[2]
+            outs = [update_program(params, state["opt_state"], minibatch(batch, m), keys[m], apply_flag(False))[2]
                     for m in range(c.mini_batches)]
             return jnp.concatenate([o["logp"] for o in outs], 1), jnp.concatenate([o["router_topk"] for o in outs], 2)
 
         logp_old, trainer_topk = forward_pass(state["params"])
         logp_ref, _ = forward_pass(self.ref_params_S)
         batch = dataclasses.replace(batch, logp_old_NxTr=logp_old, logp_ref_NxTr=logp_ref)
-        response_valid = stacked["valid"][:, :, c.prompt_len:]  # real response tokens, incl. masked-out groups
+        response_valid = stacked["valid"][:, :, prompt_width:]  # real response tokens, incl. masked-out groups
         mismatch = jax.vmap(dapo.mismatch_stats)(logp_old, stacked["logp_sampler"], response_valid)
         kl_ref = jax.vmap(lambda a, b, m: dapo.masked_mean(dapo.kl_k3(a, b), m))(logp_old, logp_ref, stacked["response_mask"])
 
@@ -395,7 +407,7 @@ class Trainer:
         update_metrics = []
         params, opt_state = state["params"], state["opt_state"]
         for m in range(c.mini_batches):
-            params, opt_state, metrics = self._update(params, opt_state, minibatch(batch, m), keys[m], apply_flag(True))
+            params, opt_state, metrics = update_program(params, opt_state, minibatch(batch, m), keys[m], apply_flag(True))
             if self.mesh is not None:  # keep the state's placement whatever layout XLA chose for the outputs
                 params, opt_state = self._put_state((params, opt_state))
             update_metrics.append(jax.device_get({k: v for k, v in metrics.items() if k not in ("logp", "router_topk")}))
@@ -456,6 +468,7 @@ class Trainer:
                 "time/rollout_s": gen_time,
                 "throughput/rollout_tok_s": gen_tokens / max(gen_time, 1e-9) / len(self.seeds),
                 "throughput/train_tok_s": float(np.asarray(stacked["valid"][k]).sum()) / max(train_time, 1e-9),
+                "update/columns": int(stacked["tokens"].shape[2]),
                 **memory,
             })
             update_records.append([{"step": step, "update": m, **{key: u[key] for key in UPDATE_KEYS}}
