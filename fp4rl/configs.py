@@ -175,9 +175,11 @@ RL_PRESETS.update({name: _ladder_rl(name) for name in _LADDER})
 # device on 8 devices): without these its activations alone need terabytes per device; the rollout
 # samples each generation batch in 4 calls of 128 rows, so the KV cache holds 16 rows per device
 # (docs/parallel.md "Memory per device"), and prefills on the prompt's slots only. The update runs on
-# the columns a step uses (a step's longest prompt and response, rounded up to powers of two).
+# the columns a step uses (a step's longest prompt and response, rounded up to powers of two), and
+# without the initial policy's log-probs (DAPO has no KL term: they would only be logged).
 RL_PRESETS["hf"] = trainer.RLConfig(steps=200, group_size=16, prompts_per_step=32, max_gen_batches=3, mini_batches=4,
                                     generation_chunks=4, prompt_prefill=True, trim_padding=True,
+                                    reference_logprobs=False,
                                     prompt_len=1024, max_new_tokens=7168, overlong_buffer=1024,
                                     optim=trainer.OptimConfig(lr=1e-6, warmup_steps=10), eval_every=0,
                                     checkpoint_every=10, init="", model=trainer.ModelSource(dtype="bfloat16"),

@@ -65,11 +65,12 @@ REQUIRED_KEYS: tuple[str, ...] = (
     "updates/applied", "updates/empty",
     *(f"grad_norm/{g}" for g in GRAD_GROUPS),
     "mismatch/kl_k1", "mismatch/kl_k3", "mismatch/max_abs_logp_diff", "mismatch/routing_flip",
-    "entropy", "kl_ref_k3", "response_length/mean", "quant/map4_frac", "time/step_s",
+    "entropy", "response_length/mean", "quant/map4_frac", "time/step_s",
 )
 # Logged on evaluation steps only (eval/*) or only by some trainers.
 OPTIONAL_KEYS: tuple[str, ...] = (
     "eval/accuracy", "eval/sampled_accuracy", "eval/n", "grad_norm/global_max", "nonfinite", "skipped_update",
+    "kl_ref_k3",  # not by a run without reference log-probs (`RLConfig.reference_logprobs`)
 )
 # Every line of updates.jsonl carries "step" and "update" and these.
 UPDATE_REQUIRED_KEYS: tuple[str, ...] = ("empty", "skipped", "nonfinite", "grad_norm/global")

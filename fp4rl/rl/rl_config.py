@@ -88,6 +88,9 @@ class RLConfig:
     one call's rows (1: all at once; with more, call j draws with the batch's keys folded with j).
     prompt_prefill: the sampler's prefill attends over the prompt's slots only and applies the LM
     head to its last position (`SamplerConfig.prompt_prefill`; needed at thousands of new tokens).
+    reference_logprobs: score each step's rows under the initial policy too (one more forward pass
+      per mini-batch): GRPO's KL term needs them, DAPO (no KL term) only logs `kl_ref_k3` from them.
+      False: no such pass, no per-seed copy of the initial weights on the devices, no `kl_ref_k3`.
     trim_padding: the update (and the old and reference log-probs) runs on the columns the step's
       rows use, the prompt's left padding and the responses' right padding cut to power-of-two
       widths (`fp4rl.rl.column_trim`: the same values up to the order of f32 sums; one update
@@ -127,6 +130,7 @@ class RLConfig:
     max_gen_batches: int = 3
     generation_chunks: int = 1
     prompt_prefill: bool = False
+    reference_logprobs: bool = True
     trim_padding: bool = False
     mini_batches: int = 2
     max_new_tokens: int = 48
@@ -181,6 +185,9 @@ class RLConfig:
         self.mesh.check_rows(rows, "prompts_per_step * group_size / mini_batches")
         micro_batch.check_micro_batches(self.memory.micro_batches, rows, self.mesh.size)
         self._check_generation_chunks()
+        if not self.reference_logprobs and self.loss.kind == "grpo" and self.loss.kl_coef:
+            raise ValueError(f"loss.kl_coef={self.loss.kl_coef} needs the reference log-probs: set reference_logprobs "
+                             "to true (or loss.kl_coef to 0)")
         if not 1 <= self.overlong_buffer <= self.max_new_tokens:
             raise ValueError(f"overlong_buffer={self.overlong_buffer} must be in [1, max_new_tokens={self.max_new_tokens}] "
                              "(DAPO's overlong shaping starts that many tokens before the limit)")

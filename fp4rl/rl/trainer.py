@@ -397,11 +397,15 @@ class Trainer:
             return jnp.concatenate([o["logp"] for o in outs], 1), jnp.concatenate([o["router_topk"] for o in outs], 2)
 
         logp_old, trainer_topk = forward_pass(state["params"])
-        logp_ref, _ = forward_pass(self.ref_params_S)
+        if c.reference_logprobs:
+            logp_ref, _ = forward_pass(self.ref_params_S)
+            kl_ref = jax.vmap(lambda a, b, m: dapo.masked_mean(dapo.kl_k3(a, b), m))(logp_old, logp_ref,
+                                                                                   stacked["response_mask"])
+        else:  # `RLConfig.reference_logprobs` (GRPO's KL term needs them): no loss reads the field
+            logp_ref, kl_ref = logp_old, None
         batch = dataclasses.replace(batch, logp_old_NxTr=logp_old, logp_ref_NxTr=logp_ref)
         response_valid = stacked["valid"][:, :, prompt_width:]  # real response tokens, incl. masked-out groups
         mismatch = jax.vmap(dapo.mismatch_stats)(logp_old, stacked["logp_sampler"], response_valid)
-        kl_ref = jax.vmap(lambda a, b, m: dapo.masked_mean(dapo.kl_k3(a, b), m))(logp_old, logp_ref, stacked["response_mask"])
 
         t_train = time.time()
         update_metrics = []
@@ -445,7 +449,7 @@ class Trainer:
                 "ratio/first_minibatch_mean": float(first["ratio_mean"]),
                 "ratio/first_minibatch_max": float(first["ratio_max"]),
                 "ratio/first_minibatch_min": float(first["ratio_min"]),
-                "kl_ref_k3": float(kl_ref[k]),
+                **({} if kl_ref is None else {"kl_ref_k3": float(kl_ref[k])}),
                 "loss/policy": mean("loss/policy"),
                 "loss/aux": mean("loss/aux"),
                 # Pre-clip norms of the updates that ran (per update: updates.jsonl).
