@@ -69,9 +69,19 @@ def test_the_cli_takes_a_checkpoint_config_and_meshes(capsys):
     # The committed 324M-parameter model of benchmarks/hf_rl/ on one device: the row its GPU peak
     # is compared with (34.1 GB modelled).
     config = Path(__file__).resolve().parents[1] / "benchmarks" / "hf_rl" / "model_config.json"
-    rl_memory.main([f"--hf_config={config}", "--meshes=1x1", "--micro_rows=8"])
+    rl_memory.main([f"--hf_config={config}", "--meshes=1x1", "--micro_rows=8", "--reference_logprobs=true"])
     out = capsys.readouterr().out
     assert "0.32B parameters" in out and "| 1 x 1 |" in out and "(34.1 GB) |" in out and "| 8 x 1 |" not in out
     with pytest.raises(SystemExit):
         rl_memory.main(["--meshes=8"])
     assert "DATAxEXPERT" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        rl_memory.main(["--reference_logprobs=maybe"])
+    assert "valid options: true, false" in capsys.readouterr().err
+
+
+def test_without_reference_logprobs_the_initial_weights_leave_the_devices():
+    mc = rl_memory.qwen3_30b_a3b()
+    shape = dict(data=1, expert=8, seq_len=8192, prompts=32, group_size=16, mini_batches=4)
+    kept, released = (rl_memory.memory_per_device(mc, reference_copy=r, **shape) for r in (True, False))
+    assert kept["weights"] - released["weights"] == pytest.approx(4 * kept["params_per_device"])

@@ -6,8 +6,10 @@ the `hf` RL preset at the paper's 8k tokens, on 8 x H200 and 8 x B200. Bytes, P_
 one device holds (every routed-expert stack split over `expert`, the rest replicated:
 docs/parallel.md "Design"):
 
-  weights    = 4 P_dev f32 master weights + 4 P_dev the reference (KL) copy + 2 P_dev the synced
-               forward weights (bf16: the `bf16` arm; NVFP4 experts take ~0.56 bytes instead)
+  weights    = 4 P_dev f32 master weights + 4 P_dev the initial weights (the reference of the KL
+               log-probs; none without them, `RLConfig.reference_logprobs`, as in the `hf` preset)
+               + 2 P_dev the synced forward weights (bf16: the `bf16` arm; NVFP4 experts take ~0.56
+               bytes instead)
   optimizer  = 8 P_dev AdamW's two f32 moments + 4 P_dev the f32 gradient
   KV cache   = rollout rows per device and sampler call (a generation batch's rows / generation_chunks)
                x S x L x 2 (k, v) x kv heads x head_dim x 2 (bf16)
@@ -61,11 +63,13 @@ def params_per_device(mc: ModelConfig, expert: int) -> float:
 
 def memory_per_device(mc: ModelConfig, *, data: int, expert: int, seq_len: int, prompts: int, group_size: int,
                       mini_batches: int, micro_rows: int = 1, query_chunk: int = 1024,
-                      logit_chunk: int = 0, generation_chunks: int = 1) -> dict[str, float]:
+                      logit_chunk: int = 0, generation_chunks: int = 1,
+                      reference_copy: bool = True) -> dict[str, float]:
     """Bytes per device of each part (module docstring) for one RL step of this shape; the update's
     options: remat, micro-batches of `micro_rows` rows per device, attention in chunks of
     `query_chunk` queries (0: all at once), the LM head over `logit_chunk` positions at a time (0:
-    all at once); the rollout in `generation_chunks` sampler calls per generation batch."""
+    all at once); the rollout in `generation_chunks` sampler calls per generation batch;
+    `reference_copy`: the initial weights stay on the devices (the reference log-probs)."""
     devices = data * expert
     p = params_per_device(mc, expert)
     if generation_chunks < 1 or (prompts * group_size) % (generation_chunks * devices):
@@ -86,7 +90,7 @@ def memory_per_device(mc: ModelConfig, *, data: int, expert: int, seq_len: int, 
     options += micro_rows * scores_per_token * chunk
     accumulated = 4 * p if micro_rows < update_rows else 0.0
     kv_per_token = mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * 2
-    return {"params_per_device": p, "weights": 10 * p, "optimizer": 12 * p,
+    return {"params_per_device": p, "weights": (10 if reference_copy else 6) * p, "optimizer": 12 * p,
             "kv_cache": rollout_rows * seq_len * kv_per_token,
             "activations": OVERHEAD * update_rows * seq_len * a,
             "activations_options": OVERHEAD * options + accumulated,
@@ -96,14 +100,15 @@ def memory_per_device(mc: ModelConfig, *, data: int, expert: int, seq_len: int, 
 
 def table(mc: ModelConfig, seq_len: int, prompts: int, group_size: int, mini_batches: int, micro_rows: int = 1,
           query_chunk: int = 1024, logit_chunk: int = 0, generation_chunks: int = 1, name: str = "Qwen3-30B-A3B",
-          meshes: tuple[tuple[int, int], ...] = MESHES) -> str:
+          meshes: tuple[tuple[int, int], ...] = MESHES, reference_copy: bool = True) -> str:
     count = mc.param_count()
     lines = [f"{name}: {count.total / 1e9:.2f}B parameters, {count.active / 1e9:.2f}B active; sequences of "
              f"{seq_len} tokens; {prompts} prompts x {group_size} samples, {mini_batches} mini-batches; update options: "
              f"remat, {micro_rows} row(s) per device per micro-batch, attention query chunk {query_chunk or seq_len}, "
              f"LM head over {logit_chunk or seq_len} positions at a time; rollout in {generation_chunks} sampler "
              "call(s) per generation batch", "",
-             "| mesh (data x expert) | params/device | weights (f32 + ref + bf16) | AdamW + grads | KV cache (rollout) "
+             f"| mesh (data x expert) | params/device | weights (f32 {'+ initial ' if reference_copy else ''}+ bf16) "
+             "| AdamW + grads | KV cache (rollout) "
              "| activations as the code runs by default | activations with the options (micro-batch rows) "
              "| fits H200 (141 GB) / B200 (180 GB) with the options |",
              "|---|---|---|---|---|---|---|---|"]
@@ -111,7 +116,8 @@ def table(mc: ModelConfig, seq_len: int, prompts: int, group_size: int, mini_bat
     for data, expert in meshes:
         m = memory_per_device(mc, data=data, expert=expert, seq_len=seq_len, prompts=prompts, group_size=group_size,
                               mini_batches=mini_batches, micro_rows=micro_rows, query_chunk=query_chunk,
-                              logit_chunk=logit_chunk, generation_chunks=generation_chunks)
+                              logit_chunk=logit_chunk, generation_chunks=generation_chunks,
+                              reference_copy=reference_copy)
         static = m["weights"] + m["optimizer"]
         need = static + max(m["kv_cache"], m["activations_options"])
         fits = " / ".join("yes" if need <= cap else "no" for cap in DEVICES.values())
@@ -119,6 +125,12 @@ def table(mc: ModelConfig, seq_len: int, prompts: int, group_size: int, mini_bat
                      f"| {gb(m['kv_cache'])} ({m['rollout_rows']:.0f} rows) | {gb(m['activations'])} ({m['update_rows']:.0f} rows) "
                      f"| {gb(m['activations_options'])} ({m['micro_rows']:.0f} row) | {fits} ({gb(need)}) |")
     return "\n".join(lines) + "\n"
+
+
+def _true_or_false(value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"{value!r}: valid options: true, false")
+    return value.lower() == "true"
 
 
 def main(argv=None) -> None:
@@ -137,6 +149,9 @@ def main(argv=None) -> None:
                         help="positions per LM-head chunk (0: all at once)")
     parser.add_argument("--generation_chunks", type=int, default=preset.generation_chunks,
                         help="sampler calls per generation batch")
+    parser.add_argument("--reference_logprobs", type=_true_or_false,
+                        default=preset.reference_logprobs,
+                        help="true: the initial weights stay on the devices for the reference log-probs")
     parser.add_argument("--hf_config", default="", help="a Hugging Face config.json in place of Qwen3-30B-A3B's")
     parser.add_argument("--meshes", default=",".join(f"{d}x{e}" for d, e in MESHES),
                         help="data x expert meshes, e.g. 1x1,1x8")
@@ -153,7 +168,7 @@ def main(argv=None) -> None:
         with open(args.hf_config) as f:
             mc, name = config_from_hf(json.load(f), dtype="bfloat16"), args.hf_config
     print(table(mc, args.seq_len, args.prompts, args.group_size, args.mini_batches, args.micro_rows,
-                args.query_chunk, args.logit_chunk, args.generation_chunks, name, meshes), end="")
+                args.query_chunk, args.logit_chunk, args.generation_chunks, name, meshes, args.reference_logprobs), end="")
 
 
 if __name__ == "__main__":

@@ -237,7 +237,7 @@ class Trainer:
         n, rows_per_call = R // c.mini_batches, R // c.generation_chunks
         i32, f32 = jnp.int32, jnp.float32
         spec = lambda shape, dtype: _abstract(jax.ShapeDtypeStruct(shape, dtype))  # noqa: E731
-        state = lambda: _abstract(jax.eval_shape(self._fresh_state))  # noqa: E731
+        state = lambda: _abstract(jax.eval_shape(self._fresh_state, self.ref_params))  # noqa: E731
         keys = lambda: _abstract(jax.eval_shape(lambda: self._step_keys(0, 0)))  # noqa: E731
 
         def sync():
@@ -259,12 +259,19 @@ class Trainer:
                 ("update", (self._update, shapes, n), update)]
 
     # ------------------------------------------------------------------ state
-    def _fresh_state(self):
-        params = _stack([self.ref_params] * len(self.seeds))
+    def _fresh_state(self, initial):
+        params = _stack([initial] * len(self.seeds))
         return {"params": params, "opt_state": jax.vmap(self.optimizer.init)(params)}
 
     def _initial_state(self):
-        return self._put_state(self._fresh_state())
+        return self._put_state(self._fresh_state(self.ref_params))
+
+    def _release_initial_weights(self):
+        """Without reference log-probs (`RLConfig.reference_logprobs`) nothing reads the initial
+        weights once the state holds its own copy: only their shapes stay (`lowerings` needs no
+        more), so the devices hold the f32 weights once, not twice."""
+        if not self.config.reference_logprobs:
+            self.ref_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.ref_params)
 
     def _restore_or_init(self, log):
         state = self._initial_state()
@@ -500,6 +507,7 @@ class Trainer:
             source = f"rows of {c.eval_file}" if c.eval_file else f"problems of stream {c.eval_task_seed}"
             log(f"held-out evaluation every {c.eval_every} steps and at the last: {held_out} {source}")
         state, start = self._restore_or_init(log)
+        self._release_initial_weights()
         if start:
             log(f"resuming from step {start} (checkpoint of step {start - 1} in {self.ckpt.directory})")
         writers, update_writers = [], []

@@ -3,6 +3,8 @@
 import dataclasses
 import json
 
+import jax
+
 import pytest
 
 from fp4rl import configs
@@ -25,7 +27,13 @@ def test_dapo_trains_the_same_without_reference_logprobs(warmup_dir, tmp_path):
         assert "kl_ref_k3" in a and "kl_ref_k3" not in b
         for key in ("loss/policy", "grad_norm/global", "reward/mean", "entropy", "population/reward_mean"):
             assert a[key] == b[key], key
+    # Without them the devices hold no copy of the initial weights beside the state: none stacked
+    # per seed, and the trainer's own released to their shapes once the state is built.
     assert "ref_params_S" in vars(runs["with"]) and "ref_params_S" not in vars(runs["without"])
+    assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(runs["with"].ref_params))
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(runs["without"].ref_params))
+    for _, _, lower in runs["without"].lowerings():  # the shapes are all the programs need
+        lower()
 
 
 def test_grpo_with_a_kl_term_needs_them():
