@@ -90,7 +90,8 @@ class RLConfig:
     head to its last position (`SamplerConfig.prompt_prefill`; needed at thousands of new tokens).
     reference_logprobs: score each step's rows under the initial policy too (one more forward pass
       per mini-batch): GRPO's KL term needs them, DAPO (no KL term) only logs `kl_ref_k3` from them.
-      False: no such pass, no per-seed copy of the initial weights on the devices, no `kl_ref_k3`.
+      False: no such pass and no `kl_ref_k3`; the initial weights leave the devices once the
+      state is built (the trainer keeps their shapes).
     trim_padding: the update (and the old and reference log-probs) runs on the columns the step's
       rows use, the prompt's left padding and the responses' right padding cut to power-of-two
       widths (`fp4rl.rl.column_trim`: the same values up to the order of f32 sums; one update
