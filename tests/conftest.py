@@ -1,6 +1,8 @@
 """Test-session setup shared by every test module."""
 
+import atexit
 import os
+import shutil
 import tempfile
 
 # XLA:CPU compile time dominates the suite (every recipe is its own program); LLVM's O0
@@ -14,8 +16,14 @@ import pytest  # noqa: E402
 
 # One persistent compilation cache per test session: the smoke runs (SFT, RL, ablation,
 # kill-and-resume, notebooks) compile the same programs in several processes, which then
-# compile once. Subprocesses inherit it through the environment variable.
-_CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "fp4rl-jax-cache"))
+# compile once. The first process of the session (pytest's, before its xdist workers start)
+# makes it and removes it at exit; workers and subprocesses inherit it through the environment
+# variable. Not one folder for every session on the machine: two suites at once (two checkouts)
+# then read each other's entries while they are written, and XLA crashed reading one.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="fp4rl-jax-cache-")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"]
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 

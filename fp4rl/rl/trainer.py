@@ -138,6 +138,7 @@ class Trainer:
         o = config.optim
         self.optimizer = policy.make_optimizer(o.lr, o.warmup_steps, o.weight_decay, o.b1, o.b2, o.clip_norm)
         self._grad_masks = policy.grad_group_masks(self.ref_params, self.model_config.num_layers)
+        self._update_programs = {}
         self._update = self._update_program(config.prompt_len)
         scfg = evaluation.sampler_config(config.max_new_tokens, config.temperature, config.top_p, self.codec,
                                          config.prompt_prefill)
@@ -196,10 +197,16 @@ class Trainer:
     def _on_mesh(self):
         return contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh)
 
-    @functools.cache
     def _update_program(self, prompt_len: int):
         """The update program (jitted, vmapped over seeds) for rows whose responses start at column
-        `prompt_len`: the configured width, or a trimmed step's (`RLConfig.trim_padding`)."""
+        `prompt_len`: the configured width, or a trimmed step's (`RLConfig.trim_padding`); built
+        once per width and kept by this trainer (not by a class-level cache, which would keep every
+        trainer of an ablation, and its device arrays, alive)."""
+        if prompt_len not in self._update_programs:
+            self._update_programs[prompt_len] = self._build_update_program(prompt_len)
+        return self._update_programs[prompt_len]
+
+    def _build_update_program(self, prompt_len: int):
         c = self.config
         fns = policy.make_functions(self.graphdef, self.recipe, self.optimizer, c.loss, self.model_config.aux_loss_coef,
                                     prompt_len, self._grad_masks, c.impl, c.temperature, c.memory)
