@@ -101,7 +101,7 @@ def test_a_trimmed_run_trains_on_fewer_columns_and_samples_the_same(warmup_dir, 
     # The smoke layout (32 + 48 columns) is narrower than the smallest bucket (64): a smaller bucket
     # and a wider prompt layout than its prompts need (their left padding is then cut).
     monkeypatch.setattr(column_trim, "SMALLEST", 8)
-    smoke = dataclasses.replace(configs.RL_PRESETS["smoke"], init=str(warmup_dir), arm="bf16", steps=2, prompt_len=64)
+    smoke = dataclasses.replace(configs.RL_PRESETS["smoke"], init=str(warmup_dir), arm="bf16", steps=1, prompt_len=64)
     runs = {}
     for name, trim in (("whole", False), ("cut", True)):
         trainer.Trainer(dataclasses.replace(smoke, out=str(tmp_path / name), trim_padding=trim), progress=False).run()
