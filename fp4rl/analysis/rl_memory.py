@@ -158,8 +158,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     try:
         meshes = tuple(tuple(int(n) for n in mesh.split("x")) for mesh in args.meshes.split(","))
-        assert all(len(mesh) == 2 and min(mesh) >= 1 for mesh in meshes)
-    except (ValueError, AssertionError):
+    except ValueError:
+        meshes = ()
+    if not meshes or any(len(mesh) != 2 or min(mesh) < 1 for mesh in meshes):
         parser.error(f"--meshes={args.meshes!r}: a comma-separated list of DATAxEXPERT, e.g. 1x1,1x8")
     mc, name = qwen3_30b_a3b(), "Qwen3-30B-A3B"
     if args.hf_config:

@@ -166,13 +166,12 @@ def _generate(graphdef, recipe, impl, T, qparams, prompt_BxP, prompt_lengths_B, 
     key, fwd_key = jax.random.split(key)
 
     def step_model(tokens_BxL, valid_BxL, cache, last_only=False):
-        if last_only:  # the LM head on the last position alone
-            (h_BxLxD, head), aux = forward(graphdef, qparams, tokens_BxL, recipe, key=fwd_key, impl=impl,
-                                           cache=cache, valid=valid_BxL, hidden=True)
+        out, aux = forward(graphdef, qparams, tokens_BxL, recipe, key=fwd_key, impl=impl, cache=cache,
+                           valid=valid_BxL, hidden=last_only)
+        if last_only:  # `out` is (final-norm output, head): the LM head on the last position alone
+            h_BxLxD, head = out
             return head(h_BxLxD[:, -1]), aux["router_topk"][:, :, -1], aux["cache"]
-        logits, aux = forward(graphdef, qparams, tokens_BxL, recipe, key=fwd_key, impl=impl,
-                              cache=cache, valid=valid_BxL)
-        return logits[:, -1], aux["router_topk"][:, :, -1], aux["cache"]
+        return out[:, -1], aux["router_topk"][:, :, -1], aux["cache"]
 
     def emit(t, logits_BxV, topk_MxBxK, done_B, key, out):
         tokens, logprobs, lengths, topk = out

@@ -43,22 +43,20 @@ from fp4rl.model.transformer import graphdef_of
 from fp4rl.parallel import placement
 from fp4rl.parallel.mesh import make_mesh
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import column_trim, data, dapo, evaluation, failures, policy, resume, rollout, run_inputs
+from fp4rl.rl import column_trim, data, dapo, evaluation, failures, policy, resume, rollout, run_inputs, update_stats
 from fp4rl.rl.checkpoint import Checkpointer
 from fp4rl.rl.codec import decode_batch
 from fp4rl.rl.metrics_log import MetricsWriter, device_memory, truncate_after
 from fp4rl.rl.rl_config import (ModelSource, OptimConfig, RLConfig, arm_dir, check_settings, has_checkpoint,
                                 is_finished, resolve_settings, settings, warmup_model_config)
 from fp4rl.rl.run_dir import RunLog, prepare_out, write_json_atomic
+from fp4rl.rl.update_stats import UPDATE_KEYS
 
 # The run's settings are defined in `rl_config`; callers reach them through this module too.
 __all__ = ["Trainer", "train", "UPDATE_KEYS", "UPDATES_FILE", "ModelSource", "OptimConfig", "RLConfig", "arm_dir",
            "check_settings", "has_checkpoint", "is_finished", "resolve_settings", "settings", "warmup_model_config"]
 
 
-# Per mini-batch update, one line each in <arm>/seed<k>/updates.jsonl (spike detection judges these).
-UPDATE_KEYS = ("empty", "skipped", "nonfinite", "grad_norm/global", "ratio_mean", "ratio_max", "ratio_min",
-               "clip_frac_upper", "clip_frac_lower", "clip_frac_dual", "approx_kl", "loss/policy")
 UPDATES_FILE = "updates.jsonl"
 
 
@@ -202,11 +200,8 @@ class Trainer:
         `prompt_len`: the configured width, or a trimmed step's (`RLConfig.trim_padding`); built
         once per width and kept by this trainer (not by a class-level cache, which would keep every
         trainer of an ablation, and its device arrays, alive)."""
-        if prompt_len not in self._update_programs:
-            self._update_programs[prompt_len] = self._build_update_program(prompt_len)
-        return self._update_programs[prompt_len]
-
-    def _build_update_program(self, prompt_len: int):
+        if prompt_len in self._update_programs:
+            return self._update_programs[prompt_len]
         c = self.config
         fns = policy.make_functions(self.graphdef, self.recipe, self.optimizer, c.loss, self.model_config.aux_loss_coef,
                                     prompt_len, self._grad_masks, c.impl, c.temperature, c.memory)
@@ -216,7 +211,8 @@ class Trainer:
             return fns["update"](params, opt_state, batch, key, apply, skip)
 
         # `apply` (not per seed): False runs the forward only (old and reference log-probs).
-        return jax.jit(jax.vmap(update, in_axes=(0, 0, 0, 0, None)))
+        program = self._update_programs[prompt_len] = jax.jit(jax.vmap(update, in_axes=(0, 0, 0, 0, None)))
+        return program
 
     # ------------------------------------------------------------------ compiling ahead
     def compile_tasks(self) -> list[tuple[tuple, Callable[[], Any]]]:
@@ -433,11 +429,8 @@ class Trainer:
 
         records, update_records = [], []
         memory = device_memory(jax.local_devices())  # the process's, the same for every seed
-        for k, seed in enumerate(self.seeds):
-            per_update = [jax.tree.map(lambda x: np.asarray(x)[k], um) for um in update_metrics]
-            ran = [u for u in per_update if not u["empty"]]  # mini-batches with loss tokens
-            mean = lambda key: float(np.mean([u[key] for u in ran])) if ran else 0.0  # noqa: E731
-            first = ran[0] if ran else per_update[0]
+        for k in range(len(self.seeds)):
+            per_update = update_stats.of_seed(update_metrics, k)
             lengths_all = np.asarray(response_valid[k]).sum(1)
             shaped = arrays[k]["shaped"]
             records.append({
@@ -455,25 +448,8 @@ class Trainer:
                 "response_length/mean": float(lengths_all.mean()),
                 "response_length/max": float(lengths_all.max()),
                 "response_length/trunc_rate": float((lengths_all >= c.max_new_tokens).mean()),
-                "entropy": mean("entropy"),
-                "clip_frac/upper": mean("clip_frac_upper"),
-                "clip_frac/lower": mean("clip_frac_lower"),
-                "clip_frac/dual": mean("clip_frac_dual"),
-                "approx_kl": mean("approx_kl"),
-                "ratio/first_minibatch_mean": float(first["ratio_mean"]),
-                "ratio/first_minibatch_max": float(first["ratio_max"]),
-                "ratio/first_minibatch_min": float(first["ratio_min"]),
+                **update_stats.summary(per_update),
                 **({} if kl_ref is None else {"kl_ref_k3": float(kl_ref[k])}),
-                "loss/policy": mean("loss/policy"),
-                "loss/aux": mean("loss/aux"),
-                # Pre-clip norms of the updates that ran (per update: updates.jsonl).
-                "updates/applied": sum(not u["skipped"] for u in per_update),
-                "updates/empty": sum(bool(u["empty"]) for u in per_update),
-                "grad_norm/global": mean("grad_norm/global"),
-                "grad_norm/global_max": max((float(u["grad_norm/global"]) for u in ran), default=0.0),
-                **{f"grad_norm/{g}": mean(f"grad_norm/{g}") for g in policy.GRAD_GROUPS},
-                "nonfinite": bool(any(u["nonfinite"] for u in ran)),
-                "skipped_update": bool(any(u["skipped"] and not u["empty"] for u in per_update)),
                 "mismatch/kl_k1": float(mismatch["mismatch_k1"][k]),
                 "mismatch/kl_k3": float(mismatch["mismatch_k3"][k]),
                 "mismatch/max_abs_logp_diff": float(mismatch["mismatch_abs_max"][k]),
@@ -489,8 +465,7 @@ class Trainer:
                 "update/columns": int(stacked["tokens"].shape[2]),
                 **memory,
             })
-            update_records.append([{"step": step, "update": m, **{key: u[key] for key in UPDATE_KEYS}}
-                                   for m, u in enumerate(per_update)])
+            update_records.append(update_stats.lines(step, per_update))
         return {"params": params, "opt_state": opt_state}, records, update_records
 
     # ------------------------------------------------------------------ the run
