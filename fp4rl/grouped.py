@@ -29,7 +29,11 @@ Accumulation is float32 (`preferred_element_type`).
 - "packed" / "packed_interpret": "mosaic" / "mosaic_interpret" for every bf16 GEMM, and for the
   forward of an NVFP4 weight (`ragged_matmul_nvfp4`) the Pallas Triton kernel that reads the
   weight packed and dequantizes it in registers (`pallas_kernels.grouped_gemm.packed_weight`):
-  no bf16 copy of the weight in HBM, 3.6x fewer weight bytes (the decode path on Hopper).
+  no bf16 copy of the weight in HBM, 3.6x fewer weight bytes (the decode path on Hopper);
+- "packed_dgrad" / "packed_dgrad_interpret": "packed", and the dgrad of an NVFP4 weight under the
+  dequantized backward (`ragged_dgrad_nvfp4`) reads the packed weight too, so a training step
+  forms no bf16 copy of an NVFP4 expert stack. Its own name, not a change to "packed": a matrix
+  that began on "packed" keeps its programs (docs/design.md, "Grouped-GEMM backends").
 A config may also name "auto" (`ModelConfig.expert_gemm`'s default): `resolve_gemm` turns it into
 the fastest of these that the tests hold to the reference on the platform ("packed" on a Hopper GPU
 where the kernels take the model, "xla" elsewhere) once, where the model is built; the GEMM
@@ -52,8 +56,11 @@ from jax import lax
 from fp4rl import blocked_gemm
 from fp4rl.exact_dot import F32, exact_precision, promoted
 
-GEMMS = ("xla", "blocked", "mosaic", "mosaic_interpret", "packed", "packed_interpret")
-PACKED_GEMMS = {"packed": "mosaic", "packed_interpret": "mosaic_interpret"}  # -> their bf16 GEMM backend
+GEMMS = ("xla", "blocked", "mosaic", "mosaic_interpret", "packed", "packed_interpret", "packed_dgrad",
+         "packed_dgrad_interpret")
+PACKED_GEMMS = {"packed": "mosaic", "packed_interpret": "mosaic_interpret",  # -> their bf16 GEMM backend
+                "packed_dgrad": "mosaic", "packed_dgrad_interpret": "mosaic_interpret"}
+PACKED_DGRAD_GEMMS = ("packed_dgrad", "packed_dgrad_interpret")  # the dgrad of an NVFP4 weight read packed too
 # What a config may name: a backend, or "auto", which `resolve_gemm` turns into one before any
 # GEMM is traced (the functions below take backends only).
 AUTO = "auto"
@@ -84,14 +91,14 @@ def on_hopper() -> bool:
 
 @functools.cache
 def kernels_refuse(gemm: str, dtype: str, weights: tuple[tuple[int, int], ...]) -> str | None:
-    """Why the compiled kernels of `gemm` ("mosaic" or "packed") cannot run the grouped GEMMs of
+    """Why the compiled kernels of `gemm` ("mosaic", "packed" or "packed_dgrad") cannot run the grouped GEMMs of
     expert weights [E, K, N] of these (K, N) on `dtype` operands; None when they can.
 
     Every GEMM a ragged qdot runs on such a weight goes through the kernels' own argument checks:
     forward K -> N, dgrad N -> K, wgrad [K, N], and with "packed" the forward of the weight's
-    NVFP4 form. Abstractly (`jax.eval_shape`) and in interpret mode, so no GPU is needed: the
+    NVFP4 form ("packed_dgrad": its dgrad too). Abstractly (`jax.eval_shape`) and in interpret mode, so no GPU is needed: the
     checks raise before tracing, the same for the compiled kernels."""
-    from pallas_kernels.grouped_gemm import grouped_matmul, grouped_matmul_nvfp4, grouped_wgrad
+    from pallas_kernels.grouped_gemm import grouped_dgrad_nvfp4, grouped_matmul, grouped_matmul_nvfp4, grouped_wgrad
 
     spec = jax.ShapeDtypeStruct
     rows, groups = 128, 2  # any: the kernels pad the rows to their blocks
@@ -106,12 +113,15 @@ def kernels_refuse(gemm: str, dtype: str, weights: tuple[tuple[int, int], ...]) 
             (f"wgrad [{k}, {n}]", functools.partial(grouped_wgrad, interpret=True),
              (spec((rows, k), dtype), spec((rows, n), dtype), sizes)),
         ]
-        if gemm == "packed":
+        if gemm in PACKED_GEMMS:
             if k % 16:
                 return f"NVFP4 forward [{k} -> {n}]: K={k} is no whole number of 16-element NVFP4 blocks"
+            packed_weight = (spec((groups, n, k // 2), jnp.uint8), spec((groups, n, k // 16), jnp.float8_e4m3fn), sizes)
             checks.append((f"NVFP4 forward [{k} -> {n}]", functools.partial(grouped_matmul_nvfp4, interpret=True),
-                           (spec((rows, k), jnp.float16), spec((groups, n, k // 2), jnp.uint8),
-                            spec((groups, n, k // 16), jnp.float8_e4m3fn), sizes)))
+                           (spec((rows, k), jnp.float16), *packed_weight)))
+            if gemm in PACKED_DGRAD_GEMMS:
+                checks.append((f"NVFP4 dgrad [{n} -> {k}]", functools.partial(grouped_dgrad_nvfp4, interpret=True),
+                               (spec((rows, n), jnp.bfloat16), *packed_weight)))
     for what, kernel, args in checks:
         try:
             jax.eval_shape(kernel, *args)
@@ -310,8 +320,44 @@ def ragged_matmul_nvfp4(a_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, g
     weight element, the same products)."""
     if gemm not in PACKED_GEMMS:
         raise ValueError(f"ragged_matmul_nvfp4 runs on gemm in {tuple(PACKED_GEMMS)}, got {gemm!r}")
-    return _packed_matmul_fn(gemm == "packed_interpret")(a_RxK.astype(jnp.float16), codes_ExNxK2, scales_ExNxK16,
+    return _packed_matmul_fn(gemm.endswith("_interpret"))(a_RxK.astype(jnp.float16), codes_ExNxK2, scales_ExNxK16,
                                                          group_sizes_E)
+
+
+@functools.cache
+def _packed_dgrad_fn(interpret: bool):
+    @jax.custom_batching.custom_vmap
+    def dgrad(g_RxN, codes_ExNxK2, scales_ExNxK16, group_sizes_E):
+        from pallas_kernels.grouped_gemm import grouped_dgrad_nvfp4
+
+        return grouped_dgrad_nvfp4(g_RxN, codes_ExNxK2, scales_ExNxK16, group_sizes_E, interpret=interpret)
+
+    @dgrad.def_vmap
+    def _vmap(n, in_batched, g, codes, scales, group_sizes):  # folded as the forward
+        g, codes, scales, group_sizes = (_batched(x, flag, n) for x, flag in zip((g, codes, scales, group_sizes), in_batched))
+        _, rows, width = g.shape
+        e = codes.shape[1]
+        codes, scales = (jnp.concatenate([v, jnp.zeros((n, 1, *v.shape[2:]), v.dtype)], axis=1) for v in (codes, scales))
+        out = dgrad(g.reshape(n * rows, width), codes.reshape(n * (e + 1), *codes.shape[2:]),
+                    scales.reshape(n * (e + 1), *scales.shape[2:]), _folded_group_sizes(group_sizes, rows))
+        return out.reshape(n, rows, -1), True
+
+    return dgrad
+
+
+def ragged_dgrad_nvfp4(g_RxN, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, gemm: str):
+    """f32 [R, K]: rows of group e times dec(codes[e]) * scales[e] ([N, K], the NVFP4 weight w^T's
+    bf16 operand), read packed (`gemm` in PACKED_DGRAD_GEMMS); rows past the groups: 0. The dgrad of
+    `ragged_matmul_nvfp4`. g in bf16 runs as it is; g in f32 (f32 compute) as its three bf16 parts,
+    whose products with the weight's exact bf16 values are exact in f32, as `_mosaic_wgrad` does."""
+    if gemm not in PACKED_DGRAD_GEMMS:
+        raise ValueError(f"ragged_dgrad_nvfp4 runs on gemm in {PACKED_DGRAD_GEMMS}, got {gemm!r}")
+    kernel = _packed_dgrad_fn(gemm.endswith("_interpret"))
+    if g_RxN.dtype == F32:
+        return sum(kernel(part, codes_ExNxK2, scales_ExNxK16, group_sizes_E) for part in _bf16_parts(g_RxN))
+    if g_RxN.dtype != jnp.bfloat16:
+        raise TypeError(f"ragged_dgrad_nvfp4: g must be bfloat16 or float32, got {g_RxN.dtype}")
+    return kernel(g_RxN, codes_ExNxK2, scales_ExNxK16, group_sizes_E)
 
 
 def ragged_matmul(a_RxK, b_ExKxN, group_sizes_E, *, gemm: str = "xla", transpose_rhs: bool = False):

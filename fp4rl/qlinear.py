@@ -201,6 +201,10 @@ _qdot.defvjp(_qdot_fwd, _qdot_bwd)
 def _dequantized_dgrad(g_TxN, wq, group_sizes, gemm: str):
     """g @ DQ(Q(w))^T as the forward computes its GEMM: (g @ Wv) * S_dec,w, Wv = dec(q) * sf
     exact in g's dtype, the weight's global decode scale (one per expert) on the f32 result."""
+    if group_sizes is not None and gemm in grouped.PACKED_DGRAD_GEMMS and isinstance(wq, nvfp4.NVFP4Tensor):
+        # the kernel reads codes and scales, as the forward's: no bf16 copy of the weight stack
+        acc = grouped.ragged_dgrad_nvfp4(g_TxN, wq.codes, wq.scales, group_sizes, gemm=gemm)
+        return acc * _per_row(jax.vmap(nvfp4.decode_scale)(wq), group_sizes, acc.shape[0])
     wv, sw = _per_weight(operands.gemm_operand, wq)  # Q(w^T) values [N, K] / [E, N, K]
     acc = _gemm(g_TxN, wv.astype(g_TxN.dtype), group_sizes, gemm)
     return acc * _per_row(sw, group_sizes, acc.shape[0])

@@ -54,8 +54,9 @@ class ModelConfig:
     group_align: the row block each expert's token group is padded to (a multiple of 32).
     expert_gemm: the routed experts' grouped-GEMM backend, forward and backward (`fp4rl.grouped`:
       "xla" portable, "mosaic" Pallas Mosaic GPU kernels on a Hopper GPU, "packed" the same plus the
-      NVFP4 weights' forward read packed (dequantized in the kernel), "mosaic_interpret" /
-      "packed_interpret" the kernels interpreted on the CPU, tests only), or "auto" (the default):
+      NVFP4 weights' forward read packed (dequantized in the kernel), "packed_dgrad" also their
+      dgrad, "mosaic_interpret" / "packed_interpret" / "packed_dgrad_interpret" the kernels
+      interpreted on the CPU, tests only), or "auto" (the default):
       the fastest backend the tests hold to the reference on this platform, "packed" on a Hopper GPU
       where the kernels take the model (bf16 compute, widths on their tiles), else "xla"
       (`fp4rl.grouped.resolve_gemm`). "auto" is resolved where a model is built (`resolved`,

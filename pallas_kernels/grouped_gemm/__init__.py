@@ -5,6 +5,7 @@
     dx = grouped_matmul(g_RxN, w_ExKxN, sizes_E, transpose_rhs=True)    # f32 [R, K]: g @ w[e]^T
     dw = grouped_wgrad(x_RxK, g_RxN, sizes_E, interpret=True)           # f32 [E, K, N], CPU interpreter
     y = grouped_matmul_nvfp4(x_RxK, codes_ExNxK2, scales_ExNxK16, sizes_E)  # f32 [R, N], packed NVFP4 weight
+    dx = grouped_dgrad_nvfp4(g_RxN, codes_ExNxK2, scales_ExNxK16, sizes_E)  # f32 [R, K], its dgrad, packed too
 
 Why: `lax.ragged_dot` lowers on the GPU to a loop that reached 5.4 TFLOP/s on a 128-expert
 layer of the H200 (`benchmarks/bench_experts.md`), so the expert GEMMs dominated the RL step.
@@ -27,8 +28,9 @@ The semantics are those of `fp4rl.grouped` (the XLA reference, compared in
 from __future__ import annotations
 
 from pallas_kernels.grouped_gemm.ops import grouped_matmul, grouped_wgrad
-from pallas_kernels.grouped_gemm.packed_weight import PackedGemmTiles, grouped_matmul_bf16, grouped_matmul_nvfp4
+from pallas_kernels.grouped_gemm.packed_weight import (PackedGemmTiles, grouped_dgrad_nvfp4, grouped_matmul_bf16,
+                                                      grouped_matmul_nvfp4)
 from pallas_kernels.grouped_gemm.tunables import FORWARD_TILES, WGRAD_TILES, GroupedGemmTiles
 
-__all__ = ["FORWARD_TILES", "WGRAD_TILES", "GroupedGemmTiles", "PackedGemmTiles", "grouped_matmul", "grouped_matmul_bf16",
-           "grouped_matmul_nvfp4", "grouped_wgrad"]
+__all__ = ["FORWARD_TILES", "WGRAD_TILES", "GroupedGemmTiles", "PackedGemmTiles", "grouped_dgrad_nvfp4", "grouped_matmul",
+           "grouped_matmul_bf16", "grouped_matmul_nvfp4", "grouped_wgrad"]

@@ -48,7 +48,9 @@ from pallas_kernels.nvfp4_quant.tunables import is_power_of_two
 from pallas_kernels.nvfp4_quant.wrappers import require_gpu
 
 KERNEL_NAME = "fp4rl_grouped_packed_weight_gemm"
+DGRAD_KERNEL_NAME = "fp4rl_grouped_packed_weight_dgrad"
 _DOT_NT = (((1,), (1,)), ((), ()))  # x [M, K] . w [N, K] -> [M, N]
+_DOT_NN = (((1,), (0,)), ((), ()))  # g [M, N] . w [N, K] -> [M, K]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,9 +207,7 @@ def _kernel(group_ref, first_ref, end_ref, x_ref, *refs, packed: bool, tiles: Pa
         def body(i, acc):
             k0 = i * bk
             if packed:
-                w = dequantized_tile(refs[0][group, pl.ds(n0, bn), pl.ds(k0 // 8, bk // 8)],
-                                     refs[1][group, pl.ds(n0, bn), pl.ds(k0 // bm.BLOCK, bk // bm.BLOCK)],
-                                     x_ref.dtype)
+                w = _weight_tile(refs, group, n0, bn, k0, bk, x_ref.dtype)
             else:
                 w = refs[0][group, pl.ds(n0, bn), pl.ds(k0, bk)]
             return acc + lax.dot_general(load_x(k0), w, _DOT_NT, preferred_element_type=jnp.float32)
@@ -218,26 +218,67 @@ def _kernel(group_ref, first_ref, end_ref, x_ref, *refs, packed: bool, tiles: Pa
         plgpu_triton.store(out_ref.at[pl.ds(first, bm_), pl.ds(n0, bn)], acc, mask=row_ok[:, None])
 
 
-@functools.partial(jax.jit, static_argnames=("tiles", "interpret"))
-def _grouped_call(x_RxK, weights, group_sizes_E, *, tiles: PackedGemmTiles, interpret):
-    rows, k = x_RxK.shape
+def _weight_tile(refs, group, n0: int, bn: int, k0: int, bk: int, dtype):
+    """Rows [n0, n0 + bn), columns [k0, k0 + bk) of expert `group`'s dequantized weight [N, K]."""
+    return dequantized_tile(refs[0][group, pl.ds(n0, bn), pl.ds(k0 // 8, bk // 8)],
+                            refs[1][group, pl.ds(n0, bn), pl.ds(k0 // bm.BLOCK, bk // bm.BLOCK)], dtype)
+
+
+def _dgrad_kernel(group_ref, first_ref, end_ref, g_ref, codes_ref, scales_ref, out_ref, *, tiles: PackedGemmTiles,
+                  n: int):
+    """The transposed product g [rows, N] @ W_e [N, K]: program (tile, j) owns output columns
+    [j block_k, (j + 1) block_k) and walks N in block_n steps over the same dequantized tiles as
+    the forward (the weight stays laid out along K: only the dot's contraction changes)."""
+    bm_, bn, bk = tiles.block_m, tiles.block_n, tiles.block_k
+    t, j = pl.program_id(0), pl.program_id(1)
+    group, first, end = group_ref[t], first_ref[t], end_ref[t]
+    k0 = j * bk
+    row_ok = (first + jnp.arange(bm_)) < end
+
+    @pl.when(first < end)
+    def _():
+        def body(i, acc):
+            n0 = i * bn
+            g = plgpu_triton.load(g_ref.at[pl.ds(first, bm_), pl.ds(n0, bn)], mask=row_ok[:, None], other=0.0)
+            w = _weight_tile((codes_ref, scales_ref), group, n0, bn, k0, bk, g_ref.dtype)
+            return acc + lax.dot_general(g, w, _DOT_NN, preferred_element_type=jnp.float32)
+
+        acc = lax.fori_loop(0, n // bn, body, jnp.zeros((bm_, bk), jnp.float32))
+        plgpu_triton.store(out_ref.at[pl.ds(first, bm_), pl.ds(k0, bk)], acc, mask=row_ok[:, None])
+
+
+@functools.partial(jax.jit, static_argnames=("tiles", "interpret", "dgrad"))
+def _grouped_call(x_RxK, weights, group_sizes_E, *, tiles: PackedGemmTiles, interpret, dgrad: bool = False):
+    """The forward x [R, K] -> [R, N], or with `dgrad` (packed weights only) g [R, N] -> [R, K]."""
+    rows, inner = x_RxK.shape
     n = weights[0].shape[1]
     packed = len(weights) == 2
     group, first, end = tile_schedule(group_sizes_E, rows, tiles.block_m)
     # block_m padding rows: a tile's window may run past the last row (masked in the kernel; the
     # interpreter's dynamic slices would clamp instead, so the window must lie inside the array)
     x = jnp.pad(x_RxK, ((0, tiles.block_m), (0, 0)))
+    if dgrad:
+        k = 8 * weights[0].shape[2]
+        kernel, columns, blocks = functools.partial(_dgrad_kernel, tiles=tiles, n=n), k, k // tiles.block_k
+    else:
+        kernel, columns, blocks = functools.partial(_kernel, packed=packed, tiles=tiles, k=inner), n, n // tiles.block_n
     out = pl.pallas_call(
-        functools.partial(_kernel, packed=packed, tiles=tiles, k=k),
-        out_shape=jax.ShapeDtypeStruct((rows + tiles.block_m, n), jnp.float32),
-        grid=(group.shape[0], n // tiles.block_n),
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((rows + tiles.block_m, columns), jnp.float32),
+        grid=(group.shape[0], blocks),
         compiler_params=plgpu_triton.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages),
         interpret=interpret,
-        name=KERNEL_NAME,
+        name=DGRAD_KERNEL_NAME if dgrad else KERNEL_NAME,
     )(group, first, end, x, *weights)[:rows]
     # rows no tile wrote (past sum(sizes)) hold whatever the buffer held: zero them
     covered = jnp.arange(rows) < jnp.sum(jnp.asarray(group_sizes_E, jnp.int32))
     return jnp.where(covered[:, None], out, jnp.float32(0))
+
+
+def _check_group_sizes(what: str, group_sizes_E, num_groups: int):
+    if jnp.shape(group_sizes_E) != (num_groups,) or not jnp.issubdtype(jnp.result_type(group_sizes_E), jnp.integer):
+        raise ValueError(f"{what}: group_sizes must be integers of shape ({num_groups},), got "
+                         f"{jnp.result_type(group_sizes_E)} {jnp.shape(group_sizes_E)}")
 
 
 def _check(what: str, x_RxK, weight_shape, group_sizes_E, tiles: PackedGemmTiles, k: int, least_k: int,
@@ -248,9 +289,7 @@ def _check(what: str, x_RxK, weight_shape, group_sizes_E, tiles: PackedGemmTiles
     if x_RxK.shape[1] != k:
         raise ValueError(f"{what}: x has K={x_RxK.shape[1]} but the weight has K={k}")
     num_groups, n = weight_shape[0], weight_shape[1]
-    if jnp.shape(group_sizes_E) != (num_groups,) or not jnp.issubdtype(jnp.result_type(group_sizes_E), jnp.integer):
-        raise ValueError(f"{what}: group_sizes must be integers of shape ({num_groups},), got "
-                         f"{jnp.result_type(group_sizes_E)} {jnp.shape(group_sizes_E)}")
+    _check_group_sizes(what, group_sizes_E, num_groups)
     for dim, size, least in (("N", n, 16), ("K", k, least_k)):
         if _pow2_divisor(size) < least:
             raise ValueError(f"{what}: {dim}={size} must be a multiple of {least} (Triton dot tiles are powers of two "
@@ -258,6 +297,19 @@ def _check(what: str, x_RxK, weight_shape, group_sizes_E, tiles: PackedGemmTiles
     if tiles.block_k < least_k:
         raise ValueError(f"{what}: block_k={tiles.block_k} must be >= {least_k}")
     return tiles.fit(n, k)
+
+
+def _packed_weight_bytes(what: str, codes_ExNxK2, scales_ExNxK16):
+    """Checked codes and scale bytes -> (E, N, K, codes as uint32 words, scales as uint8)."""
+    if jnp.result_type(codes_ExNxK2) != jnp.uint8 or jnp.ndim(codes_ExNxK2) != 3:
+        raise TypeError(f"{what}: codes must be uint8 [E, N, K/2], got {jnp.result_type(codes_ExNxK2)} "
+                        f"{jnp.shape(codes_ExNxK2)}")
+    e, n, half = codes_ExNxK2.shape
+    if jnp.shape(scales_ExNxK16) != (e, n, 2 * half // bm.BLOCK):
+        raise ValueError(f"{what}: scales must have shape {(e, n, 2 * half // bm.BLOCK)}, got {jnp.shape(scales_ExNxK16)}")
+    if jnp.result_type(scales_ExNxK16) not in (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.uint8)):
+        raise TypeError(f"{what}: scales must be float8_e4m3fn or uint8, got {jnp.result_type(scales_ExNxK16)}")
+    return e, n, 2 * half, codes_as_words(codes_ExNxK2), lax.bitcast_convert_type(scales_ExNxK16, jnp.uint8)
 
 
 def grouped_matmul_nvfp4(x_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, tiles: PackedGemmTiles | None = None,
@@ -270,20 +322,38 @@ def grouped_matmul_nvfp4(x_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, 
     conversions: 17% fewer instructions in the K loop) and the tensor cores multiply f16. The
     products are the same, so is the result (up to the f32 sums' order), wherever x is exact in
     f16, as the bf16 values of an NVFP4-quantized activation are (`fp4rl.grouped.ragged_matmul_nvfp4`)."""
-    if jnp.result_type(codes_ExNxK2) != jnp.uint8 or jnp.ndim(codes_ExNxK2) != 3:
-        raise TypeError(f"grouped_matmul_nvfp4: codes must be uint8 [E, N, K/2], got "
-                        f"{jnp.result_type(codes_ExNxK2)} {jnp.shape(codes_ExNxK2)}")
-    e, n, half = codes_ExNxK2.shape
-    if jnp.shape(scales_ExNxK16) != (e, n, 2 * half // bm.BLOCK):
-        raise ValueError(f"grouped_matmul_nvfp4: scales must have shape {(e, n, 2 * half // bm.BLOCK)}, got "
-                         f"{jnp.shape(scales_ExNxK16)}")
-    if jnp.result_type(scales_ExNxK16) not in (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.uint8)):
-        raise TypeError(f"grouped_matmul_nvfp4: scales must be float8_e4m3fn or uint8, got {jnp.result_type(scales_ExNxK16)}")
-    fitted = _check("grouped_matmul_nvfp4", x_RxK, (e, n), group_sizes_E, tiles or DEFAULT_TILES, 2 * half, 32,
+    e, n, k, words, scale_bytes = _packed_weight_bytes("grouped_matmul_nvfp4", codes_ExNxK2, scales_ExNxK16)
+    fitted = _check("grouped_matmul_nvfp4", x_RxK, (e, n), group_sizes_E, tiles or DEFAULT_TILES, k, 32,
                     x_dtypes=(jnp.bfloat16, jnp.float16))
     require_gpu(interpret, "grouped_matmul_nvfp4")
-    scale_bytes = lax.bitcast_convert_type(scales_ExNxK16, jnp.uint8)
-    return _grouped_call(x_RxK, (codes_as_words(codes_ExNxK2), scale_bytes), group_sizes_E, tiles=fitted, interpret=interpret)
+    return _grouped_call(x_RxK, (words, scale_bytes), group_sizes_E, tiles=fitted, interpret=interpret)
+
+
+def grouped_dgrad_nvfp4(g_RxN, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, tiles: PackedGemmTiles | None = None,
+                        interpret: bool = False):
+    """f32 [R, K]: rows of group e times dec(codes[e]) * scales[e] (the dgrad of the forward above:
+    g @ W_e with W_e [N, K] as stored); rows past the groups 0.
+
+    The weight is read packed as in the forward (its codes and scales laid out along K), so the
+    backward of an NVFP4 site forms no bf16 copy of it either. g: bfloat16 (a cotangent has no
+    exact f16 form); the weight tile is formed in bf16, exactly, and the products are exact in f32:
+    the result is `g @ DQ(W)` up to the order of the f32 sums."""
+    e, n, k, words, scale_bytes = _packed_weight_bytes("grouped_dgrad_nvfp4", codes_ExNxK2, scales_ExNxK16)
+    if jnp.ndim(g_RxN) != 2 or jnp.result_type(g_RxN) != jnp.bfloat16:
+        raise TypeError(f"grouped_dgrad_nvfp4: g must be bfloat16 [R, N], got {jnp.result_type(g_RxN)} {jnp.shape(g_RxN)}")
+    if g_RxN.shape[1] != n:
+        raise ValueError(f"grouped_dgrad_nvfp4: g has N={g_RxN.shape[1]} but the weight has N={n}")
+    _check_group_sizes("grouped_dgrad_nvfp4", group_sizes_E, e)
+    tiles = tiles or DEFAULT_TILES
+    for dim, size, least in (("N", n, 16), ("K", k, 32)):
+        if _pow2_divisor(size) < least:
+            raise ValueError(f"grouped_dgrad_nvfp4: {dim}={size} must be a multiple of {least} (Triton dot tiles are powers "
+                             f"of two >= 16{'; K holds whole 16-element NVFP4 blocks in whole 32-bit words' if least == 32 else ''})")
+    if tiles.block_k < 32:
+        raise ValueError(f"grouped_dgrad_nvfp4: block_k={tiles.block_k} must be >= 32")
+    fitted = tiles.fit(n, k)
+    require_gpu(interpret, "grouped_dgrad_nvfp4")
+    return _grouped_call(g_RxN, (words, scale_bytes), group_sizes_E, tiles=fitted, interpret=interpret, dgrad=True)
 
 
 def grouped_matmul_bf16(x_RxK, w_ExNxK, group_sizes_E, *, tiles: PackedGemmTiles | None = None,
@@ -299,5 +369,5 @@ def grouped_matmul_bf16(x_RxK, w_ExNxK, group_sizes_E, *, tiles: PackedGemmTiles
     return _grouped_call(x_RxK, (w_ExNxK,), group_sizes_E, tiles=fitted, interpret=interpret)
 
 
-__all__ = ["DEFAULT_TILES", "KERNEL_NAME", "PackedGemmTiles", "codes_as_words", "dequantized_tile", "grouped_matmul_bf16",
-           "grouped_matmul_nvfp4", "tile_schedule"]
+__all__ = ["DEFAULT_TILES", "DGRAD_KERNEL_NAME", "KERNEL_NAME", "PackedGemmTiles", "codes_as_words", "dequantized_tile",
+           "grouped_dgrad_nvfp4", "grouped_matmul_bf16", "grouped_matmul_nvfp4", "tile_schedule"]

@@ -46,7 +46,9 @@ WGRAD_CASES = {
 BACKENDS = [pytest.param(True, id="interpret"), pytest.param(False, id="compiled", marks=pytest.mark.gpu)]
 GEMMS = [pytest.param("mosaic_interpret", id="interpret"), pytest.param("mosaic", id="compiled", marks=pytest.mark.gpu)]
 QDOT_GEMMS = [*GEMMS, pytest.param("blocked", id="blocked"), pytest.param("packed_interpret", id="packed-interpret"),
-              pytest.param("packed", id="packed-compiled", marks=pytest.mark.gpu)]
+              pytest.param("packed", id="packed-compiled", marks=pytest.mark.gpu),
+              pytest.param("packed_dgrad_interpret", id="packed-dgrad-interpret"),
+              pytest.param("packed_dgrad", id="packed-dgrad-compiled", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("interpret", BACKENDS)
@@ -250,6 +252,22 @@ def test_packed_backend_reads_nvfp4_weights_packed():
             assert f"bf16[{len(SIZES)},{F},{D}]" not in jaxpr
 
 
+def test_packed_dgrad_backend_reads_nvfp4_weights_packed_in_the_backward_too():
+    """gemm="packed_dgrad_interpret": the vjp of an NVFP4 site (dequantized backward) runs the
+    packed forward and the packed dgrad kernels, and no bf16 copy of the weight stack is formed
+    anywhere in it; "packed" still forms one for its dgrad (its programs are unchanged)."""
+    from pallas_kernels.grouped_gemm import packed_weight
+
+    x, g = random_operands([(R, D), (R, F)], seed=13)
+    w = _f32_params(14)
+    site = SITES["nvfp4-dequantized"]
+    for gemm, packed_dgrad in (("packed_dgrad_interpret", True), ("packed_interpret", False)):
+        jaxpr = str(jax.make_jaxpr(lambda x, w, g, gemm=gemm: _qdot_vjp(site, x, w, g, gemm))(x, w, g))
+        assert packed_weight.KERNEL_NAME in jaxpr
+        assert (packed_weight.DGRAD_KERNEL_NAME in jaxpr) == packed_dgrad, gemm
+        assert (f"bf16[{len(SIZES)},{F},{D}]" in jaxpr) != packed_dgrad, gemm
+
+
 # ---------------------------------------------------------------- errors
 def test_bad_inputs_raise_clear_errors():
     a, b = random_operands([(64, 64), (2, 64, 64)])
@@ -277,7 +295,7 @@ def test_backend_selector_is_explicit():
     a, b = random_operands([(64, 64), (2, 64, 64)])
     sizes = jnp.asarray([32, 32], jnp.int32)
     with pytest.raises(ValueError, match=r"valid options: \('xla', 'blocked', 'mosaic', 'mosaic_interpret', 'packed', "
-                                         r"'packed_interpret'\)"):
+                                         r"'packed_interpret', 'packed_dgrad', 'packed_dgrad_interpret'\)"):
         grouped.ragged_matmul(a, b, sizes, gemm="triton")
     with pytest.raises(ValueError, match="valid options"):
         ModelConfig.from_name("tiny", expert_gemm="cutlass")

@@ -129,6 +129,53 @@ def test_both_weight_forms_within_the_f32_accumulation_bound(case, interpret):
     assert_within(plain, exact, bound, f"bf16 weight {case}")
 
 
+@pytest.mark.parametrize("interpret", BACKENDS)
+@pytest.mark.parametrize("case", CASES)
+def test_nvfp4_weight_dgrad_is_the_emulated_dgrad_bit_for_bit(case, interpret):
+    """g [R, N] @ W_e [N, K], the weight read packed (`grouped_dgrad_nvfp4`): the same bits as the
+    emulated dequantized backward's GEMM (`nvfp4.scaled_operand`, then XLA) where the f32 sums
+    are exact, with tiles that walk N in several steps and K in several column blocks."""
+    rows, k, n, sizes = CASES[case]
+    codes, scales = _weight(len(sizes), n, k, exact_sums=True)
+    g = _activations(rows, n, seed=2, exact_sums=True)
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    want = grouped.ragged_matmul(g, _operand(codes, scales), group_sizes, gemm="xla")
+    for tiles in (SMALL_TILES, pw.DEFAULT_TILES):
+        got = pw.grouped_dgrad_nvfp4(g, codes, scales, group_sizes, tiles=tiles, interpret=interpret)
+        assert got.dtype == jnp.float32 and got.shape == (rows, k)
+        assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), tiles
+    assert not np.asarray(got[sum(sizes):]).any()  # rows past the groups
+    assert np.asarray(got[:sum(sizes)]).any()
+
+
+@pytest.mark.parametrize("interpret", BACKENDS)
+@pytest.mark.parametrize("case", CASES)
+def test_nvfp4_weight_dgrad_within_the_f32_accumulation_bound(case, interpret):
+    rows, k, n, sizes = CASES[case]
+    codes, scales = _weight(len(sizes), n, k, seed=3)
+    g = _activations(rows, n, seed=4)
+    exact, magnitude = exact_matmul(g, _operand(codes, scales), sizes)
+    got = pw.grouped_dgrad_nvfp4(g, codes, scales, jnp.asarray(sizes, jnp.int32), tiles=SMALL_TILES, interpret=interpret)
+    assert_within(got, exact, accumulation_bound(magnitude, n), f"nvfp4 weight dgrad {case}")
+
+
+def test_f32_dgrad_runs_as_three_exact_bf16_parts():
+    """`fp4rl.grouped.ragged_dgrad_nvfp4` on an f32 cotangent (f32 compute): its three bf16 parts'
+    products are exact, so the result is the f32 GEMM's within the accumulation bound (three f32
+    results summed: two more roundings), where one bf16 cast of g would be ~2^-9 off."""
+    rows, k, n, sizes = CASES["empty-middle-past-the-groups"]
+    codes, scales = _weight(len(sizes), n, k, seed=5)
+    g = jnp.asarray(np.random.default_rng(6).standard_normal((rows, n)), jnp.float32)
+    exact, magnitude = exact_matmul(g, _operand(codes, scales), sizes)
+    got = grouped.ragged_dgrad_nvfp4(g, codes, scales, jnp.asarray(sizes, jnp.int32), gemm="packed_dgrad_interpret")
+    assert_within(got, exact, accumulation_bound(magnitude, n) + 3 * 2.0**-24 * np.abs(exact), "f32 dgrad")
+    with pytest.raises(TypeError, match="bfloat16 or float32"):
+        grouped.ragged_dgrad_nvfp4(g.astype(jnp.float16), codes, scales, jnp.asarray(sizes, jnp.int32),
+                                   gemm="packed_dgrad_interpret")
+    with pytest.raises(ValueError, match="runs on gemm in"):
+        grouped.ragged_dgrad_nvfp4(g, codes, scales, jnp.asarray(sizes, jnp.int32), gemm="packed_interpret")
+
+
 def test_a_nan_scale_makes_nan_only_its_experts_rows():
     """A NaN block scale (the quantizer's mark of a non-finite block) poisons the output column
     of its expert's rows, nothing else. (XLA's CPU ragged_dot spreads it over the whole column:
@@ -168,14 +215,25 @@ def test_bad_operands_are_refused_with_what_is_valid():
         pw.grouped_matmul_bf16(x[:, :40], jnp.zeros((2, 32, 40), jnp.bfloat16), sizes, interpret=True)
     with pytest.raises(ValueError, match="must be a power of two >= 16"):
         pw.PackedGemmTiles(block_m=24)
+    g = _activations(8, 32)
+    with pytest.raises(TypeError, match="g must be bfloat16"):
+        pw.grouped_dgrad_nvfp4(g.astype(jnp.float16), codes, scales, sizes, interpret=True)
+    with pytest.raises(ValueError, match="g has N=16 but the weight has N=32"):
+        pw.grouped_dgrad_nvfp4(g[:, :16], codes, scales, sizes, interpret=True)
+    with pytest.raises(ValueError, match="K=48 must be a multiple of 32"):
+        pw.grouped_dgrad_nvfp4(g, *_weight(2, 32, 48, exact_sums=True), sizes, interpret=True)
+    with pytest.raises(ValueError, match=r"group_sizes must be integers of shape \(2,\)"):
+        pw.grouped_dgrad_nvfp4(g, codes, scales, sizes[:1], interpret=True)
     if jax.default_backend() != "gpu":
         with pytest.raises(RuntimeError, match="no silent XLA fallback"):
             pw.grouped_matmul_nvfp4(x, codes, scales, sizes)
+        with pytest.raises(RuntimeError, match="no silent XLA fallback"):
+            pw.grouped_dgrad_nvfp4(g, codes, scales, sizes)
 
 
 def test_lowers_to_triton_ir_for_h200(monkeypatch):
-    """On CPU CI: the compiled kernel (both weight forms, two launch shapes) builds as Triton IR
-    for sm_90. It does not run ptxas; the `gpu` tests above do."""
+    """On CPU CI: the compiled kernels (the forward's both weight forms, the packed dgrad; two launch
+    shapes) build as Triton IR for sm_90. It does not run ptxas; the `gpu` tests above do."""
     try:
         from jax._src.pallas.triton import gpu_info, pallas_call_registration
     except ImportError as e:  # pragma: no cover - depends on jax internals
@@ -193,6 +251,10 @@ def test_lowers_to_triton_ir_for_h200(monkeypatch):
                 text = jax.jit(lambda x, w, s: pw._grouped_call(x, w, s, tiles=tiles, interpret=False)).trace(
                     x, w, sizes).lower(lowering_platforms=("cuda",)).as_text()
                 assert f'name = "{pw.KERNEL_NAME}"' in text, (form, tiles)
+            g = jax.ShapeDtypeStruct((70, 256), jnp.bfloat16)  # the dgrad: g [R, N] against the packed [E, N, K]
+            text = jax.jit(lambda g, w, s: pw._grouped_call(g, w, s, tiles=tiles, interpret=False, dgrad=True)).trace(
+                g, weights["nvfp4"], sizes).lower(lowering_platforms=("cuda",)).as_text()
+            assert f'name = "{pw.DGRAD_KERNEL_NAME}"' in text, tiles
 
 
 def test_tile_schedule_has_no_while_loop():

@@ -85,7 +85,8 @@ def test_auto_is_xla_where_the_kernels_do_not_run(platform, backend, capability)
 
 
 def test_unknown_names_are_refused_with_the_valid_options():
-    options = r"valid options: \('auto', 'xla', 'blocked', 'mosaic', 'mosaic_interpret', 'packed', 'packed_interpret'\)"
+    options = (r"valid options: \('auto', 'xla', 'blocked', 'mosaic', 'mosaic_interpret', 'packed', 'packed_interpret', "
+               r"'packed_dgrad', 'packed_dgrad_interpret'\)")
     with pytest.raises(ValueError, match=options):
         ModelConfig.from_name("tiny", expert_gemm="cutlass")
     with pytest.raises(ValueError, match=options):
