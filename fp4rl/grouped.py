@@ -289,21 +289,25 @@ def _wgrad_fn(gemm: str):
 
 
 @functools.cache
-def _packed_matmul_fn(interpret: bool):
-    @jax.custom_batching.custom_vmap
-    def matmul(a_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E):
-        from pallas_kernels.grouped_gemm import grouped_matmul_nvfp4
+def _packed_weight_fn(dgrad: bool, interpret: bool):
+    """The packed-weight kernel, forward (a [R, K] -> [R, N]) or dgrad (g [R, N] -> [R, K]), with a
+    vmap rule that folds the batch into one ragged problem, as on the Mosaic kernels."""
 
-        return grouped_matmul_nvfp4(a_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, interpret=interpret)
+    @jax.custom_batching.custom_vmap
+    def matmul(a, codes_ExNxK2, scales_ExNxK16, group_sizes_E):
+        from pallas_kernels.grouped_gemm import grouped_dgrad_nvfp4, grouped_matmul_nvfp4
+
+        kernel = grouped_dgrad_nvfp4 if dgrad else grouped_matmul_nvfp4
+        return kernel(a, codes_ExNxK2, scales_ExNxK16, group_sizes_E, interpret=interpret)
 
     @matmul.def_vmap
-    def _vmap(n, in_batched, a, codes, scales, group_sizes):  # folded as on the Mosaic kernels
+    def _vmap(n, in_batched, a, codes, scales, group_sizes):
         a, codes, scales, group_sizes = (_batched(x, flag, n) for x, flag in zip((a, codes, scales, group_sizes), in_batched))
-        _, rows, k = a.shape
+        _, rows, width = a.shape
         e = codes.shape[1]
         # dummy groups of code 0 and scale 0: a zero weight
         codes, scales = (jnp.concatenate([v, jnp.zeros((n, 1, *v.shape[2:]), v.dtype)], axis=1) for v in (codes, scales))
-        out = matmul(a.reshape(n * rows, k), codes.reshape(n * (e + 1), *codes.shape[2:]),
+        out = matmul(a.reshape(n * rows, width), codes.reshape(n * (e + 1), *codes.shape[2:]),
                      scales.reshape(n * (e + 1), *scales.shape[2:]), _folded_group_sizes(group_sizes, rows))
         return out.reshape(n, rows, -1), True
 
@@ -320,29 +324,8 @@ def ragged_matmul_nvfp4(a_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, g
     weight element, the same products)."""
     if gemm not in PACKED_GEMMS:
         raise ValueError(f"ragged_matmul_nvfp4 runs on gemm in {tuple(PACKED_GEMMS)}, got {gemm!r}")
-    return _packed_matmul_fn(gemm.endswith("_interpret"))(a_RxK.astype(jnp.float16), codes_ExNxK2, scales_ExNxK16,
-                                                         group_sizes_E)
-
-
-@functools.cache
-def _packed_dgrad_fn(interpret: bool):
-    @jax.custom_batching.custom_vmap
-    def dgrad(g_RxN, codes_ExNxK2, scales_ExNxK16, group_sizes_E):
-        from pallas_kernels.grouped_gemm import grouped_dgrad_nvfp4
-
-        return grouped_dgrad_nvfp4(g_RxN, codes_ExNxK2, scales_ExNxK16, group_sizes_E, interpret=interpret)
-
-    @dgrad.def_vmap
-    def _vmap(n, in_batched, g, codes, scales, group_sizes):  # folded as the forward
-        g, codes, scales, group_sizes = (_batched(x, flag, n) for x, flag in zip((g, codes, scales, group_sizes), in_batched))
-        _, rows, width = g.shape
-        e = codes.shape[1]
-        codes, scales = (jnp.concatenate([v, jnp.zeros((n, 1, *v.shape[2:]), v.dtype)], axis=1) for v in (codes, scales))
-        out = dgrad(g.reshape(n * rows, width), codes.reshape(n * (e + 1), *codes.shape[2:]),
-                    scales.reshape(n * (e + 1), *scales.shape[2:]), _folded_group_sizes(group_sizes, rows))
-        return out.reshape(n, rows, -1), True
-
-    return dgrad
+    return _packed_weight_fn(False, gemm.endswith("_interpret"))(a_RxK.astype(jnp.float16), codes_ExNxK2,
+                                                                scales_ExNxK16, group_sizes_E)
 
 
 def ragged_dgrad_nvfp4(g_RxN, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, gemm: str):
@@ -352,7 +335,7 @@ def ragged_dgrad_nvfp4(g_RxN, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, ge
     whose products with the weight's exact bf16 values are exact in f32, as `_mosaic_wgrad` does."""
     if gemm not in PACKED_DGRAD_GEMMS:
         raise ValueError(f"ragged_dgrad_nvfp4 runs on gemm in {PACKED_DGRAD_GEMMS}, got {gemm!r}")
-    kernel = _packed_dgrad_fn(gemm.endswith("_interpret"))
+    kernel = _packed_weight_fn(True, gemm.endswith("_interpret"))
     if g_RxN.dtype == F32:
         return sum(kernel(part, codes_ExNxK2, scales_ExNxK16, group_sizes_E) for part in _bf16_parts(g_RxN))
     if g_RxN.dtype != jnp.bfloat16:

@@ -191,13 +191,19 @@ def codes_as_words(codes):
     return lax.bitcast_convert_type(codes.reshape(*lead, half // 4, 4), jnp.uint32)
 
 
+def _row_tile(group_ref, first_ref, end_ref, block_m: int):
+    """This program's row tile (`tile_schedule`): its group, first and end row, and which of its
+    block_m rows are real."""
+    t = pl.program_id(0)
+    group, first, end = group_ref[t], first_ref[t], end_ref[t]
+    return group, first, end, (first + jnp.arange(block_m)) < end
+
+
 def _kernel(group_ref, first_ref, end_ref, x_ref, *refs, packed: bool, tiles: PackedGemmTiles, k: int):
     out_ref = refs[-1]
     bm_, bn, bk = tiles.block_m, tiles.block_n, tiles.block_k
-    t, j = pl.program_id(0), pl.program_id(1)
-    group, first, end = group_ref[t], first_ref[t], end_ref[t]
-    n0 = j * bn
-    row_ok = (first + jnp.arange(bm_)) < end
+    group, first, end, row_ok = _row_tile(group_ref, first_ref, end_ref, bm_)
+    n0 = pl.program_id(1) * bn
 
     @pl.when(first < end)
     def _():
@@ -230,10 +236,8 @@ def _dgrad_kernel(group_ref, first_ref, end_ref, g_ref, codes_ref, scales_ref, o
     [j block_k, (j + 1) block_k) and walks N in block_n steps over the same dequantized tiles as
     the forward (the weight stays laid out along K: only the dot's contraction changes)."""
     bm_, bn, bk = tiles.block_m, tiles.block_n, tiles.block_k
-    t, j = pl.program_id(0), pl.program_id(1)
-    group, first, end = group_ref[t], first_ref[t], end_ref[t]
-    k0 = j * bk
-    row_ok = (first + jnp.arange(bm_)) < end
+    group, first, end, row_ok = _row_tile(group_ref, first_ref, end_ref, bm_)
+    k0 = pl.program_id(1) * bk
 
     @pl.when(first < end)
     def _():
