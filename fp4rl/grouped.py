@@ -91,13 +91,13 @@ def on_hopper() -> bool:
 
 @functools.cache
 def kernels_refuse(gemm: str, dtype: str, weights: tuple[tuple[int, int], ...]) -> str | None:
-    """Why the compiled kernels of `gemm` ("mosaic", "packed" or "packed_dgrad") cannot run the grouped GEMMs of
-    expert weights [E, K, N] of these (K, N) on `dtype` operands; None when they can.
+    """Why the compiled kernels of `gemm` ("mosaic", "packed" or "packed_dgrad") cannot run the
+    grouped GEMMs of expert weights [E, K, N] of these (K, N) on `dtype` operands; None when they can.
 
     Every GEMM a ragged qdot runs on such a weight goes through the kernels' own argument checks:
     forward K -> N, dgrad N -> K, wgrad [K, N], and with "packed" the forward of the weight's
-    NVFP4 form ("packed_dgrad": its dgrad too). Abstractly (`jax.eval_shape`) and in interpret mode, so no GPU is needed: the
-    checks raise before tracing, the same for the compiled kernels."""
+    NVFP4 form ("packed_dgrad": its dgrad too). Abstractly (`jax.eval_shape`) and in interpret
+    mode, so no GPU is needed: the checks raise before tracing, the same for the compiled kernels."""
     from pallas_kernels.grouped_gemm import grouped_dgrad_nvfp4, grouped_matmul, grouped_matmul_nvfp4, grouped_wgrad
 
     spec = jax.ShapeDtypeStruct
