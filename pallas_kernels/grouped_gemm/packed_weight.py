@@ -294,6 +294,11 @@ def _check(what: str, x_RxK, weight_shape, group_sizes_E, tiles: PackedGemmTiles
         raise ValueError(f"{what}: x has K={x_RxK.shape[1]} but the weight has K={k}")
     num_groups, n = weight_shape[0], weight_shape[1]
     _check_group_sizes(what, group_sizes_E, num_groups)
+    return _fitted_tiles(what, tiles, n, k, least_k)
+
+
+def _fitted_tiles(what: str, tiles: PackedGemmTiles, n: int, k: int, least_k: int) -> PackedGemmTiles:
+    """`tiles` fitted to a weight [N, K], after checking the widths the kernels' tiles need."""
     for dim, size, least in (("N", n, 16), ("K", k, least_k)):
         if _pow2_divisor(size) < least:
             raise ValueError(f"{what}: {dim}={size} must be a multiple of {least} (Triton dot tiles are powers of two "
@@ -348,14 +353,7 @@ def grouped_dgrad_nvfp4(g_RxN, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, t
     if g_RxN.shape[1] != n:
         raise ValueError(f"grouped_dgrad_nvfp4: g has N={g_RxN.shape[1]} but the weight has N={n}")
     _check_group_sizes("grouped_dgrad_nvfp4", group_sizes_E, e)
-    tiles = tiles or DEFAULT_TILES
-    for dim, size, least in (("N", n, 16), ("K", k, 32)):
-        if _pow2_divisor(size) < least:
-            raise ValueError(f"grouped_dgrad_nvfp4: {dim}={size} must be a multiple of {least} (Triton dot tiles are powers "
-                             f"of two >= 16{'; K holds whole 16-element NVFP4 blocks in whole 32-bit words' if least == 32 else ''})")
-    if tiles.block_k < 32:
-        raise ValueError(f"grouped_dgrad_nvfp4: block_k={tiles.block_k} must be >= 32")
-    fitted = tiles.fit(n, k)
+    fitted = _fitted_tiles("grouped_dgrad_nvfp4", tiles or DEFAULT_TILES, n, k, 32)
     require_gpu(interpret, "grouped_dgrad_nvfp4")
     return _grouped_call(g_RxN, (words, scale_bytes), group_sizes_E, tiles=fitted, interpret=interpret, dgrad=True)
 
