@@ -14,13 +14,14 @@ before it is timed:
 - `qdot` forward with the `full` recipe's routed-expert site (NVFP4 4/6 emulation: the
   activation and weight quantizers plus the grouped GEMM),
 - forward + dgrad + wgrad of the layer (`jax.vjp` of a ragged `qdot`: y, dx, dw, each checked)
-  with the expert GEMMs on `gemm="xla"` and on `gemm="mosaic"`, for a BF16 site (the three
+  with the expert GEMMs on each backend of `--gemms`, for a BF16 site (the three
   GEMMs alone) and the `full` recipe's site (NVFP4 forward, dequantized backward): issue #17's
   targets,
 - the h200 preset's whole MoE block (router, dispatch, gate|up and down experts, shared expert;
-  tokens = rows / top_k) under `jax.value_and_grad`, `expert_gemm="xla"` vs `"mosaic"`, bf16 and
-  `full` recipes; the mosaic row is checked against the xla row (relative norm of the
-  difference of all gradients), the xla row for finiteness.
+  tokens = rows / top_k) under `jax.value_and_grad`, on each backend of `--gemms` (the first is
+  the reference; default xla, mosaic, packed, packed_dgrad), bf16 and `full` recipes; each row
+  is checked against the reference row (relative norm of the difference of all gradients), the
+  reference row for finiteness.
 TFLOP/s counts 2 * rows * d_in * d_out useful FLOPs per GEMM (three for fwd+bwd rows; the MoE
 block rows count its routed-expert GEMMs only); the bf16 dense peak of an H200 is ~989.
 """
