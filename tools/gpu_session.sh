@@ -148,13 +148,13 @@ case "$mode" in
   bench)
     step kernels_gpu 150 python -m pytest -q -m gpu -x tests/kernels -p no:cacheprovider
     step bench_quant 200 python -m experiments.bench_quant --iters=10
-    step bench_experts 60 python -m experiments.bench_experts
+    step bench_experts 180 python -m experiments.bench_experts
     step bench_memory 60 python -m experiments.bench_qlinear_memory
     step bench_decode 90 python -m experiments.bench_decode
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   grouped)
-    gemm_tests_and_bench grouped tests/kernels/test_grouped_gemm.py "${GROUPED_SECONDS:-240}" bench_experts 240
+    gemm_tests_and_bench grouped tests/kernels/test_grouped_gemm.py "${GROUPED_SECONDS:-240}" bench_experts 480
     ;;
   weight_gemm)
     gemm_tests_and_bench weight_gemm tests/kernels/test_packed_weight_gemm.py "${GROUPED_SECONDS:-150}" bench_weight_gemm 300
