@@ -19,7 +19,8 @@ before it is timed:
   targets,
 - the h200 preset's whole MoE block (router, dispatch, gate|up and down experts, shared expert;
   tokens = rows / top_k) under `jax.value_and_grad`, on each backend of `--gemms` (the first is
-  the reference; default xla, mosaic, packed, packed_dgrad), bf16 and `full` recipes; each row
+  the reference; default xla, mosaic, packed, packed_dgrad; bf16 rows once per distinct bf16
+  GEMM, as the packed backends run theirs as mosaic), bf16 and `full` recipes; each row
   is checked against the reference row (relative norm of the difference of all gradients), the
   reference row for finiteness.
 TFLOP/s counts 2 * rows * d_in * d_out useful FLOPs per GEMM (three for fwd+bwd rows; the MoE
@@ -85,8 +86,26 @@ def _measure(name, fn, args, check, iters: int, flops: float) -> dict:
     return row
 
 
-def _moe_block_rows(config: ExpertBenchConfig, key) -> list[dict]:
-    """The h200 MoE block, forward + backward, on each of `config.gemms` (see the docstring)."""
+def _backends(config: ExpertBenchConfig) -> tuple[str, ...]:
+    """`--gemms` checked against `fp4rl.grouped.GEMMS`."""
+    gemms = tuple(config.gemms.split(","))
+    unknown = [g for g in gemms if g not in grouped.GEMMS]
+    if unknown:
+        raise SystemExit(f"bench_experts: unknown --gemms {unknown}; valid: {', '.join(grouped.GEMMS)}")
+    return gemms
+
+
+def _bf16_backends(gemms: tuple[str, ...]) -> tuple[str, ...]:
+    """One backend per distinct bf16 GEMM: the packed backends run their bf16 GEMMs as "mosaic"
+    does (`grouped.PACKED_GEMMS`), so a bf16 row of each would time the same program again."""
+    first_of = {}
+    for gemm in gemms:
+        first_of.setdefault(grouped.PACKED_GEMMS.get(gemm, gemm), gemm)
+    return tuple(first_of.values())
+
+
+def _moe_block_rows(config: ExpertBenchConfig, gemms: tuple[str, ...], key) -> list[dict]:
+    """The h200 MoE block, forward + backward, on each of `gemms` (see the docstring)."""
     model = ModelConfig.from_name("h200")
     tokens = config.tokens // model.top_k
     kx, kg = jax.random.split(key)
@@ -98,7 +117,7 @@ def _moe_block_rows(config: ExpertBenchConfig, key) -> list[dict]:
     for recipe_name in ("bf16", "full"):
         ctx = Ctx(recipe=PrecisionRecipe.from_name(recipe_name), num_layers=model.num_layers, impl="auto")
         reference = None
-        for gemm in config.gemms.split(","):
+        for gemm in (_bf16_backends(gemms) if recipe_name == "bf16" else gemms):
             graphdef, state = nnx.split(MoE(dataclasses.replace(model, expert_gemm=gemm), 0, nnx.Rngs(0)))
 
             def loss(state, x, graphdef=graphdef, ctx=ctx):
@@ -122,6 +141,7 @@ def _moe_block_rows(config: ExpertBenchConfig, key) -> list[dict]:
 
 
 def run(config: ExpertBenchConfig) -> dict:
+    gemms = _backends(config)
     kx, kw, kg = jax.random.split(jax.random.key(0), 3)
     x = jax.random.normal(kx, (config.tokens, config.d_in), jnp.bfloat16)
     w = (jax.random.normal(kw, (config.experts, config.d_in, config.d_out)) * 0.02).astype(jnp.bfloat16)
@@ -173,8 +193,9 @@ def run(config: ExpertBenchConfig) -> dict:
         return jax.jit(fn)
 
     grad_candidates = {f"fwd+dgrad+wgrad, {label} site, gemm={gemm}": fwd_bwd(s, gemm)
-                       for label, s in (("BF16", SiteConfig()), ("full recipe (NVFP4, dequantized bwd)", site))
-                       for gemm in config.gemms.split(",")}
+                       for label, s, backends in (("BF16", SiteConfig(), _bf16_backends(gemms)),
+                                                  ("full recipe (NVFP4, dequantized bwd)", site, gemms))
+                       for gemm in backends}
 
     rows = []
     for name, fn in {**candidates, **grad_candidates}.items():
@@ -188,7 +209,7 @@ def run(config: ExpertBenchConfig) -> dict:
             return err, err < tolerance
 
         rows.append(_measure(name, fn, (x, w), check, config.iters, (3 if is_grad else 1) * flops))
-    rows += _moe_block_rows(config, jax.random.fold_in(kx, 2))
+    rows += _moe_block_rows(config, gemms, jax.random.fold_in(kx, 2))
     return {"device": str(jax.devices()[0].device_kind), "config": dataclasses.asdict(config), "rows": rows}
 
 

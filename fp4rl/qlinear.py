@@ -102,6 +102,11 @@ def _weight_ndim(wq) -> int:
     return _weight_array(wq).ndim
 
 
+def _reads_packed(wq, group_sizes, gemm: str, packed_backends) -> bool:
+    """Whether this GEMM reads the weight packed: an NVFP4 expert stack on one of `packed_backends`."""
+    return group_sizes is not None and gemm in packed_backends and isinstance(wq, nvfp4.NVFP4Tensor)
+
+
 def _per_weight(fn, wq, *args):
     """Apply `fn` to a (raw or quantized) weight, one expert at a time for a stack: each
     expert is its own tensor with its own amax."""
@@ -147,7 +152,7 @@ def _forward_from_quantized(x_TxK, wq, site: SiteConfig, group_sizes, impl: str,
         return _gemm(x_TxK, wq.astype(x_TxK.dtype), group_sizes, gemm).astype(x_TxK.dtype), None
     xq = operands.quantize(x_TxK, site, "act", impl)
     xv, sx = operands.gemm_operand(xq)
-    if group_sizes is not None and gemm in grouped.PACKED_GEMMS and isinstance(wq, nvfp4.NVFP4Tensor):
+    if _reads_packed(wq, group_sizes, gemm, grouped.PACKED_GEMMS):
         # the kernel reads codes and scales: the bf16 operand is formed in registers only
         acc = grouped.ragged_matmul_nvfp4(xv, wq.codes, wq.scales, group_sizes, gemm=gemm)
         sw = jax.vmap(nvfp4.decode_scale)(wq)
@@ -201,12 +206,13 @@ _qdot.defvjp(_qdot_fwd, _qdot_bwd)
 def _dequantized_dgrad(g_TxN, wq, group_sizes, gemm: str):
     """g @ DQ(Q(w))^T as the forward computes its GEMM: (g @ Wv) * S_dec,w, Wv = dec(q) * sf
     exact in g's dtype, the weight's global decode scale (one per expert) on the f32 result."""
-    if group_sizes is not None and gemm in grouped.PACKED_DGRAD_GEMMS and isinstance(wq, nvfp4.NVFP4Tensor):
+    if _reads_packed(wq, group_sizes, gemm, grouped.PACKED_DGRAD_GEMMS):
         # the kernel reads codes and scales, as the forward's: no bf16 copy of the weight stack
         acc = grouped.ragged_dgrad_nvfp4(g_TxN, wq.codes, wq.scales, group_sizes, gemm=gemm)
-        return acc * _per_row(jax.vmap(nvfp4.decode_scale)(wq), group_sizes, acc.shape[0])
-    wv, sw = _per_weight(operands.gemm_operand, wq)  # Q(w^T) values [N, K] / [E, N, K]
-    acc = _gemm(g_TxN, wv.astype(g_TxN.dtype), group_sizes, gemm)
+        sw = jax.vmap(nvfp4.decode_scale)(wq)
+    else:
+        wv, sw = _per_weight(operands.gemm_operand, wq)  # Q(w^T) values [N, K] / [E, N, K]
+        acc = _gemm(g_TxN, wv.astype(g_TxN.dtype), group_sizes, gemm)
     return acc * _per_row(sw, group_sizes, acc.shape[0])
 
 

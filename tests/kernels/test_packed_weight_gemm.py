@@ -90,6 +90,16 @@ def test_tile_schedule_cuts_each_group_into_its_own_tiles():
 X_FORMS = [pytest.param(jnp.bfloat16, id="x-bf16"), pytest.param(jnp.float16, id="x-f16")]
 
 
+def _assert_same_bits_with_each_tiles(kernel, want, sizes):
+    """`kernel(tiles)` gives `want`'s f32 bytes with small and default tiles; rows past the groups 0."""
+    for tiles in (SMALL_TILES, pw.DEFAULT_TILES):
+        got = kernel(tiles)
+        assert got.dtype == jnp.float32 and got.shape == want.shape
+        assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), tiles
+    assert not np.asarray(got[sum(sizes):]).any()  # rows past the groups
+    assert np.asarray(got[:sum(sizes)]).any()
+
+
 @pytest.mark.parametrize("x_dtype", X_FORMS)
 @pytest.mark.parametrize("interpret", BACKENDS)
 @pytest.mark.parametrize("case", CASES)
@@ -101,12 +111,10 @@ def test_nvfp4_weight_gemm_is_the_emulated_forward_bit_for_bit(case, interpret, 
     x = _activations(rows, k, exact_sums=True)
     group_sizes = jnp.asarray(sizes, jnp.int32)
     want = grouped.ragged_matmul(x, _operand(codes, scales), group_sizes, gemm="xla", transpose_rhs=True)
-    for tiles in (SMALL_TILES, pw.DEFAULT_TILES):
-        got = pw.grouped_matmul_nvfp4(x.astype(x_dtype), codes, scales, group_sizes, tiles=tiles, interpret=interpret)
-        assert got.dtype == jnp.float32 and got.shape == (rows, n)
-        assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), tiles
-    assert not np.asarray(got[sum(sizes):]).any()  # rows past the groups
-    assert np.asarray(got[:sum(sizes)]).any()
+    assert want.shape == (rows, n)
+    _assert_same_bits_with_each_tiles(
+        lambda tiles: pw.grouped_matmul_nvfp4(x.astype(x_dtype), codes, scales, group_sizes, tiles=tiles,
+                                              interpret=interpret), want, sizes)
 
 
 @pytest.mark.parametrize("interpret", BACKENDS)
@@ -140,12 +148,10 @@ def test_nvfp4_weight_dgrad_is_the_emulated_dgrad_bit_for_bit(case, interpret):
     g = _activations(rows, n, seed=2, exact_sums=True)
     group_sizes = jnp.asarray(sizes, jnp.int32)
     want = grouped.ragged_matmul(g, _operand(codes, scales), group_sizes, gemm="xla")
-    for tiles in (SMALL_TILES, pw.DEFAULT_TILES):
-        got = pw.grouped_dgrad_nvfp4(g, codes, scales, group_sizes, tiles=tiles, interpret=interpret)
-        assert got.dtype == jnp.float32 and got.shape == (rows, k)
-        assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), tiles
-    assert not np.asarray(got[sum(sizes):]).any()  # rows past the groups
-    assert np.asarray(got[:sum(sizes)]).any()
+    assert want.shape == (rows, k)
+    _assert_same_bits_with_each_tiles(
+        lambda tiles: pw.grouped_dgrad_nvfp4(g, codes, scales, group_sizes, tiles=tiles, interpret=interpret),
+        want, sizes)
 
 
 @pytest.mark.parametrize("interpret", BACKENDS)
