@@ -1,6 +1,7 @@
 """Benchmark of the dropless expert GEMM on the GPU (a 128-expert MoE layer's shape).
 
     python -m experiments.bench_experts [--tokens=16384 --d_in=2048 --d_out=768 --experts=128]
+    python -m experiments.bench_experts --moe_block_only --profile=runs/moe_trace   # where a block's time goes
 
 16384 routed rows x [2048 -> 768] with 128 experts, bf16, random group sizes (multiples of 32,
 as the model pads them). Compared in one run, each checked against a per-expert f32 loop
@@ -23,6 +24,10 @@ before it is timed:
   GEMM, as the packed backends run theirs as mosaic), bf16 and `full` recipes; each row
   is checked against the reference row (relative norm of the difference of all gradients), the
   reference row for finiteness.
+`--profile DIR`: each timed MoE-block row runs once more under the JAX profiler (trace in
+DIR/<recipe>-<gemm>), and the table says which kernels its time went to (`fp4rl.analysis.
+trace_summary`): what separates the `full` block from the bf16 one. `--moe_block_only` skips the
+GEMM rows.
 TFLOP/s counts 2 * rows * d_in * d_out useful FLOPs per GEMM (three for fwd+bwd rows; the MoE
 block rows count its routed-expert GEMMs only); the bf16 dense peak of an H200 is ~989.
 """
@@ -39,6 +44,7 @@ import numpy as np
 from flax import nnx
 
 from fp4rl import grouped, qlinear
+from fp4rl.analysis import trace_summary
 from experiments.gpu_bench import bench_main, median_seconds
 from fp4rl.model.config import ModelConfig
 from fp4rl.model.moe import MoE
@@ -57,6 +63,8 @@ class ExpertBenchConfig:
     iters: int = 20
     # expert GEMM backends timed in the fwd+bwd and MoE-block rows; the first is the reference
     gemms: str = "xla,mosaic,packed,packed_dgrad"
+    profile: str = ""  # a directory: profile each timed MoE-block row once more there ("": no profile)
+    moe_block_only: bool = False  # only the MoE-block rows (e.g. for a profile)
     out: str = "benchmarks"
 
 
@@ -135,14 +143,22 @@ def _moe_block_rows(config: ExpertBenchConfig, gemms: tuple[str, ...], key) -> l
                 err = max(float(np.linalg.norm(v - r) / max(np.linalg.norm(r), 1e-30)) for v, r in zip(leaves, reference))
                 return err, err < 1e-2  # bf16 outputs: ~2^-8 per element, far less in norm
 
-            rows.append(_measure(f"MoE block (h200, {tokens} tokens) fwd+bwd, {recipe_name} recipe, expert_gemm={gemm}",
-                                 fn, (state, x), check, config.iters, routed_flops))
+            name = f"MoE block (h200, {tokens} tokens) fwd+bwd, {recipe_name} recipe, expert_gemm={gemm}"
+            row = _measure(name, fn, (state, x), check, config.iters, routed_flops)
+            if config.profile and "ms" in row:
+                log_dir = f"{config.profile}/{recipe_name}-{gemm}"
+                row["trace"] = trace_summary.profile_call(
+                    fn, (state, x), log_dir, title=f"Where the time of one `{name}` call goes (trace: {log_dir})")
+            rows.append(row)
     return rows
 
 
 def run(config: ExpertBenchConfig) -> dict:
     gemms = _backends(config)
     kx, kw, kg = jax.random.split(jax.random.key(0), 3)
+    if config.moe_block_only:
+        rows = _moe_block_rows(config, gemms, jax.random.fold_in(kx, 2))
+        return {"device": str(jax.devices()[0].device_kind), "config": dataclasses.asdict(config), "rows": rows}
     x = jax.random.normal(kx, (config.tokens, config.d_in), jnp.bfloat16)
     w = (jax.random.normal(kw, (config.experts, config.d_in, config.d_out)) * 0.02).astype(jnp.bfloat16)
     sizes = _group_sizes(config, kg)
@@ -226,6 +242,7 @@ def to_markdown(result) -> str:
             lines.append(f"| {r['name']} | {r['max_rel_err']:.2e} (FAILED check, not timed) | | | |")
         else:
             lines.append(f"| {r['name']} | {r['max_rel_err']:.2e} | {r['ms']:.3f} | {r['tflops']:.1f} | {100 * r['tflops'] / H200_BF16_PEAK_TFLOPS:.1f}% |")
+    lines += ["\n" + r["trace"] for r in result["rows"] if "trace" in r]
     return "\n".join(lines) + "\n"
 
 
