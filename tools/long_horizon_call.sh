@@ -22,7 +22,9 @@ if [ ! -e "$RUN_DIR/started" ]; then
   (cd "$RUN_DIR/tree" && OUT=$RUN_DIR SESSION_SECONDS=${SESSION_SECONDS:-3000} setsid nohup \
     bash -c "bash tools/gpu_session.sh $MODE; touch $RUN_DIR/done" >"$RUN_DIR/console.txt" 2>&1 </dev/null &)
 fi
-deadline=$(( $(date +%s) + ${WAIT:-540} ))
+# WAIT: 6 minutes by default, well inside a call's 10 minutes: shorter calls bring the logs back more
+# often and leave the caller's side more room to send the next call within the 30 s idle release
+deadline=$(( $(date +%s) + ${WAIT:-360} ))
 while [ "$(date +%s)" -lt "$deadline" ] && [ ! -e "$RUN_DIR/done" ]; do sleep 10; done
 tail -c 3000 "$RUN_DIR/log.txt" 2>/dev/null | tr '\r' '\n' | tail -n 25
 cp "$RUN_DIR/log.txt" "$OUT/" 2>/dev/null
