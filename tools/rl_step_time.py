@@ -10,7 +10,8 @@ share the device). The first step compiles what was not compiled ahead, so the t
 median of the later steps: the whole step, its rollouts (sampling; DAPO may draw several
 generation batches) and the rest (the update and the bookkeeping), with the step-0 reward as a
 sanity check that the backends compute the same policy (they differ only in f32 summation
-order). Times from a CPU are not performance numbers; the GPU's go to `benchmarks/`.
+order). `--profile DIR`: each run's last step under the JAX profiler, and a table of where its
+time went (kernels on a GPU; that step is left out of the medians). Times from a CPU are not performance numbers; the GPU's go to `benchmarks/`.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments.gpu_bench import write_results  # noqa: E402
 from fp4rl import configs  # noqa: E402
+from fp4rl.analysis import trace_summary  # noqa: E402
 from fp4rl.grouped import check_gemm  # noqa: E402
 from fp4rl.model import init  # noqa: E402
 from fp4rl.rl import sft, trainer  # noqa: E402
@@ -41,22 +44,43 @@ def _warmup(preset: str, init_dir: str):
     return (graphdef, params, {"model_config": dataclasses.asdict(model_config)}), "random parameters (no warm-up found)"
 
 
-def measure(preset: str, arm: str, gemm: str, seeds: int, steps: int, warmup) -> dict:
+def _profile_last_step(run: trainer.Trainer, last: int, log_dir: str) -> dict:
+    """Wrap `run.step` so that step `last` runs under the JAX profiler (trace in `log_dir`); the
+    returned dict receives its kernel table once it has run."""
+    inner, profiled = run.step, {}
+
+    def step(state, index):
+        if index != last:
+            return inner(state, index)
+        with jax.profiler.trace(log_dir, create_perfetto_trace=True):
+            out = jax.block_until_ready(inner(state, index))
+        profiled["trace"] = trace_summary.trace_table(
+            log_dir, f"Where the time of one RL step of `{run.config.arm}` on `{run.model_config.expert_gemm}` goes "
+                     f"({len(run.seeds)} seeds; rollout and update; trace: {log_dir})", top=25)
+        return out
+
+    run.step = step
+    return profiled
+
+
+def measure(preset: str, arm: str, gemm: str, seeds: int, steps: int, warmup, profile: str = "") -> dict:
     config = dataclasses.replace(configs.RL_PRESETS[preset], arm=arm, seeds=seeds, steps=steps, expert_gemm=gemm,
                                  eval_every=0, checkpoint_every=steps, out=tempfile.mkdtemp(prefix="rl_step_time_"))
     t0 = time.perf_counter()
     run = trainer.Trainer(config, progress=False, warmup=warmup)
+    profiled = _profile_last_step(run, steps - 1, f"{profile}/{arm}-{gemm}") if profile else {}
     history = run.run()
     wall = time.perf_counter() - t0
-    later = [step[1:] for step in history]  # per seed, steps after the first
+    # per seed, the steps after the first (it compiles) and before a profiled last (the profiler slows it)
+    later = [step[1:-1] if profile else step[1:] for step in history]
 
     def median(key):
         return float(np.median([r[key] for seed in later for r in seed]))
 
     step_s, rollout_s = median("time/step_s"), median("time/rollout_s")
-    return {"arm": arm, "gemm": run.model_config.expert_gemm, "seeds": seeds,  # "auto" as resolved "step_s": step_s, "rollout_s": rollout_s,
-            "rest_s": step_s - rollout_s, "first_step_s": float(np.mean([s[0]["time/step_s"] for s in history])),
-            "reward_step0": float(np.mean([s[0]["reward/mean"] for s in history])), "wall_s": wall}
+    return {"arm": arm, "gemm": run.model_config.expert_gemm,  # "auto" as resolved
+            "seeds": seeds, "step_s": step_s, "rollout_s": rollout_s, "rest_s": step_s - rollout_s, "first_step_s": float(np.mean([s[0]["time/step_s"] for s in history])),
+            "reward_step0": float(np.mean([s[0]["reward/mean"] for s in history])), "wall_s": wall, **profiled}
 
 
 def main(argv=None) -> None:
@@ -67,19 +91,21 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6, help="steps per run; the first (compiling) one is not timed")
     parser.add_argument("--init", default="", help="warm-up directory (default: the preset's)")
+    parser.add_argument("--profile", default="", help="a directory: the last step of each run under the JAX profiler, "
+                        "with a table of its kernels (that step is not timed)")
     parser.add_argument("--out", default="", help="write rl_step_time.json/.md into this directory (default: print only)")
     args = parser.parse_args(argv)
     gemms = args.gemms.split(",")
     for gemm in gemms:
         check_gemm(gemm, auto=True)  # names the valid backends
-    if args.steps < 2:
-        parser.error("--steps must be >= 2 (the first step compiles and is not timed)")
+    if args.steps < 2 + bool(args.profile):
+        parser.error("--steps must be >= 2, 3 with --profile (the first step compiles, a profiled last is not timed)")
     warmup, source = _warmup(args.preset, args.init or configs.RL_PRESETS[args.preset].init)
     print(f"preset {args.preset}, {args.seeds} seeds, {args.steps} steps per run, from {source}", flush=True)
     rows = []
     for arm in args.arms.split(","):
         for gemm in gemms:
-            rows.append(measure(args.preset, arm, gemm, args.seeds, args.steps, warmup))
+            rows.append(measure(args.preset, arm, gemm, args.seeds, args.steps, warmup, args.profile))
             print(rows[-1], flush=True)
     table = to_markdown(rows)
     print("\n" + table)
@@ -97,6 +123,7 @@ def to_markdown(rows: list[dict]) -> str:
         lines.append(f"| {row['arm']} | {row['gemm']} | {row['step_s']:.2f} | {row['rollout_s']:.2f} | "
                      f"{row['rest_s']:.2f} | {base['step_s'] / row['step_s']:.2f}x | {row['first_step_s']:.1f} | "
                      f"{row['reward_step0']:.3f} |")
+    lines += ["\n" + row["trace"] for row in rows if "trace" in row]
     return "\n".join(lines) + "\n"
 
 

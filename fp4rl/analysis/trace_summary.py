@@ -114,5 +114,13 @@ def profile_call(fn, args, log_dir: str, title: str, steps: int = 1, top: int = 
 
     with jax.profiler.trace(log_dir, create_perfetto_trace=True):
         jax.block_until_ready(fn(*args))
+    return trace_table(log_dir, title, steps=steps, top=top)
+
+
+def trace_table(log_dir: str, title: str, steps: int = 1, top: int = 20) -> str:
+    """`markdown` of the summary of the trace written into `log_dir` (by `jax.profiler.trace`): the
+    GPU's kernels on a GPU, the host thunks on the CPU."""
+    import jax
+
     prefix = "/device:" if jax.default_backend() == "gpu" else "/host:"
     return markdown(summarize(find_trace(log_dir), process_prefix=prefix), steps=steps, top=top, title=title)
