@@ -346,8 +346,8 @@ PY
   rlstep)
     # RL step time per arm x grouped-GEMM backend from the h200 warm-up, one run after the other
     # (RLSTEP_ARGS="--profile=runs/rlstep_trace": the last step of each run profiled, its kernels tabled)
-    # shellcheck disable=SC2086  # RLSTEP_ARGS are words
     warmup || exit 1
+    # shellcheck disable=SC2086  # RLSTEP_ARGS are words
     step rl_step_time "${RLSTEP_SECONDS:-540}" python tools/rl_step_time.py --preset h200 --init runs/h200/sft \
       --arms "${ARMS:-bf16,full}" --seeds "${SEEDS:-2}" --gemms "${GEMMS:-xla,mosaic,packed}" --steps "${STEPS:-6}" --out benchmarks ${RLSTEP_ARGS:-}
     mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_rl_step_time.log
