@@ -26,7 +26,7 @@ md, code = new_markdown_cell, new_code_cell
 
 PARAMETERS = '''\
 # Parameters (papermill "parameters" cell). FP4RL_RUN_DIR in the environment overrides RUN_DIR.
-RUN_DIR = "results/matrix_h200"  # the committed H200 matrix; any <arm>/seed<k>/metrics.jsonl directory (relative: to the cwd, else to the repo root)
+RUN_DIR = "results/long_h200/chain/matrix"  # the committed long-horizon H200 matrix (results/matrix_h200: the 100-step one); any <arm>/seed<k>/metrics.jsonl directory (relative: to the cwd, else to the repo root)
 FIG_DIR = None  # where the PNGs go; None: a fresh temporary directory (the run directory is never written)
 SPIKE_FACTORS = (2.0, 3.0, 5.0)  # spike thresholds to compare (docs/rl.md declares 3x)'''
 
