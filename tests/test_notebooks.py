@@ -87,8 +87,10 @@ def test_notebook_is_generated(tmp_path, name):
 def test_ablations_notebook_parameters_cell():
     nbformat = pytest.importorskip("nbformat", reason="notebook test needs nbformat (dev extra)")
     first = nbformat.read(ABLATIONS, as_version=4).cells[0]
-    assert first.cell_type == "code" and 'RUN_DIR = "results/matrix_h200"' in first.source
+    assert first.cell_type == "code" and 'RUN_DIR = "results/long_h200/chain/matrix"' in first.source
     assert "parameters" in first.metadata.get("tags", [])
+    # the default is a committed run directory the notebook can open
+    assert list((REPO / "results/long_h200/chain/matrix").glob("*/seed0/metrics.jsonl"))
 
 
 @pytest.mark.slow
