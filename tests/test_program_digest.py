@@ -2,21 +2,15 @@
 recipe's update differs (the digest sees the computation, not the run's object identities)."""
 
 import dataclasses
-import importlib.util
-from pathlib import Path
 
 from fp4rl import configs
 from fp4rl.model import init
 from fp4rl.rl import sft
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "program_digest.py"
-
+from tests.tool_module import load_tool
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("program_digest", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("program_digest")
 
 
 def test_digests_are_stable_and_tell_recipes_apart():

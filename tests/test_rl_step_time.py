@@ -3,19 +3,15 @@ rollout and update times per arm and backend, and with --profile the kernel tabl
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from tests.tool_module import load_tool
+
 
 def _tool():
-    path = Path(__file__).resolve().parents[1] / "tools" / "rl_step_time.py"
-    spec = importlib.util.spec_from_file_location("rl_step_time", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("rl_step_time")
 
 
 def test_table_of_step_times_and_the_profiled_last_step(tmp_path):

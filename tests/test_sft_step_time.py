@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from tests.tool_module import load_tool
+
 
 def _tool():
-    path = Path(__file__).resolve().parents[1] / "tools" / "sft_step_time.py"
-    spec = importlib.util.spec_from_file_location("sft_step_time", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("sft_step_time")
 
 
 def test_prints_the_step_time_on_the_named_backend(capsys):
