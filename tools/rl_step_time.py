@@ -11,7 +11,8 @@ median of the later steps: the whole step, its rollouts (sampling; DAPO may draw
 generation batches) and the rest (the update and the bookkeeping), with the step-0 reward as a
 sanity check that the backends compute the same policy (they differ only in f32 summation
 order). `--profile DIR`: each run's last step under the JAX profiler, and a table of where its
-time went (kernels on a GPU; that step is left out of the medians). Times from a CPU are not performance numbers; the GPU's go to `benchmarks/`.
+time went (kernels on a GPU; that step is left out of the medians). Times from a CPU are not
+performance numbers; the GPU's go to `benchmarks/`.
 """
 
 from __future__ import annotations
