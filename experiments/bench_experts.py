@@ -156,9 +156,13 @@ def _moe_block_rows(config: ExpertBenchConfig, gemms: tuple[str, ...], key) -> l
 def run(config: ExpertBenchConfig) -> dict:
     gemms = _backends(config)
     kx, kw, kg = jax.random.split(jax.random.key(0), 3)
-    if config.moe_block_only:
-        rows = _moe_block_rows(config, gemms, jax.random.fold_in(kx, 2))
-        return {"device": str(jax.devices()[0].device_kind), "config": dataclasses.asdict(config), "rows": rows}
+    rows = [] if config.moe_block_only else _gemm_rows(config, gemms, kx, kw, kg)
+    rows += _moe_block_rows(config, gemms, jax.random.fold_in(kx, 2))
+    return {"device": str(jax.devices()[0].device_kind), "config": dataclasses.asdict(config), "rows": rows}
+
+
+def _gemm_rows(config: ExpertBenchConfig, gemms: tuple[str, ...], kx, kw, kg) -> list[dict]:
+    """The GEMM rows (see the docstring), each checked against the per-expert f32 loop."""
     x = jax.random.normal(kx, (config.tokens, config.d_in), jnp.bfloat16)
     w = (jax.random.normal(kw, (config.experts, config.d_in, config.d_out)) * 0.02).astype(jnp.bfloat16)
     sizes = _group_sizes(config, kg)
@@ -225,8 +229,7 @@ def run(config: ExpertBenchConfig) -> dict:
             return err, err < tolerance
 
         rows.append(_measure(name, fn, (x, w), check, config.iters, (3 if is_grad else 1) * flops))
-    rows += _moe_block_rows(config, gemms, jax.random.fold_in(kx, 2))
-    return {"device": str(jax.devices()[0].device_kind), "config": dataclasses.asdict(config), "rows": rows}
+    return rows
 
 
 def to_markdown(result) -> str:

@@ -9,6 +9,7 @@ from fp4rl.rl import sft
 
 from tests.tool_module import load_tool
 
+
 def _tool():
     return load_tool("program_digest")
 

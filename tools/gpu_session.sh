@@ -25,8 +25,6 @@
 #                                       # variant (COMPILE_ARMS, COMPILE_GEMMS, SEEDS; no warm-up needed); the
 #                                       # fastest one as GEMM=...; XLA_FLAGS=... into COMPILE_CHOICE
 #   bash tools/gpu_session.sh rlstep    # h200 warm-up + RL step time per arm (ARMS) x expert GEMM backend (GEMMS)
-#   bash tools/gpu_session.sh profile   # where the time goes: the MoE block and the RL step (bf16, full) on mosaic and
-#                                       # packed, each profiled, kernel tables into benchmarks/profile/ (one call)
 #   bash tools/gpu_session.sh warmup    # a warm-up alone (WARMUP_PRESET, h200 by default)
 #   bash tools/gpu_session.sh sftstep   # warm-up step time per expert GEMM x deterministic ops x batch, and a
 #                                       # profile (tools/sft_step_time.py, SFTSTEP_PRESET)
@@ -354,18 +352,6 @@ PY
       --arms "${ARMS:-bf16,full}" --seeds "${SEEDS:-2}" --gemms "${GEMMS:-xla,mosaic,packed}" --steps "${STEPS:-6}" --out benchmarks ${RLSTEP_ARGS:-}
     mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_rl_step_time.log
     tar czf "$OUT/benchmarks.tgz" benchmarks
-    ;;
-  profile)
-    # where the time goes, in one call (~8 min): the MoE block fwd+bwd per recipe x backend, each row
-    # profiled (bench_experts), then the RL step of bf16 and full on mosaic and packed at 2 seeds with
-    # the last step of each profiled (rl_step_time); tables in benchmarks/, traces in runs/
-    step bench_experts_profile 200 python -m experiments.bench_experts --moe_block_only --gemms=xla,mosaic,packed \
-      --profile=runs/moe_trace --out=benchmarks/profile
-    warmup || exit 1
-    step rl_step_time_profile "${RLSTEP_SECONDS:-360}" python tools/rl_step_time.py --preset h200 --init runs/h200/sft \
-      --arms bf16,full --seeds 2 --gemms "${GEMMS:-mosaic,packed}" --steps 4 --profile=runs/rlstep_trace --out benchmarks/profile
-    mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_profile.log
-    tar czf "$OUT/benchmarks.tgz" benchmarks/profile benchmarks/logs/gpu_profile.log
     ;;
   warmup)
     warmup "${WARMUP_PRESET:-h200}"

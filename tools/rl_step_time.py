@@ -80,7 +80,8 @@ def measure(preset: str, arm: str, gemm: str, seeds: int, steps: int, warmup, pr
 
     step_s, rollout_s = median("time/step_s"), median("time/rollout_s")
     return {"arm": arm, "gemm": run.model_config.expert_gemm,  # "auto" as resolved
-            "seeds": seeds, "step_s": step_s, "rollout_s": rollout_s, "rest_s": step_s - rollout_s, "first_step_s": float(np.mean([s[0]["time/step_s"] for s in history])),
+            "seeds": seeds, "step_s": step_s, "rollout_s": rollout_s, "rest_s": step_s - rollout_s,
+            "first_step_s": float(np.mean([s[0]["time/step_s"] for s in history])),
             "reward_step0": float(np.mean([s[0]["reward/mean"] for s in history])), "wall_s": wall, **profiled}
 
 
