@@ -10,7 +10,10 @@ reports, per event name (a kernel, on a GPU): count, total and mean time, and sh
 time; and for the whole selection: the window from the first event's start to the last one's end,
 the busy time (the union of all events' intervals, so overlapping streams count once), and what is
 left idle. A launch-bound program shows as a small busy share of its window: many short kernels
-with gaps between them.
+with gaps between them. Per program (the events' `hlo_module`, one execution per `run_id`): its
+executions, kernels, busy time and the span of its executions, so the idle time splits into gaps
+inside programs (launches, host round trips of while-loop conditions) and gaps between them (the
+host's own work, dispatch).
 """
 
 from __future__ import annotations
@@ -34,6 +37,19 @@ class KernelRow:
 
 
 @dataclasses.dataclass(frozen=True)
+class ModuleRow:
+    name: str  # hlo_module
+    executions: int
+    events: int
+    busy_us: float  # union of its events' intervals
+    span_us: float  # sum over executions of first start to last end
+
+    @property
+    def idle_inside_us(self) -> float:
+        return self.span_us - self.busy_us
+
+
+@dataclasses.dataclass(frozen=True)
 class TraceSummary:
     processes: tuple[str, ...]  # the selected processes' names
     all_processes: tuple[str, ...]
@@ -41,6 +57,7 @@ class TraceSummary:
     window_us: float
     busy_us: float
     rows: tuple[KernelRow, ...]  # by total time, longest first
+    modules: tuple[ModuleRow, ...] = ()  # by span, longest first; events without hlo_module left out
 
     @property
     def idle_share(self) -> float:
@@ -75,8 +92,8 @@ def summarize(path: str | Path, process_prefix: str = "/device:") -> TraceSummar
     selected = {pid for pid, name in names.items() if name.startswith(process_prefix)}
     if not selected:
         raise ValueError(f"no process named {process_prefix}... in {path}; its processes: {sorted(names.values())}")
-    spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"])
-             for e in events if e.get("ph") == "X" and e.get("pid") in selected]
+    selected_events = [e for e in events if e.get("ph") == "X" and e.get("pid") in selected]
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"]) for e in selected_events]
     per_name: dict[str, list[float]] = defaultdict(list)
     for start, stop, name in spans:
         per_name[name].append(stop - start)
@@ -85,7 +102,29 @@ def summarize(path: str | Path, process_prefix: str = "/device:") -> TraceSummar
     rows = sorted((KernelRow(name, len(d), sum(d), sum(d) / len(d), sum(d) / busy if busy else 0.0)
                    for name, d in per_name.items()), key=lambda r: -r.total_us)
     return TraceSummary(tuple(sorted(names[p] for p in selected)), tuple(sorted(names.values())), len(spans),
-                        window, busy, tuple(rows))
+                        window, busy, tuple(rows), module_rows(selected_events))
+
+
+def module_rows(events: list[dict]) -> tuple[ModuleRow, ...]:
+    """Per `hlo_module` of the complete events' args: executions, events, busy union and the summed
+    span of its executions. An execution is a maximal run of time-ordered events with the same
+    module and `run_id` (device kernels may carry no run_id: then a run ends where another
+    module's event starts)."""
+    tagged = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["args"]["hlo_module"],
+                     str(e["args"].get("run_id", ""))) for e in events if "hlo_module" in (e.get("args") or {}))
+    executions: dict[str, list[list[tuple[float, float]]]] = defaultdict(list)
+    previous = None
+    for start, stop, module, run_id in tagged:
+        if (module, run_id) != previous:
+            executions[module].append([])
+            previous = (module, run_id)
+        executions[module][-1].append((start, stop))
+    rows = []
+    for name, runs in executions.items():
+        intervals = [iv for run in runs for iv in run]
+        span = sum(max(b for _, b in run) - min(a for a, _ in run) for run in runs)
+        rows.append(ModuleRow(name, len(runs), len(intervals), union_length(intervals), span))
+    return tuple(sorted(rows, key=lambda r: -r.span_us))
 
 
 def markdown(summary: TraceSummary, steps: int = 1, top: int = 20, title: str = "Trace summary") -> str:
@@ -104,7 +143,23 @@ def markdown(summary: TraceSummary, steps: int = 1, top: int = 20, title: str = 
         rest = summary.rows[top:]
         lines.append(f"| ({len(rest)} more names) | {sum(r.count for r in rest) / steps:.1f} | "
                      f"{sum(r.total_us for r in rest) / steps:.1f} | | {100 * sum(r.busy_share for r in rest):.1f}% |")
+    if summary.modules:
+        lines += ["", module_markdown(summary, steps=steps, top=top)]
     return "\n".join(lines) + "\n"
+
+
+def module_markdown(summary: TraceSummary, steps: int = 1, top: int = 20) -> str:
+    """Per program: executions, events, busy and span per step, and the idle inside its executions;
+    the last line is the window's idle outside every program's executions (host work, dispatch)."""
+    per = " per step" if steps > 1 else ""
+    lines = [f"| program | executions{per} | events{per} | busy us{per} | span us{per} | idle inside us{per} |",
+             "|---|---|---|---|---|---|"]
+    for m in summary.modules[:top]:
+        lines.append(f"| `{m.name[:80]}` | {m.executions / steps:.1f} | {m.events / steps:.1f} | {m.busy_us / steps:.1f} | "
+                     f"{m.span_us / steps:.1f} | {m.idle_inside_us / steps:.1f} |")
+    outside = summary.window_us - sum(m.span_us for m in summary.modules)
+    lines.append(f"| (outside every program's executions) | | | | | {outside / steps:.1f} |")
+    return "\n".join(lines)
 
 
 def profile_call(fn, args, log_dir: str, title: str, steps: int = 1, top: int = 20) -> str:

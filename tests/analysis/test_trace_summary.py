@@ -48,6 +48,27 @@ def test_hand_made_trace_two_streams_and_a_host(tmp_path):
     assert "| `gemm` | 1.0 | 10.0 | 10.00 | 105.3% |" in text
 
 
+def _k(ts, dur, module, run_id=None):  # a device kernel of program `module`
+    args = {"hlo_module": module} | ({} if run_id is None else {"run_id": run_id})
+    return {"ph": "X", "pid": 1, "tid": 7, "ts": ts, "dur": dur, "name": "k", "args": args}
+
+
+def test_per_program_idle_inside_and_between_executions(tmp_path):
+    events = [_meta(1, "/device:GPU:0"),
+              _k(0.0, 10.0, "update", 1), _k(20.0, 5.0, "update", 1),  # span 25, busy 15
+              _k(30.0, 10.0, "sample"), _k(45.0, 5.0, "sample"),  # no run_id: one run until another module
+              _k(60.0, 2.0, "update", 2), _k(62.0, 2.0, "update", 3),  # back to back, two run_ids
+              _x(1, 7, 70.0, 5.0, "memcpy")]  # no module: in the kernel table only
+    summary = trace_summary.summarize(_write(tmp_path / "t.json.gz", events))
+    update, sample = summary.modules
+    assert (update.name, update.executions, update.events, update.busy_us, update.span_us) == ("update", 3, 4, 19.0, 29.0)
+    assert (sample.name, sample.executions, sample.events, sample.busy_us, sample.span_us) == ("sample", 1, 2, 15.0, 20.0)
+    assert update.idle_inside_us == 10.0 and sample.idle_inside_us == 5.0
+    text = trace_summary.markdown(summary)
+    assert "| `update` | 3.0 | 4.0 | 19.0 | 29.0 | 10.0 |" in text
+    assert "| (outside every program's executions) | | | | | 26.0 |" in text  # window 75 - spans 49
+
+
 def test_a_missing_process_names_the_ones_there(tmp_path):
     path = _write(tmp_path / "t.json.gz", [_meta(2, "/host:CPU"), _x(2, 9, 0.0, 1.0, "x")])
     with pytest.raises(ValueError, match=r"no process named /device:\.\.\..*\['/host:CPU'\]"):
@@ -65,6 +86,8 @@ def test_reads_a_jax_profiler_trace(tmp_path):
     assert summary.events > 0 and 0 < summary.busy_us <= summary.window_us
     calls = [r.count for r in summary.rows if r.name.startswith("PjitFunction")]
     assert calls and calls[0] >= 3 and calls[0] % 3 == 0  # each of the 3 calls (one or two events each)
+    program = [m for m in summary.modules if "jit" in m.name]
+    assert program and program[0].executions >= 3 and program[0].busy_us <= program[0].span_us
 
 
 def test_decode_benchmark_profile_adds_the_summary_to_its_markdown(tmp_path):
