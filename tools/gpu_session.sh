@@ -34,6 +34,7 @@
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
 #   bash tools/gpu_session.sh mosaic    # the compiled Mosaic GPU kernel suite alone
 #   bash tools/gpu_session.sh model     # the model GPU test alone (Triton impl == reference, bitwise)
+#   bash tools/gpu_session.sh sampler   # the rollout program's decode-loop structure keeps every byte (compiled)
 #   bash tools/gpu_session.sh quant     # bench_quant alone (BENCH_ARGS)
 #   bash tools/gpu_session.sh decode    # bench_decode (bf16, full) x expert GEMM backend (DECODE_GEMMS), each with a
 #                                       # profiled call: per-kernel time per step
@@ -167,6 +168,13 @@ case "$mode" in
     ;;
   model)
     model_tests "${MODEL_SECONDS:-300}"
+    ;;
+  sampler)
+    # the rollout program's loop structure (decode chunks, the stop test shared over seeds) keeps
+    # every output byte, compiled (SAMPLER_TESTS: a -k selection, both recipes by default)
+    step gpu_tests_sampler "${SAMPLER_SECONDS:-300}" python -m pytest -v -s -rf --tb=short -m gpu \
+      tests/model/test_gpu_sampler.py -k "${SAMPLER_TESTS:-bf16 or full}" -p no:cacheprovider
+    mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_tests_sampler.log
     ;;
   decode)
     # decode throughput per recipe, then one profiled call each: where a decode step's time goes

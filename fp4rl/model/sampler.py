@@ -53,7 +53,13 @@ class SamplerConfig:
     at thousands of new tokens (the `hf` preset: 1k prompt + 7k new, 128 rows) the full-width
     prefill's f32 scores alone need 64 GiB. The same values up to the order of additions over the
     empty slots and rows; off by default so that the programs of the short-sequence presets (and
-    the digests their measurements were taken under, results/long_h200/chain) stay as they are."""
+    the digests their measurements were taken under, results/long_h200/chain) stay as they are.
+    decode_chunk: new tokens per iteration of the decode's `while` loop. Each iteration runs an
+    inner loop of exactly `decode_chunk` tokens (a known trip count, which XLA's GPU runtime runs
+    without reading anything back) and only then tests whether every row has stopped, a test whose
+    result the host must read: one round trip per chunk instead of per token. Tokens decoded
+    past a row's stop or past max_new_tokens are never emitted, so every value gives the same
+    outputs; a larger chunk decodes up to decode_chunk - 1 tokens more after the last row stops."""
 
     max_new_tokens: int
     temperature: float
@@ -62,8 +68,11 @@ class SamplerConfig:
     pad_id: int
     stop_ids: tuple[int, ...] = ()
     prompt_prefill: bool = False
+    decode_chunk: int = 8
 
     def __post_init__(self):
+        if self.decode_chunk < 1:
+            raise ValueError(f"decode_chunk={self.decode_chunk} must be >= 1")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
         if self.temperature < 0:
@@ -111,7 +120,7 @@ def _token_logprob(logits_BxV, token_B, temperature):
 
 
 def generate(graphdef, qparams, prompt_BxP, recipe, sampler: SamplerConfig, *, key,
-             impl: str = "auto", prompt_lengths_B=None, temperature=None) -> SampleOutput:
+             impl: str = "auto", prompt_lengths_B=None, temperature=None, seed_axis: str | None = None) -> SampleOutput:
     """Sample up to `sampler.max_new_tokens` tokens after each left-padded prompt.
 
     qparams: `sync_weights(params, ...)[0]` (raw params give identical results, quantizing the
@@ -119,6 +128,12 @@ def generate(graphdef, qparams, prompt_BxP, recipe, sampler: SamplerConfig, *, k
     max_new_tokens, shapes): temperature, top_p, eos_id and pad_id are runtime values.
     temperature: overrides `sampler.temperature`; may be a traced value (e.g. 0 for greedy
     evaluation through the same compiled rollout program).
+    seed_axis: the name of a `jax.vmap` axis this call runs under (e.g. the trainer's seeds). The
+    loop then stops when every row of every mapped instance has stopped, a test the instances
+    share: a per-instance test would make vmap run the loop until all have stopped anyway, and
+    `select` each instance's whole loop state (the KV cache included) between its old and new
+    value at every iteration. An instance whose rows have all stopped emits nothing more, so the
+    outputs are the same.
     """
     recipe = resolve_recipe(recipe)
     prompt_BxP = jnp.asarray(prompt_BxP, jnp.int32)
@@ -128,7 +143,7 @@ def generate(graphdef, qparams, prompt_BxP, recipe, sampler: SamplerConfig, *, k
                      jnp.asarray(prompt_lengths_B, jnp.int32), key,
                      sampler.temperature if temperature is None else temperature, sampler.top_p,
                      jnp.asarray((sampler.eos_id, *sampler.stop_ids), jnp.int32), sampler.pad_id,
-                     sampler.prompt_prefill)
+                     sampler.prompt_prefill, sampler.decode_chunk, seed_axis)
 
 
 def operands_ahead(qparams, config):
@@ -152,9 +167,9 @@ def is_stop(token_B, stop_S):
     return jnp.any(token_B[:, None] == stop_S[None, :], axis=1)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 12))
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 12, 13, 14))
 def _generate(graphdef, recipe, impl, T, qparams, prompt_BxP, prompt_lengths_B, key, temperature, top_p,
-              stop_S, pad_id, prompt_prefill=False) -> SampleOutput:
+              stop_S, pad_id, prompt_prefill=False, chunk=1, seed_axis=None) -> SampleOutput:
     config = nnx.merge(graphdef, qparams).config
     qparams = operands_ahead(qparams, config)
     B, P = prompt_BxP.shape
@@ -185,8 +200,10 @@ def _generate(graphdef, recipe, impl, T, qparams, prompt_BxP, prompt_lengths_B, 
         return token_B, done_B | is_stop(token_B, stop_S), key, out
 
     M, k = config.num_moe_layers, config.top_k
-    out = (jnp.full((B, T), pad_id, jnp.int32), jnp.zeros((B, T), F32),
-           jnp.zeros((B,), jnp.int32), jnp.full((M, B, T, k), -1, jnp.int32))
+    # A chunk's last iterations may run past T: their (empty) columns are written, then sliced off.
+    width = T + chunk - 1
+    out = (jnp.full((B, width), pad_id, jnp.int32), jnp.zeros((B, width), F32),
+           jnp.zeros((B,), jnp.int32), jnp.full((M, B, width, k), -1, jnp.int32))
     logits_BxV, topk_MxBxK, cache = step_model(prompt_BxP, prompt_valid_BxP, cache, last_only=prompt_prefill)
     if prompt_prefill:
         cache = grow_cache(cache, P + T - 1)
@@ -194,17 +211,31 @@ def _generate(graphdef, recipe, impl, T, qparams, prompt_BxP, prompt_lengths_B, 
 
     def cond(carry):
         t, _, _, done_B, _, _ = carry
-        return (t < T) & ~jnp.all(done_B)
+        running = ~jnp.all(done_B)
+        if seed_axis is not None:  # one test for every mapped instance (see `generate`)
+            running = lax.psum(running.astype(jnp.int32), seed_axis) > 0
+        return (t < T) & running
+
+    def decode(t, state):
+        cache, token_B, done_B, key, out = state
+        # A stopped row keeps running on a padding token (never attended to); per-token scales
+        # and dropless routing keep it from touching the other rows' results. Past T every row
+        # counts as stopped, so a chunk's extra iterations emit nothing (their cache writes land
+        # on the clamped last slot, which nothing emitted reads afterwards).
+        logits_BxV, topk_MxBxK, cache = step_model(token_B[:, None], ~done_B[:, None], cache)
+        token_B, done_B, key, out = emit(t, logits_BxV, topk_MxBxK, done_B | (t >= T), key, out)
+        return cache, token_B, done_B, key, out
 
     def body(carry):
-        t, cache, token_B, done_B, key, out = carry
-        # A stopped row keeps running on a padding token (never attended to); per-token scales
-        # and dropless routing keep it from touching the other rows' results.
-        logits_BxV, topk_MxBxK, cache = step_model(token_B[:, None], ~done_B[:, None], cache)
-        token_B, done_B, key, out = emit(t, logits_BxV, topk_MxBxK, done_B, key, out)
-        return t + 1, cache, token_B, done_B, key, out
+        t, *state = carry
+        if chunk == 1:
+            state = decode(t, state)
+        else:  # a known trip count: no host round trip inside the chunk
+            state = lax.fori_loop(0, chunk, lambda i, s: decode(t + i, s), tuple(state))
+        return t + chunk, *state
 
     carry = (jnp.ones((), jnp.int32), cache, token_B, done_B, key, out)
     *_, out = lax.while_loop(cond, body, carry)
     tokens, logprobs, lengths, topk = out
+    tokens, logprobs, topk = tokens[:, :T], logprobs[:, :T], topk[:, :, :T]
     return SampleOutput(tokens=tokens, logprobs=logprobs, lengths=lengths, router_topk=topk)

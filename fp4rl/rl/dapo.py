@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fp4rl.rl.token_logprobs import entropy, sampling_logprobs
 
@@ -45,8 +46,10 @@ def kl_k3(logp_p, logp_q):
     return jnp.expm1(log_r) - log_r
 
 
-def group_advantages(rewards_PxG, eps: float = 1e-6):
-    """GRPO/DAPO advantage (r - mean_group) / (std_group + eps), one per response.
+def group_advantages(rewards_PxG, eps: float = 1e-6) -> np.ndarray:
+    """GRPO/DAPO advantage (r - mean_group) / (std_group + eps), one per response, in float32
+    NumPy: rewards come from the host's verifier, and the advantages go into the batch the host
+    assembles (eager device ops here would cost a dispatch and a round trip per call).
 
     std is the sample std (ddof=1), as in the DAPO reference implementation (verl's
     `compute_grpo_outcome_advantage` uses torch.std, which is unbiased); hence G >= 2.
@@ -55,21 +58,22 @@ def group_advantages(rewards_PxG, eps: float = 1e-6):
     """
     if rewards_PxG.ndim != 2 or rewards_PxG.shape[1] < 2:
         raise ValueError(f"{rewards_PxG.shape=} must be [P, G] with G >= 2")
-    r = jnp.asarray(rewards_PxG, jnp.float32)
+    r = np.asarray(rewards_PxG, np.float32)
     mean = r.mean(axis=1, keepdims=True)
     std = r.std(axis=1, ddof=1, keepdims=True)
-    adv = (r - mean) / (std + eps)
-    return jnp.where(dynamic_sampling_keep(r)[:, None], adv, 0.0)
+    adv = (r - mean) / (std + np.float32(eps))
+    return np.where(dynamic_sampling_keep(r)[:, None], adv, np.float32(0)).astype(np.float32)
 
 
-def dynamic_sampling_keep(rewards_PxG):
-    """bool [P]: True for groups whose rewards are not all equal (DAPO dynamic sampling).
+def dynamic_sampling_keep(rewards_PxG) -> np.ndarray:
+    """bool [P] (NumPy, host side): True for groups whose rewards are not all equal (DAPO dynamic sampling).
 
     All-equal groups have zero advantage and so contribute no gradient; DAPO drops them and
     keeps sampling until the batch is full. Note DAPO's recipe filters on accuracy (the
     correctness reward), not on the overlong-shaped score: pass whichever is intended.
     """
-    return jnp.any(rewards_PxG != rewards_PxG[:, :1], axis=1)
+    r = np.asarray(rewards_PxG)
+    return np.any(r != r[:, :1], axis=1)
 
 
 def _adv_NxT(advantages):

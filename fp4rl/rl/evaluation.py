@@ -32,12 +32,14 @@ def sampler_config(max_new_tokens: int, temperature: float = 1.0, top_p: float =
                                        prompt_prefill=prompt_prefill)
 
 
-def sample_fn(graphdef, recipe: PrecisionRecipe, config: model_sampler.SamplerConfig, impl: str):
+def sample_fn(graphdef, recipe: PrecisionRecipe, config: model_sampler.SamplerConfig, impl: str,
+              seed_axis: str | None = None):
     """(qparams, prompt_ids, prompt_mask, key, temperature) -> SampleOutput; temperature is a
-    runtime value, so rollouts (T=1) and greedy evaluation (T=0) share one compiled program."""
+    runtime value, so rollouts (T=1) and greedy evaluation (T=0) share one compiled program.
+    seed_axis: the vmap axis it runs under, if any (`sampler.generate`)."""
     return lambda q, ids, mask, key, temperature: model_sampler.generate(
         graphdef, q, ids, recipe, config, key=key, impl=impl, prompt_lengths_B=jnp.sum(mask, axis=1, dtype=jnp.int32),
-        temperature=temperature)
+        temperature=temperature, seed_axis=seed_axis)
 
 
 @functools.lru_cache(maxsize=16)

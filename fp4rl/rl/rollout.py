@@ -108,7 +108,7 @@ def balanced(groups: list, mini_batches: int) -> list:
 
 def training_arrays(groups: list, group_size: int) -> dict[str, np.ndarray]:
     """Stack the selected groups into the rollout arrays of one seed (N = groups * G rows)."""
-    rows = {k: [] for k in ("tokens", "valid", "response_mask", "logp_sampler", "advantages", "router_topk", "shaped", "used")}
+    rows = {k: [] for k in ("tokens", "valid", "response_mask", "logp_sampler", "router_topk", "shaped", "used")}
     for gen, p, shaped_G, used in groups:
         sl = slice(p * group_size, (p + 1) * group_size)
         prompt, pmask, resp = gen.prompt_ids_NxTp[sl], gen.prompt_mask_NxTp[sl], gen.response_NxTr[sl]
@@ -118,12 +118,15 @@ def training_arrays(groups: list, group_size: int) -> dict[str, np.ndarray]:
         rows["valid"].append(np.concatenate([pmask, np.arange(tr)[None, :] < gen.lengths_N[sl][:, None]], axis=1))
         rows["response_mask"].append(rmask)
         rows["logp_sampler"].append(gen.logp_NxTr[sl])
-        adv = np.asarray(dapo.group_advantages(shaped_G[None, :]))[0] if used else np.zeros(group_size, np.float32)
-        rows["advantages"].append(adv.astype(np.float32))
         rows["router_topk"].append(gen.router_topk[:, sl])
         rows["shaped"].append(shaped_G)
         rows["used"].append(np.full(group_size, used))
     out = {k: np.concatenate(v, axis=1 if k == "router_topk" else 0) for k, v in rows.items()}
+    # every group's advantages at once (a group's own row: the same values as one at a time);
+    # masked-out fillers get 0
+    shaped_PxG = out["shaped"].reshape(len(groups), group_size)
+    used_P = np.array([used for *_, used in groups], bool)
+    out["advantages"] = np.where(used_P[:, None], dapo.group_advantages(shaped_PxG), np.float32(0)).reshape(-1)
     return out
 
 

@@ -86,10 +86,33 @@ def _abstract(tree):
                                                        sharding=sharding), tree)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _seed_keys(seeds: tuple[int, ...], step, stream):
+    """fold_in(fold_in(key(seed), step), stream) per seed, stacked: one compiled program (the same
+    bits as the eager ops, which would each be a dispatch)."""
+    return jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), stream) for s in seeds])
+
+
+@jax.jit
+def _step_stats(logp_old, logp_ref, logp_sampler, response_mask, response_valid):
+    """A step's logged statistics per seed, in one program: the k3 KL to the reference (absent
+    when `logp_ref` is None) and the trainer/sampler mismatch. The log-probs and masks come as
+    mini-batch lists (rows on axis 1), `response_valid` whole."""
+    logp_old, logp_sampler, response_mask = (jnp.concatenate(x, 1) for x in (logp_old, logp_sampler, response_mask))
+    out = jax.vmap(dapo.mismatch_stats)(logp_old, logp_sampler, response_valid)
+    if logp_ref is not None:
+        kl = lambda a, b, m: dapo.masked_mean(dapo.kl_k3(a, b), m)  # noqa: E731
+        out["kl_ref_k3"] = jax.vmap(kl)(logp_old, jnp.concatenate(logp_ref, 1), response_mask)
+    return out
+
+
 @functools.lru_cache(maxsize=2)
 def _apply_flag(apply: bool):
     """The update program's `apply` argument, committed like every other argument (`_committed`)."""
     return _committed(jnp.asarray(apply))
+
+
+SEED_AXIS = "seed"  # the name of the vmapped seed axis (the sampler's decode loop stops on all seeds at once)
 
 
 @functools.lru_cache(maxsize=16)
@@ -99,7 +122,7 @@ def _forward_programs(graphdef, model_config: ModelConfig, recipe: PrecisionReci
     (nvfp4/nvfp4-pt/+dq, +46/full-hp, +hp/full-46, full/full-dq, mxfp8-q/mxfp8/mxfp8+dq) get the same
     jitted functions: in one process a later arm of such a group traces, lowers and compiles neither
     of them."""
-    sample_one = evaluation.sample_fn(graphdef, recipe, sampler, impl)
+    sample_one = evaluation.sample_fn(graphdef, recipe, sampler, impl, seed_axis=SEED_AXIS)
 
     def sync(params):
         return model_sync.sync_weights(params, model_config, recipe, impl)
@@ -107,7 +130,7 @@ def _forward_programs(graphdef, model_config: ModelConfig, recipe: PrecisionReci
     def sample(qparams, prompt_ids, prompt_mask, key, temperature):
         return sample_one(qparams, prompt_ids, prompt_mask, key, temperature)
 
-    return jax.jit(jax.vmap(sync)), jax.jit(jax.vmap(sample, in_axes=(0, 0, 0, 0, None)))
+    return jax.jit(jax.vmap(sync)), jax.jit(jax.vmap(sample, in_axes=(0, 0, 0, 0, None), axis_name=SEED_AXIS))
 
 
 class Trainer:
@@ -330,7 +353,7 @@ class Trainer:
     def _step_keys(self, step: int, stream: int):
         """One key per seed for (step, stream): a pure function of them, so a resumed run
         draws exactly what an uninterrupted one would."""
-        return self._put(jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), stream) for s in self.seeds]))
+        return self._put(_seed_keys(tuple(self.seeds), step, stream))
 
     def _rollouts(self, qparams, step: int):
         c = self.config
@@ -389,49 +412,53 @@ class Trainer:
         # explicit dtypes: the programs were compiled ahead for exactly these (compile_tasks)
         dtypes = {"tokens": jnp.int32, "valid": bool, "response_mask": bool, "logp_sampler": jnp.float32,
                   "advantages": jnp.float32}
-        # The arrays the programs take (rows on axis 1; the host keeps the rest, e.g. router_topk).
-        stacked = self._put_rows({k: np.asarray(np.stack([a[k] for a in arrays]), dtype) for k, dtype in dtypes.items()})
-        unknown = jnp.zeros_like(stacked["logp_sampler"])  # old/reference log-probs, filled in below
-        batch = policy.Batch(stacked["tokens"], stacked["valid"], stacked["response_mask"], unknown,
-                             stacked["logp_sampler"], unknown, stacked["advantages"])
-        per = batch.tokens_NxL.shape[1] // c.mini_batches
-        minibatch = lambda tree, m: self._put_rows(jax.tree.map(lambda x: x[:, m * per : (m + 1) * per], tree))  # noqa: E731
-        apply_flag = _apply_flag if self.mesh is None else lambda apply: self._put(jnp.asarray(apply))  # noqa: E731
+        # The arrays the programs take (rows on axis 1; the host keeps the rest, e.g. router_topk),
+        # cut into mini-batches on the host and placed once each: slicing placed arrays would cost
+        # a device op (a dispatch and its wait) per field and mini-batch.
+        host = {k: np.asarray(np.stack([a[k] for a in arrays]), dtype) for k, dtype in dtypes.items()}
+        host["unknown"] = np.zeros_like(host["logp_sampler"])  # old/reference log-probs, filled in below
+        per = host["tokens"].shape[1] // c.mini_batches
+        parts = [self._put_rows({k: v[:, m * per : (m + 1) * per] for k, v in host.items()}) for m in range(c.mini_batches)]
+        batches = [policy.Batch(p["tokens"], p["valid"], p["response_mask"], p["unknown"], p["logp_sampler"], p["unknown"],
+                                p["advantages"]) for p in parts]
+        flags = {apply: (_apply_flag(apply) if self.mesh is None else self._put(jnp.asarray(apply))) for apply in (False, True)}
         keys = [self._step_keys(step, 1000 + m) for m in range(c.mini_batches)]
 
         # Old and reference log-probs through the update program itself (apply=False: forward
         # only), mini-batch by mini-batch: the first update recomputes the old ones bit for bit.
         def forward_pass(params):
-            outs = [update_program(params, state["opt_state"], minibatch(batch, m), keys[m], apply_flag(False))[2]
+            return [update_program(params, state["opt_state"], batches[m], keys[m], flags[False])[2]
                     for m in range(c.mini_batches)]
-            return jnp.concatenate([o["logp"] for o in outs], 1), jnp.concatenate([o["router_topk"] for o in outs], 2)
 
-        logp_old, trainer_topk = forward_pass(state["params"])
-        if c.reference_logprobs:
-            logp_ref, _ = forward_pass(self.ref_params_S)
-            kl_ref = jax.vmap(lambda a, b, m: dapo.masked_mean(dapo.kl_k3(a, b), m))(logp_old, logp_ref,
-                                                                                   stacked["response_mask"])
-        else:  # `RLConfig.reference_logprobs` (GRPO's KL term needs them): no loss reads the field
-            logp_ref, kl_ref = logp_old, None
-        batch = dataclasses.replace(batch, logp_old_NxTr=logp_old, logp_ref_NxTr=logp_ref)
-        response_valid = stacked["valid"][:, :, prompt_width:]  # real response tokens, incl. masked-out groups
-        mismatch = jax.vmap(dapo.mismatch_stats)(logp_old, stacked["logp_sampler"], response_valid)
+        old = forward_pass(state["params"])
+        logp_old = [o["logp"] for o in old]
+        logp_ref = [o["logp"] for o in forward_pass(self.ref_params_S)] if c.reference_logprobs else logp_old
+        batches = [dataclasses.replace(b, logp_old_NxTr=self._put_rows(lo), logp_ref_NxTr=self._put_rows(lr))
+                   for b, lo, lr in zip(batches, logp_old, logp_ref)]
+        response_valid = host["valid"][:, :, prompt_width:]  # real response tokens, incl. masked-out groups
+        # `RLConfig.reference_logprobs` off (GRPO's KL term needs them): no loss reads the field, no KL logged
+        stats = _step_stats(logp_old, logp_ref if c.reference_logprobs else None, [p["logp_sampler"] for p in parts],
+                            [p["response_mask"] for p in parts], response_valid)
 
         t_train = time.time()
         update_metrics = []
         params, opt_state = state["params"], state["opt_state"]
         for m in range(c.mini_batches):
-            params, opt_state, metrics = update_program(params, opt_state, minibatch(batch, m), keys[m], apply_flag(True))
+            params, opt_state, metrics = update_program(params, opt_state, batches[m], keys[m], flags[True])
             if self.mesh is not None:  # keep the state's placement whatever layout XLA chose for the outputs
                 params, opt_state = self._put_state((params, opt_state))
-            update_metrics.append(jax.device_get({k: v for k, v in metrics.items() if k not in ("logp", "router_topk")}))
+            update_metrics.append({k: v for k, v in metrics.items() if k not in ("logp", "router_topk")})
+        # fetched once, after every update is queued (a fetch per update would stall the queue)
+        update_metrics, stats, trainer_topk = jax.device_get((update_metrics, stats, [o["router_topk"] for o in old]))
+        trainer_topk = np.concatenate(trainer_topk, axis=2)
         train_time = time.time() - t_train
+        sync_map4 = np.asarray(sync_stats["quant/map4_frac"])
 
         records, update_records = [], []
         memory = device_memory(jax.local_devices())  # the process's, the same for every seed
         for k in range(len(self.seeds)):
             per_update = update_stats.of_seed(update_metrics, k)
-            lengths_all = np.asarray(response_valid[k]).sum(1)
+            lengths_all = response_valid[k].sum(1)
             shaped = arrays[k]["shaped"]
             records.append({
                 "step": step,
@@ -449,20 +476,20 @@ class Trainer:
                 "response_length/max": float(lengths_all.max()),
                 "response_length/trunc_rate": float((lengths_all >= c.max_new_tokens).mean()),
                 **update_stats.summary(per_update),
-                **({} if kl_ref is None else {"kl_ref_k3": float(kl_ref[k])}),
-                "mismatch/kl_k1": float(mismatch["mismatch_k1"][k]),
-                "mismatch/kl_k3": float(mismatch["mismatch_k3"][k]),
-                "mismatch/max_abs_logp_diff": float(mismatch["mismatch_abs_max"][k]),
-                "mismatch/mean_abs_logp_diff": float(mismatch["mismatch_abs_mean"][k]),
-                "mismatch/mean_exp_abs_diff": float(mismatch["mismatch_exp_abs_mean"][k]),
-                "mismatch/routing_flip": rollout.routing_flip_rate(arrays[k]["router_topk"], np.asarray(trainer_topk[k]),
-                                                                   np.asarray(response_valid[k])),
-                "quant/map4_frac": float(np.asarray(sync_stats["quant/map4_frac"])[k]),
+                **({"kl_ref_k3": float(stats["kl_ref_k3"][k])} if "kl_ref_k3" in stats else {}),
+                "mismatch/kl_k1": float(stats["mismatch_k1"][k]),
+                "mismatch/kl_k3": float(stats["mismatch_k3"][k]),
+                "mismatch/max_abs_logp_diff": float(stats["mismatch_abs_max"][k]),
+                "mismatch/mean_abs_logp_diff": float(stats["mismatch_abs_mean"][k]),
+                "mismatch/mean_exp_abs_diff": float(stats["mismatch_exp_abs_mean"][k]),
+                "mismatch/routing_flip": rollout.routing_flip_rate(arrays[k]["router_topk"], trainer_topk[k],
+                                                                   response_valid[k]),
+                "quant/map4_frac": float(sync_map4[k]),
                 "time/step_s": time.time() - t_start,
                 "time/rollout_s": gen_time,
                 "throughput/rollout_tok_s": gen_tokens / max(gen_time, 1e-9) / len(self.seeds),
-                "throughput/train_tok_s": float(np.asarray(stacked["valid"][k]).sum()) / max(train_time, 1e-9),
-                "update/columns": int(stacked["tokens"].shape[2]),
+                "throughput/train_tok_s": float(host["valid"][k].sum()) / max(train_time, 1e-9),
+                "update/columns": int(host["tokens"].shape[2]),
                 **memory,
             })
             update_records.append(update_stats.lines(step, per_update))

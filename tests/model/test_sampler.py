@@ -136,3 +136,67 @@ def test_sampler_config_validation():
         SamplerConfig(max_new_tokens=4, temperature=-1.0, top_p=1.0, eos_id=EOS, pad_id=PAD)
     with pytest.raises(ValueError, match="max_new_tokens"):
         SamplerConfig(max_new_tokens=0, temperature=1.0, top_p=1.0, eos_id=EOS, pad_id=PAD)
+
+
+def _stop_token(graphdef, params, prompt, key=KEY):
+    """The token a free T=1 run with `key` draws at row 0's third position: as the stop id, row 0
+    stops there (the same draws up to it) while the other rows run on."""
+    free = SamplerConfig(max_new_tokens=T_NEW, temperature=1.0, top_p=1.0, eos_id=EOS, pad_id=PAD)
+    return int(np.asarray(generate(graphdef, params, prompt, BF16, free, key=key).tokens)[0, 2])
+
+
+@pytest.mark.parametrize("name", ["bf16", "full"])
+def test_decode_chunk_does_not_change_outputs(name):
+    # Chunks that divide T_NEW, overrun it (5: the last chunk runs 2 steps past T) and cover it all.
+    recipe = PrecisionRecipe.from_name(name)
+    graphdef, params = model()
+    qparams, _ = sync_weights_jit(params, TINY, recipe, "reference")
+    prompt = jnp.asarray(_left_padded(tokens(4), [P, 5]))
+    stop = _stop_token(graphdef, params, prompt)
+    outs = {chunk: generate(graphdef, qparams, prompt, recipe, SamplerConfig(
+        max_new_tokens=T_NEW, temperature=1.0, top_p=1.0, eos_id=stop, pad_id=PAD, decode_chunk=chunk), key=KEY)
+        for chunk in (1, 2, 5, T_NEW)}
+    assert int(outs[1].lengths[0]) <= 3 < T_NEW  # row 0 stops early, the loop runs on for the others
+    for chunk, out in outs.items():
+        for field in out._fields:
+            np.testing.assert_array_equal(np.asarray(getattr(out, field)), np.asarray(getattr(outs[1], field)),
+                                          err_msg=f"decode_chunk={chunk}: {field}")
+
+
+def _loop_predicate_shapes(jaxpr) -> list:
+    """The output shape of every `while` condition in `jaxpr` and the jaxprs it calls. Under vmap a
+    per-instance condition is a vector, and the lowering then selects every element of the loop
+    state (the KV cache included) between its old and new value at every iteration."""
+    shapes = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "while":
+            shapes.append(eqn.params["cond_jaxpr"].jaxpr.outvars[0].aval.shape)
+        for value in eqn.params.values():
+            if hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
+                shapes += _loop_predicate_shapes(value.jaxpr)
+    return shapes
+
+
+def test_vmapped_seeds_share_the_stop_test():
+    # Two instances (seeds: own keys and prompts) whose rows stop at different steps: under
+    # vmap with the seed axis named, each equals its own unmapped run, and the decode loop's
+    # condition is one scalar for both (no per-instance select of the loop state at every step).
+    graphdef, params = model()
+    prompts = jnp.stack([jnp.asarray(_left_padded(tokens(4), [P, 5])), jnp.asarray(_left_padded(tokens(6), [6, P]))])
+    keys = jax.random.split(KEY, 2)
+    stop = _stop_token(graphdef, params, prompts[0], keys[0])
+    sampler = SamplerConfig(max_new_tokens=T_NEW, temperature=1.0, top_p=1.0, eos_id=stop, pad_id=PAD, decode_chunk=2)
+
+    def run(seed_axis):
+        return jax.vmap(lambda p, k: generate(graphdef, params, p, BF16, sampler, key=k, seed_axis=seed_axis),
+                        axis_name="seed")
+
+    mapped = run("seed")(prompts, keys)
+    for i in range(2):
+        alone = generate(graphdef, params, prompts[i], BF16, sampler, key=keys[i])
+        for field in alone._fields:
+            np.testing.assert_array_equal(np.asarray(getattr(mapped, field))[i], np.asarray(getattr(alone, field)),
+                                          err_msg=f"instance {i}: {field}")
+    assert (2,) in _loop_predicate_shapes(jax.make_jaxpr(run(None))(prompts, keys).jaxpr)  # a test per seed
+    shapes = _loop_predicate_shapes(jax.make_jaxpr(run("seed"))(prompts, keys).jaxpr)
+    assert shapes and all(shape == () for shape in shapes), shapes
