@@ -97,8 +97,9 @@ def summarize(path: str | Path, process_prefix: str = "/device:") -> TraceSummar
     per_name: dict[str, list[float]] = defaultdict(list)
     for start, stop, name in spans:
         per_name[name].append(stop - start)
-    busy = union_length([(start, stop) for start, stop, _ in spans])
     window = (max(s for _, s, _ in spans) - min(s for s, _, _ in spans)) if spans else 0.0
+    # the union lies inside the window; summing its pieces can round past it by an ulp
+    busy = min(union_length([(start, stop) for start, stop, _ in spans]), window)
     rows = sorted((KernelRow(name, len(d), sum(d), sum(d) / len(d), sum(d) / busy if busy else 0.0)
                    for name, d in per_name.items()), key=lambda r: -r.total_us)
     return TraceSummary(tuple(sorted(names[p] for p in selected)), tuple(sorted(names.values())), len(spans),

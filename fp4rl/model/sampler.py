@@ -4,8 +4,8 @@ Layout: prompts are **left-padded** to a common width P (pads only on the left, 
 `prompt_lengths_B` or, by default, by `pad_id`), so every row writes the same cache slot at
 every step (slot P + t for new token t); RoPE positions count real tokens only, so a prompt's
 positions do not depend on its padding. The prefill runs the prompts in one forward, then
-`lax.while_loop` decodes one token per step for all rows and exits as soon as every row has
-stopped. `generate` compiles itself (once per model,
+`lax.while_loop` decodes `SamplerConfig.decode_chunk` tokens per iteration for all rows and exits
+after the first chunk at whose end every row has stopped. `generate` compiles itself (once per model,
 recipe, max_new_tokens and shapes); it may also be called inside a caller's jit.
 
 Outputs, for new-token index t < T_new = max_new_tokens:
