@@ -147,7 +147,7 @@ def _stop_token(graphdef, params, prompt, key=KEY):
 
 @pytest.mark.parametrize("name", ["bf16", "full"])
 def test_decode_chunk_does_not_change_outputs(name):
-    # Chunks that divide T_NEW, overrun it (5: the last chunk runs 2 steps past T) and cover it all.
+    # A chunk of 5 runs its second chunk 2 steps past T_NEW = 8: the extra steps emit nothing.
     recipe = PrecisionRecipe.from_name(name)
     graphdef, params = model()
     qparams, _ = sync_weights_jit(params, TINY, recipe, "reference")
@@ -155,7 +155,7 @@ def test_decode_chunk_does_not_change_outputs(name):
     stop = _stop_token(graphdef, params, prompt)
     outs = {chunk: generate(graphdef, qparams, prompt, recipe, SamplerConfig(
         max_new_tokens=T_NEW, temperature=1.0, top_p=1.0, eos_id=stop, pad_id=PAD, decode_chunk=chunk), key=KEY)
-        for chunk in (1, 2, 5, T_NEW)}
+        for chunk in (1, 5)}
     assert int(outs[1].lengths[0]) <= 3 < T_NEW  # row 0 stops early, the loop runs on for the others
     for chunk, out in outs.items():
         for field in out._fields:
