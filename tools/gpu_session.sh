@@ -24,7 +24,8 @@
 #   bash tools/gpu_session.sh compile   # the RL update program's compile time per arm x GEMM backend x XLA_FLAGS
 #                                       # variant (COMPILE_ARMS, COMPILE_GEMMS, SEEDS; no warm-up needed); the
 #                                       # fastest one as GEMM=...; XLA_FLAGS=... into COMPILE_CHOICE
-#   bash tools/gpu_session.sh rlstep    # h200 warm-up + RL step time per arm (ARMS) x expert GEMM backend (GEMMS)
+#   bash tools/gpu_session.sh rlstep    # warm-up + RL step time per arm (ARMS) x expert GEMM backend (GEMMS)
+#                                       # (RLSTEP_PRESET: h200 by default)
 #   bash tools/gpu_session.sh warmup    # a warm-up alone (WARMUP_PRESET, h200 by default)
 #   bash tools/gpu_session.sh sftstep   # warm-up step time per expert GEMM x deterministic ops x batch, and a
 #                                       # profile (tools/sft_step_time.py, SFTSTEP_PRESET)
@@ -352,11 +353,13 @@ PY
     tee -a "$log" <"${COMPILE_CHOICE:-/tmp/fp4rl-compile-choice.sh}"
     ;;
   rlstep)
-    # RL step time per arm x grouped-GEMM backend from the h200 warm-up, one run after the other
+    # RL step time per arm x grouped-GEMM backend from the preset's warm-up (RLSTEP_PRESET, h200 by
+    # default; h200-chain is the matrix's), one run after the other
     # (RLSTEP_ARGS="--profile=runs/rlstep_trace": the last step of each run profiled, its kernels tabled)
-    warmup || exit 1
+    preset=${RLSTEP_PRESET:-h200}
+    warmup "$preset" || exit 1
     # shellcheck disable=SC2086  # RLSTEP_ARGS are words
-    step rl_step_time "${RLSTEP_SECONDS:-540}" python tools/rl_step_time.py --preset h200 --init runs/h200/sft \
+    step rl_step_time "${RLSTEP_SECONDS:-540}" python tools/rl_step_time.py --preset "$preset" --init "runs/$preset/sft" \
       --arms "${ARMS:-bf16,full}" --seeds "${SEEDS:-2}" --gemms "${GEMMS:-xla,mosaic,packed}" --steps "${STEPS:-6}" --out benchmarks ${RLSTEP_ARGS:-}
     mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_rl_step_time.log
     tar czf "$OUT/benchmarks.tgz" benchmarks
