@@ -135,10 +135,11 @@ def resolve_gemm(gemm: str, *, dtype: str, weights: tuple[tuple[int, int], ...])
     hold to the XLA reference on this platform, for expert weights [E, K, N] of these (K, N) on
     `dtype` operands (the model's compute dtype).
 
-    On a Hopper GPU: "packed". Its RL step is 1.74x "xla"'s for the bf16 arm and 1.89x for `full`
-    (benchmarks/README.md, "RL step time"; "mosaic" not yet timed there, though its training MoE
-    block is 15% faster than "packed"'s: "Dropless expert GEMM"), and the compiled suites hold it to
-    the reference (`pytest -m gpu tests/kernels/test_grouped_gemm.py`). It serves every recipe: its
+    On a Hopper GPU: "packed". Its RL step (benchmarks/README.md, "RL step time"): bf16 0.71 s and
+    `full` 0.96 s, against 0.82 / 1.00 on "mosaic" and 1.36 / 1.93 on "xla". bf16 runs the same
+    kernels on both Mosaic backends, so their 0.1 s is run-to-run spread: "packed" and "mosaic" are
+    not yet told apart there, while "mosaic"'s training MoE block alone is 15% faster ("Dropless
+    expert GEMM"). The compiled suites hold it to the reference (`pytest -m gpu tests/kernels/test_grouped_gemm.py`). It serves every recipe: its
     packed-weight kernel takes only the forward of an NVFP4 expert stack, and every other GEMM
     (BF16 and MXFP8 sites, every backward) runs on "mosaic"'s kernels, so no arm of a matrix needs
     another backend. Where the kernels refuse the model (`kernels_refuse`: f32 compute, as the

@@ -24,7 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -53,11 +52,9 @@ def _profile_last_step(run: trainer.Trainer, last: int, log_dir: str) -> dict:
     def step(state, index):
         if index != last:
             return inner(state, index)
-        with jax.profiler.trace(log_dir, create_perfetto_trace=True):
-            out = jax.block_until_ready(inner(state, index))
-        profiled["trace"] = trace_summary.trace_table(
-            log_dir, f"Where the time of one RL step of `{run.config.arm}` on `{run.model_config.expert_gemm}` goes "
-                     f"({len(run.seeds)} seeds; rollout and update; trace: {log_dir})", top=25)
+        out, profiled["trace"] = trace_summary.profiled(
+            inner, (state, index), log_dir, f"Where the time of one RL step of `{run.config.arm}` on "
+            f"`{run.model_config.expert_gemm}` goes ({len(run.seeds)} seeds; rollout and update; trace: {log_dir})", top=25)
         return out
 
     run.step = step

@@ -166,11 +166,16 @@ def module_markdown(summary: TraceSummary, steps: int = 1, top: int = 20) -> str
 def profile_call(fn, args, log_dir: str, title: str, steps: int = 1, top: int = 20) -> str:
     """Run `fn(*args)` once under the JAX profiler (trace in `log_dir`) and return `markdown` of its
     summary: the GPU's kernels on a GPU; on the CPU (tests) the host thunks, which are what there is."""
+    return profiled(fn, args, log_dir, title, steps=steps, top=top)[1]
+
+
+def profiled(fn, args, log_dir: str, title: str, steps: int = 1, top: int = 20):
+    """`profile_call` that returns `fn(*args)` (finished) beside the table."""
     import jax  # only the profiling entry point needs JAX; the summary reads plain JSON
 
     with jax.profiler.trace(log_dir, create_perfetto_trace=True):
-        jax.block_until_ready(fn(*args))
-    return trace_table(log_dir, title, steps=steps, top=top)
+        out = jax.block_until_ready(fn(*args))
+    return out, trace_table(log_dir, title, steps=steps, top=top)
 
 
 def trace_table(log_dir: str, title: str, steps: int = 1, top: int = 20) -> str:

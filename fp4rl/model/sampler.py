@@ -228,10 +228,8 @@ def _generate(graphdef, recipe, impl, T, qparams, prompt_BxP, prompt_lengths_B, 
 
     def body(carry):
         t, *state = carry
-        if chunk == 1:
-            state = decode(t, state)
-        else:  # a known trip count: no host round trip inside the chunk
-            state = lax.fori_loop(0, chunk, lambda i, s: decode(t + i, s), tuple(state))
+        # a known trip count: no host round trip inside the chunk
+        state = lax.fori_loop(0, chunk, lambda i, s: decode(t + i, s), tuple(state))
         return t + chunk, *state
 
     carry = (jnp.ones((), jnp.int32), cache, token_B, done_B, key, out)

@@ -62,7 +62,7 @@ def group_advantages(rewards_PxG, eps: float = 1e-6) -> np.ndarray:
     mean = r.mean(axis=1, keepdims=True)
     std = r.std(axis=1, ddof=1, keepdims=True)
     adv = (r - mean) / (std + np.float32(eps))
-    return np.where(dynamic_sampling_keep(r)[:, None], adv, np.float32(0)).astype(np.float32)
+    return np.where(dynamic_sampling_keep(r)[:, None], adv, np.float32(0))
 
 
 def dynamic_sampling_keep(rewards_PxG) -> np.ndarray:
@@ -191,6 +191,19 @@ def mismatch_stats(logp_trainer_NxT, logp_sampler_NxT, mask_NxT):
         "mismatch_abs_mean": masked_mean(jnp.abs(delta), mask_NxT),
         "mismatch_exp_abs_mean": masked_mean(jnp.exp(jnp.abs(delta)), mask_NxT),
     }
+
+
+@jax.jit
+def step_stats(logp_old, logp_ref, logp_sampler, response_mask, response_valid):
+    """An RL step's logged statistics per seed (leading axis), in one program: `mismatch_stats`
+    and the k3 KL to the reference (`kl_ref_k3`, absent when `logp_ref` is None). The log-probs
+    and masks come as mini-batch lists (rows on axis 1), `response_valid` whole."""
+    logp_old, logp_sampler, response_mask = (jnp.concatenate(x, 1) for x in (logp_old, logp_sampler, response_mask))
+    out = jax.vmap(mismatch_stats)(logp_old, logp_sampler, response_valid)
+    if logp_ref is not None:
+        kl = lambda a, b, m: masked_mean(kl_k3(a, b), m)  # noqa: E731
+        out["kl_ref_k3"] = jax.vmap(kl)(logp_old, jnp.concatenate(logp_ref, 1), response_mask)
+    return out
 
 
 def token_entropy(logits_NxTxV, temperature=1.0):

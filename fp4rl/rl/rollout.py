@@ -124,9 +124,8 @@ def training_arrays(groups: list, group_size: int) -> dict[str, np.ndarray]:
     out = {k: np.concatenate(v, axis=1 if k == "router_topk" else 0) for k, v in rows.items()}
     # every group's advantages at once (a group's own row: the same values as one at a time);
     # masked-out fillers get 0
-    shaped_PxG = out["shaped"].reshape(len(groups), group_size)
-    used_P = np.array([used for *_, used in groups], bool)
-    out["advantages"] = np.where(used_P[:, None], dapo.group_advantages(shaped_PxG), np.float32(0)).reshape(-1)
+    advantages = dapo.group_advantages(out["shaped"].reshape(len(groups), group_size)).reshape(-1)
+    out["advantages"] = np.where(out["used"], advantages, np.float32(0))
     return out
 
 

@@ -93,19 +93,6 @@ def _seed_keys(seeds: tuple[int, ...], step, stream):
     return jnp.stack([jax.random.fold_in(jax.random.fold_in(jax.random.key(s), step), stream) for s in seeds])
 
 
-@jax.jit
-def _step_stats(logp_old, logp_ref, logp_sampler, response_mask, response_valid):
-    """A step's logged statistics per seed, in one program: the k3 KL to the reference (absent
-    when `logp_ref` is None) and the trainer/sampler mismatch. The log-probs and masks come as
-    mini-batch lists (rows on axis 1), `response_valid` whole."""
-    logp_old, logp_sampler, response_mask = (jnp.concatenate(x, 1) for x in (logp_old, logp_sampler, response_mask))
-    out = jax.vmap(dapo.mismatch_stats)(logp_old, logp_sampler, response_valid)
-    if logp_ref is not None:
-        kl = lambda a, b, m: dapo.masked_mean(dapo.kl_k3(a, b), m)  # noqa: E731
-        out["kl_ref_k3"] = jax.vmap(kl)(logp_old, jnp.concatenate(logp_ref, 1), response_mask)
-    return out
-
-
 @functools.lru_cache(maxsize=2)
 def _apply_flag(apply: bool):
     """The update program's `apply` argument, committed like every other argument (`_committed`)."""
@@ -437,7 +424,7 @@ class Trainer:
                    for b, lo, lr in zip(batches, logp_old, logp_ref)]
         response_valid = host["valid"][:, :, prompt_width:]  # real response tokens, incl. masked-out groups
         # `RLConfig.reference_logprobs` off (GRPO's KL term needs them): no loss reads the field, no KL logged
-        stats = _step_stats(logp_old, logp_ref if c.reference_logprobs else None, [p["logp_sampler"] for p in parts],
+        stats = dapo.step_stats(logp_old, logp_ref if c.reference_logprobs else None, [p["logp_sampler"] for p in parts],
                             [p["response_mask"] for p in parts], response_valid)
 
         t_train = time.time()
