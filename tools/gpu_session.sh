@@ -122,6 +122,14 @@ verdict = "(no expected digest)" if not ref else "== the expected one" if new ==
 print(f"=== warmup params_sha256 {new} {verdict}")
 PY
 }
+# Compiled programs from an earlier machine: the pieces of jax_cache.tgz that EXPORT_JAX_CACHE=1 left in that
+# call's $OUT, laid in the carried folder JAX_CACHE_IN (.jax_cache/); XLA then loads what it would compile
+# (a matrix arm's first step: a minute or more of a 10-minute call).
+cache_in=${JAX_CACHE_IN:-.jax_cache}
+if ls "$cache_in"/jax_cache.tgz.* >/dev/null 2>&1; then
+  mkdir -p "$JAX_COMPILATION_CACHE_DIR" && cat "$cache_in"/jax_cache.tgz.* | tar xzf - -C "$JAX_COMPILATION_CACHE_DIR" \
+    && echo "=== jax cache: $(find "$JAX_COMPILATION_CACHE_DIR" -type f | wc -l) files carried in" | tee -a "$log"
+fi
 python -c "import jax; print(jax.devices())" >>"$log" 2>&1
 for mode in "${@:-bench}"; do
 case "$mode" in
@@ -437,3 +445,14 @@ PY
     ;;
 esac
 done
+# The compiled programs back to this machine (EXPORT_JAX_CACHE=1), in pieces under the device's 16 MiB a file
+# and at most 45 MiB in all (what a call can carry beside .whl); carry them as JAX_CACHE_IN next time.
+if [ -n "${EXPORT_JAX_CACHE:-}" ] && [ -d "$JAX_COMPILATION_CACHE_DIR" ]; then
+  tar czf /tmp/jax_cache.tgz -C "$JAX_COMPILATION_CACHE_DIR" .
+  size=$(stat -c %s /tmp/jax_cache.tgz)
+  if [ "$size" -le $((45 * 1024 * 1024)) ]; then
+    split -b 15M -d /tmp/jax_cache.tgz "$OUT/jax_cache.tgz." && echo "=== jax cache: $size bytes to \$OUT" | tee -a "$log"
+  else
+    echo "=== jax cache: $size bytes, over 45 MiB: not exported" | tee -a "$log"
+  fi
+fi

@@ -43,7 +43,7 @@ class SFTConfig:
     """model: a ModelConfig preset (vocab is set to the tokenizer's); task: the training mix.
 
     eval_task: the RL difficulty band whose sampled accuracy the warm-up is calibrated on;
-    eval_problems: problems per difficulty level in the accuracy table.
+    eval_problems: problems per difficulty level in the accuracy table (0: no table).
     answer_noise: probability that a training solution's final boxed answer is wrong (the
       noisy-teacher warm-up, `task.noisy_solution`; 0 trains on clean solutions).
     """
@@ -232,8 +232,10 @@ def train(config: SFTConfig, progress: bool = True) -> dict:
         raise FloatingPointError(f"warm-up: non-finite parameters after {config.steps} steps (lr={config.lr}); "
                                  f"nothing was saved to {out}")
 
+    # eval_problems=0: no table (a matrix call that only needs the warm-up's parameters skips its ~30 s)
     table = evaluation.accuracy_by_difficulty(graphdef, params, SFT_RECIPE, config.eval_task, config.eval_task_seed,
-                                              config.eval_problems, config.max_new_tokens, seed=config.seed)
+                                              config.eval_problems, config.max_new_tokens,
+                                              seed=config.seed) if config.eval_problems else []
     ckpt = Checkpointer(checkpoint_dir(out))
     ckpt.save(config.steps, params, {"kind": "sft"})
     ckpt.close()
