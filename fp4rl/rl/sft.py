@@ -153,7 +153,8 @@ def _finished_or_empty(config: SFTConfig) -> dict | None:
     out = Path(config.out)
     if is_finished(out):
         meta = read_json(out / META_FILE)
-        changes = resume.differences(meta["sft_config"], settings(config), ignore=("out",))  # a moved directory
+        # a moved directory, or an accuracy table of another size: neither changes the parameters
+        changes = resume.differences(meta["sft_config"], settings(config), ignore=("out", "eval_problems"))
         if changes:
             raise ValueError(f"{out} holds a finished warm-up of other settings ({resume.describe(changes)}); "
                              "delete it or choose another --out")
