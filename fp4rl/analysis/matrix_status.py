@@ -5,10 +5,11 @@ cost, and the device runs still to do, read from the committed metrics.
         [--reward_cap=0.8@150] [--preset=h200-chain] [--write=STATUS.md]
 
 The plan (`PLAN`): the decisive arms (bf16, full and its leave-one-out arms) at 8 seeds, every
-other arm at 4, each run as 4-seed halves (seeds 0-3, then 4-7 with `--rl.seed_offset=4`, merged
-with `fp4rl.rl.merge_seeds`), in `PLAN`'s order: the decisive arms' first halves first (the claim
-needs all four), then their second halves, then the 4-seed arms. One table replaces hand-kept
-counts, so the status and the next command cannot drift from the files.
+other arm at 4, each in device runs of `RUN_SEEDS` seeds (seeds 0-1, 2-3, ... with
+`--rl.seed_offset`, merged with `fp4rl.rl.merge_seeds`), in `PLAN`'s order: the decisive arms'
+seeds 0-3 first (the claim needs all four), then their seeds 4-7, then the 4-seed arms. Seeds a
+directory already holds count whatever run made them (the first arms ran 4 seeds at a time). One
+table replaces hand-kept counts, so the status and the next command cannot drift from the files.
 """
 
 from __future__ import annotations
@@ -27,10 +28,14 @@ from fp4rl.analysis.verdicts import claim_reproduced, run_verdicts, spike_counts
 
 DECISIVE_ARMS = ("bf16", "full", "full-dq", "full-46", "full-hp")
 FOUR_SEED_ARMS = ("nvfp4", "nvfp4-pt", "+dq", "+46", "+hp", "mxfp8-q", "mxfp8", "mxfp8+dq")
-HALF = 4  # seeds per device run: 8 do not fit one H200's memory at h200-chain
-# (arm, first seed) of every 4-seed run, in the order they are to run.
-PLAN = (tuple((arm, 0) for arm in DECISIVE_ARMS) + tuple((arm, HALF) for arm in DECISIVE_ARMS)
-        + tuple((arm, 0) for arm in FOUR_SEED_ARMS))
+# Seeds per device run: a run must finish inside the one 10-minute call that starts its machine
+# (its state cannot come back, and a machine is not held between calls): warm-up, compiling and 300
+# steps of 2 seeds take ~7 minutes on an H200 at h200-chain; 4 seeds take ~12.
+RUN_SEEDS = 2
+# (arm, first seed) of every run, in the order they are to run.
+PLAN = (tuple((arm, first) for arm in DECISIVE_ARMS for first in (0, 2))
+        + tuple((arm, first) for arm in DECISIVE_ARMS for first in (4, 6))
+        + tuple((arm, first) for arm in FOUR_SEED_ARMS for first in (0, 2)))
 TIMING_KEYS = ("time/step_s", "time/rollout_s", "memory/peak_gb")
 
 
@@ -55,26 +60,28 @@ def _timing(first_seed_run) -> dict:
 
 
 def arm_statuses(run) -> list[ArmStatus]:
-    planned = {arm: (8 if arm in DECISIVE_ARMS else HALF) for arm in DECISIVE_ARMS + FOUR_SEED_ARMS}
+    planned = {arm: (8 if arm in DECISIVE_ARMS else 4) for arm in DECISIVE_ARMS + FOUR_SEED_ARMS}
     rows = []
     for arm, seeds in run.arms.items():
         runs = list(seeds.values())
-        rows.append(ArmStatus(arm, tuple(sorted(seeds)), planned.get(arm, HALF),
+        rows.append(ArmStatus(arm, tuple(sorted(seeds)), planned.get(arm, 4),
                               min(len(r) for r in runs), _timing(seeds[min(seeds)])))
     return rows
 
 
 def remaining_runs(run) -> list[tuple[str, int]]:
-    """The planned 4-seed runs whose seeds are not all in the run directory, in plan order."""
+    """The planned runs whose seeds are not all in the run directory, in plan order."""
     return [(arm, first) for arm, first in PLAN
-            if not set(range(first, first + HALF)) <= set(run.arms.get(arm, {}))]
+            if not set(range(first, first + RUN_SEEDS)) <= set(run.arms.get(arm, {}))]
 
 
 def run_command(arm: str, first_seed: int, preset: str, warmup_sha: str) -> str:
-    extra = (f"ABLATION_ARGS=--rl.seed_offset={first_seed} MATRIX_DIR=/tmp/fp4rl-matrix-b " if first_seed else "")
+    """One device call (carry .whl): the warm-up without its accuracy table, the run, no checkpoint
+    before the last step (none outlives the call), into a folder of its own for merge_seeds."""
     sha = f"WARMUP_SHA256={warmup_sha} " if warmup_sha else ""
-    return (f"{sha}{extra}MODE=matrix MATRIX_PRESET={preset} ARMS={arm} SEEDS={HALF} PARALLEL=1 "
-            "bash tools/long_horizon_call.sh")
+    return (f"{sha}SFT_ARGS=--eval_problems=0 CHECKPOINT_EVERY=300 MATRIX_PRESET={preset} ARMS={arm} "
+            f"SEEDS={RUN_SEEDS} PARALLEL=1 ABLATION_ARGS=--rl.seed_offset={first_seed} "
+            f"MATRIX_DIR=/tmp/fp4rl-matrix-{first_seed} bash tools/gpu_session.sh matrix")
 
 
 def _window_cell(arm_dir: Path, window, reward_cap, cap_step) -> str:
@@ -109,11 +116,11 @@ def status_markdown(run_dir: str | Path, window=(150, 300), reward_cap=0.8, cap_
                      f"| {_window_cell(run_dir / row.arm, window, reward_cap, cap_step)} | {spikes} / {judged} ({severe}) "
                      f"| {gap} | {mark} | {t['time/step_s']:.2f} ({t['time/rollout_s']:.2f}) | {t['memory/peak_gb']:.1f} |")
     todo = remaining_runs(run)
-    lines += ["", f"Device runs to go: {len(todo)} of {len(PLAN)} (4 seeds each)" + (", next:" if todo else ".")]
+    lines += ["", f"Device runs to go: {len(todo)} of {len(PLAN)} ({RUN_SEEDS} seeds each)" + (", next:" if todo else ".")]
     if todo:
         arm, first = todo[0]
         lines += ["", "```bash", run_command(arm, first, preset, warmup_sha), "```", "",
-                  "Then: " + ", ".join(f"{a} seeds {f}-{f + HALF - 1}" for a, f in todo[1:]) + "." if todo[1:] else ""]
+                  "Then: " + ", ".join(f"{a} seeds {f}-{f + RUN_SEEDS - 1}" for a, f in todo[1:]) + "." if todo[1:] else ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -7,7 +7,13 @@ seeds 0-1 in DST), since a run directory resumes only under the settings it star
 seed is an independent run (its number draws every key), so seeds 0-1 plus seeds 2-3 under the
 same settings are four seeds of one arm. For every finished arm of SRC (done.json):
 - its settings must equal DST's arm's except `seeds`, `seed_offset` and what never changes a
-  computed step (`resume.MAY_DIFFER`, `resume.NOT_COMPARED`); its recipe and model too;
+  computed step (`resume.MAY_DIFFER`, `resume.NOT_COMPARED`); its recipe and model too; a setting
+  one record lacks (a field added to the config later) is equal when the other holds its default,
+  which is what the older run ran under;
+- `init` (where the warm-up lay) may differ when both runs started from the same warm-up: the
+  records' `warmup_sha256` are equal, or, for records that predate it, the caller names the digest
+  its calls checked (`--warmup_sha256`, e.g. the `=== warmup params_sha256 ... == the expected one`
+  line of each call's log), which the merge notes;
 - its seed numbers must be new to DST's arm;
 - then its seed<k>/ directories are copied, done.json lists every seed, and config.json gains a
   "merged_seeds" entry (seeds, seed_offset, source) that the report's settings section prints;
@@ -29,6 +35,7 @@ from fp4rl.rl.run_dir import read_json, write_json_atomic
 MERGED_KEY = "merged_seeds"
 # What may differ between the runs merged: which seeds, and what `resume` lets differ on resume.
 MAY_DIFFER = ("seeds", "seed_offset", *resume.MAY_DIFFER, *resume.NOT_COMPARED)
+WARMUP_KEY = "warmup_sha256"  # config.json: the digest of the warm-up's parameters (absent: an HF checkpoint)
 
 
 def _finished_arms(run_dir: Path) -> list[str]:
@@ -36,10 +43,25 @@ def _finished_arms(run_dir: Path) -> list[str]:
                   if (p / resume.DONE_FILE).is_file() and (p / resume.CONFIG_FILE).is_file())
 
 
-def _merge_plan(src: Path, dst: Path) -> tuple[list[int], list[int]]:
+def _same_warmup(a: dict, b: dict, warmup_sha256: str) -> bool:
+    """Did the runs of records a and b start from one warm-up (see the module's docstring)?"""
+    recorded = {r.get(WARMUP_KEY) for r in (a, b)}
+    if None not in recorded:
+        return len(recorded) == 1 and (not warmup_sha256 or recorded == {warmup_sha256})
+    return bool(warmup_sha256) and recorded <= {None, warmup_sha256}
+
+
+def _merge_plan(src: Path, dst: Path, warmup_sha256: str = "") -> tuple[list[int], list[int]]:
     """(seeds of src, seeds of dst) of one arm, or ValueError naming what forbids the merge."""
     a, b = read_json(dst / resume.CONFIG_FILE), read_json(src / resume.CONFIG_FILE)
     changes = resume.differences(a["rl_config"], b["rl_config"], ignore=MAY_DIFFER)
+    from fp4rl.rl.rl_config import RLConfig, settings  # here: rl_config imports this module (run_settings)
+
+    defaults = resume.flatten(settings(RLConfig()))
+    changes = {k: (old, new) for k, (old, new) in changes.items()
+               if not (resume.ABSENT in (old, new) and defaults.get(k, resume.ABSENT) in (old, new))}
+    if "init" in changes and _same_warmup(a, b, warmup_sha256):
+        del changes["init"]
     for part in ("recipe", "model_config"):
         changes.update({f"{part}.{k}": v for k, v in resume.differences(a.get(part, {}), b.get(part, {})).items()})
     if changes:
@@ -51,7 +73,8 @@ def _merge_plan(src: Path, dst: Path) -> tuple[list[int], list[int]]:
     return src_seeds, dst_seeds
 
 
-def merge(src: str | Path, dst: str | Path, arms: Sequence[str] | None = None) -> dict[str, list[int]]:
+def merge(src: str | Path, dst: str | Path, arms: Sequence[str] | None = None,
+          warmup_sha256: str = "") -> dict[str, list[int]]:
     """Merge the finished arms of `src` (all, or `arms`) into `dst`; returns {arm: seeds added}."""
     src, dst = Path(src), Path(dst)
     finished = _finished_arms(src)
@@ -59,7 +82,7 @@ def merge(src: str | Path, dst: str | Path, arms: Sequence[str] | None = None) -
     missing = [a for a in names if a not in finished]
     if missing:
         raise ValueError(f"no finished arm {missing} in {src} (finished there: {finished})")
-    plans = {arm: _merge_plan(src / arm, dst / arm) for arm in names if (dst / arm / resume.DONE_FILE).is_file()}
+    plans = {arm: _merge_plan(src / arm, dst / arm, warmup_sha256) for arm in names if (dst / arm / resume.DONE_FILE).is_file()}
     added = {}
     for arm in names:
         if arm not in plans:  # new to dst: the whole arm (without its checkpoint)
@@ -72,9 +95,11 @@ def merge(src: str | Path, dst: str | Path, arms: Sequence[str] | None = None) -
         if (src / arm / "train.log").is_file():
             shutil.copy2(src / arm / "train.log", dst / arm / f"train_seeds{min(src_seeds)}-{max(src_seeds)}.log")
         record = read_json(dst / arm / resume.CONFIG_FILE)
-        rl = read_json(src / arm / resume.CONFIG_FILE)["rl_config"]
-        record.setdefault(MERGED_KEY, []).append({"seeds": src_seeds, "seed_offset": rl["seed_offset"],
-                                                  "source": str(src / arm)})
+        source = read_json(src / arm / resume.CONFIG_FILE)
+        entry = {"seeds": src_seeds, "seed_offset": source["rl_config"]["seed_offset"], "source": str(src / arm)}
+        if source["rl_config"].get("init") != record["rl_config"].get("init"):
+            entry["warmup_sha256"] = source.get(WARMUP_KEY) or warmup_sha256
+        record.setdefault(MERGED_KEY, []).append(entry)
         write_json_atomic(dst / arm / resume.CONFIG_FILE, record, indent=2)
         done = read_json(dst / arm / resume.DONE_FILE)
         write_json_atomic(dst / arm / resume.DONE_FILE, {**done, "seeds": sorted(dst_seeds + src_seeds)})
@@ -86,7 +111,9 @@ def merged_text(record: dict) -> str:
     """The report's line on seeds merged into an arm ("" when none)."""
     merged = record.get(MERGED_KEY, [])
     return "; ".join(f"seeds {', '.join(map(str, m['seeds']))} merged from {m['source']} (seed_offset "
-                     f"{m['seed_offset']}, settings otherwise equal)" for m in merged)
+                     f"{m['seed_offset']}, settings otherwise equal"
+                     + (f"; the same warm-up, {m['warmup_sha256'][:16]}..., from another folder" if "warmup_sha256" in m else "")
+                     + ")" for m in merged)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -94,11 +121,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("src", help="the ablation run directory with the new seeds")
     parser.add_argument("dst", help="the ablation run directory they join")
     parser.add_argument("--arms", default="", help="comma-separated arms (default: every finished arm of SRC)")
+    parser.add_argument("--warmup_sha256", default="", help="the warm-up digest the runs' calls checked: lets `init` "
+                        "differ for records without their own warmup_sha256")
     args = parser.parse_args(argv)
     for path in (args.src, args.dst):
         if not Path(path).is_dir():
             parser.error(f"{path} is not a directory")
-    added = merge(args.src, args.dst, [a for a in args.arms.split(",") if a] or None)
+    added = merge(args.src, args.dst, [a for a in args.arms.split(",") if a] or None, args.warmup_sha256)
     for arm, seeds in added.items():
         print(f"{arm}: seeds {seeds} -> {Path(args.dst) / arm}")
 

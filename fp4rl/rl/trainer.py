@@ -331,7 +331,9 @@ class Trainer:
         if model_config.get("expert_gemm") == AUTO:  # a warm-up config written by hand: what it resolved to
             model_config = {**model_config, "expert_gemm": self.warmup_config.expert_gemm}
         return {"rl_config": settings(self.config), "recipe": json.loads(self.recipe.to_json()),
-                "model_config": model_config, "layer_map": self.layer_map, "codec": self.codec.name}
+                "model_config": model_config, "layer_map": self.layer_map, "codec": self.codec.name,
+                # which warm-up the run started from, whatever folder it lay in (merge_seeds compares it)
+                "warmup_sha256": self.sft_meta.get("params_sha256")}
 
     def _seed_dirs(self):
         return [self.dir / f"seed{s}" for s in self.seeds]

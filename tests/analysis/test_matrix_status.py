@@ -14,11 +14,13 @@ def _matrix(tmp_path):
 
 def test_remaining_runs_follow_the_plan_and_skip_the_halves_on_disk(tmp_path):
     todo = matrix_status.remaining_runs(load_run(_matrix(tmp_path)))
-    assert ("bf16", 0) not in todo and ("full", 0) not in todo and ("full", 4) not in todo
-    assert todo[:3] == [("full-46", 0), ("full-hp", 0), ("bf16", 4)]  # first halves of the decisive arms first
-    assert len(todo) == len(matrix_status.PLAN) - 4
-    assert "--rl.seed_offset=4" in matrix_status.run_command("bf16", 4, "h200-chain", "")
-    assert "seed_offset" not in matrix_status.run_command("full-46", 0, "h200-chain", "abc")
+    # seeds on disk count whatever run made them: a 4-seed directory covers two 2-seed runs
+    assert not {("bf16", 0), ("bf16", 2), ("full", 0), ("full", 6)} & set(todo)
+    # seeds 0-3 of the decisive arms first, then their seeds 4-7
+    assert todo[:5] == [("full-46", 0), ("full-46", 2), ("full-hp", 0), ("full-hp", 2), ("bf16", 4)]
+    assert len(todo) == len(matrix_status.PLAN) - 8
+    command = matrix_status.run_command("bf16", 4, "h200-chain", "abc")
+    assert "--rl.seed_offset=4" in command and "SEEDS=2" in command and "WARMUP_SHA256=abc" in command
 
 
 def test_status_table_judges_each_arm_and_names_the_next_run(tmp_path):
@@ -28,5 +30,5 @@ def test_status_table_judges_each_arm_and_names_the_next_run(tmp_path):
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ") and "---" not in line}
     assert "0-7 (8)" in rows["full"] and "0-3 (8)" in rows["bf16"]
     assert "PASS" in rows["full"] and "FAIL" in rows["full-dq"]  # the spiky arm fails spike and reward
-    assert "Device runs to go: 14 of 18" in text and "ARMS=full-46" in text
+    assert "Device runs to go: 28 of 36 (2 seeds each)" in text and "ARMS=full-46" in text
 

@@ -67,3 +67,41 @@ def test_cli_names_an_unfinished_arm(tmp_path, capsys):
         merge_seeds.main([str(src), str(dst), "--arms", "full"])
     merge_seeds.main([str(src), str(dst)])
     assert "bf16: seeds [2, 3]" in capsys.readouterr().out
+
+
+def _edit(arm_dir: Path, rl: dict | None = None, drop: tuple[str, ...] = (), **top) -> None:
+    record = json.loads((arm_dir / "config.json").read_text())
+    record["rl_config"] = {k: v for k, v in {**record["rl_config"], **(rl or {})}.items() if k not in drop}
+    (arm_dir / "config.json").write_text(json.dumps({**record, **top}))
+
+
+def test_a_setting_added_later_matches_at_its_default_and_not_otherwise(tmp_path):
+    dst = _run(tmp_path / "dst", ["bf16"], [0, 1])  # an older record: no trim_padding
+    src = _run(tmp_path / "src", ["bf16"], [2, 3], seed_offset=2)
+    _edit(src / "bf16", {"trim_padding": True})
+    with pytest.raises(ValueError, match=r'trim_padding: "<absent>" -> true'):
+        merge_seeds.merge(src, dst)
+    _edit(src / "bf16", {"trim_padding": False})  # RLConfig's default: what the older run ran under
+    assert merge_seeds.merge(src, dst) == {"bf16": [2, 3]}
+
+
+@pytest.mark.parametrize("dst_sha, src_sha, given, merges", [
+    ("aa", "aa", "", True),     # both records name the warm-up: equal
+    ("aa", "bb", "", False),    # two warm-ups
+    (None, None, "", False),    # older records and no digest given: the folder is all there is
+    (None, None, "aa", True),   # older records, the digest the calls checked
+    (None, "bb", "aa", False),  # the digest given is not the recorded one
+])
+def test_init_may_differ_only_for_one_warm_up(tmp_path, dst_sha, src_sha, given, merges):
+    dst = _run(tmp_path / "dst", ["bf16"], [0, 1])
+    src = _run(tmp_path / "src", ["bf16"], [2, 3], seed_offset=2)
+    for arm_dir, init, sha in ((dst / "bf16", "/tmp/a/sft", dst_sha), (src / "bf16", "/tmp/b/sft", src_sha)):
+        _edit(arm_dir, {"init": init}, **({} if sha is None else {"warmup_sha256": sha}))
+    if not merges:
+        with pytest.raises(ValueError, match=r'init: "/tmp/a/sft" -> "/tmp/b/sft"'):
+            merge_seeds.merge(src, dst, warmup_sha256=given)
+        return
+    merge_seeds.merge(src, dst, warmup_sha256=given)
+    entry = json.loads((dst / "bf16" / "config.json").read_text())[merge_seeds.MERGED_KEY][0]
+    assert entry["warmup_sha256"] == (src_sha or given)
+    assert "the same warm-up, aa..., from another folder" in ablation.settings_text(dst)
