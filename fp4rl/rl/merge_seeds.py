@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Sequence
 
 from fp4rl.rl import resume
+from fp4rl.rl.rl_config import RLConfig, settings
 from fp4rl.rl.run_dir import read_json, write_json_atomic
+from fp4rl.rl.run_settings import MERGED_KEY
 
-MERGED_KEY = "merged_seeds"
 # What may differ between the runs merged: which seeds, and what `resume` lets differ on resume.
 MAY_DIFFER = ("seeds", "seed_offset", *resume.MAY_DIFFER, *resume.NOT_COMPARED)
 WARMUP_KEY = "warmup_sha256"  # config.json: the digest of the warm-up's parameters (absent: an HF checkpoint)
@@ -55,8 +56,6 @@ def _merge_plan(src: Path, dst: Path, warmup_sha256: str = "") -> tuple[list[int
     """(seeds of src, seeds of dst) of one arm, or ValueError naming what forbids the merge."""
     a, b = read_json(dst / resume.CONFIG_FILE), read_json(src / resume.CONFIG_FILE)
     changes = resume.differences(a["rl_config"], b["rl_config"], ignore=MAY_DIFFER)
-    from fp4rl.rl.rl_config import RLConfig, settings  # here: rl_config imports this module (run_settings)
-
     defaults = resume.flatten(settings(RLConfig()))
     changes = {k: (old, new) for k, (old, new) in changes.items()
                if not (resume.ABSENT in (old, new) and defaults.get(k, resume.ABSENT) in (old, new))}
@@ -105,15 +104,6 @@ def merge(src: str | Path, dst: str | Path, arms: Sequence[str] | None = None,
         write_json_atomic(dst / arm / resume.DONE_FILE, {**done, "seeds": sorted(dst_seeds + src_seeds)})
         added[arm] = src_seeds
     return added
-
-
-def merged_text(record: dict) -> str:
-    """The report's line on seeds merged into an arm ("" when none)."""
-    merged = record.get(MERGED_KEY, [])
-    return "; ".join(f"seeds {', '.join(map(str, m['seeds']))} merged from {m['source']} (seed_offset "
-                     f"{m['seed_offset']}, settings otherwise equal"
-                     + (f"; the same warm-up, {m['warmup_sha256'][:16]}..., from another folder" if "warmup_sha256" in m else "")
-                     + ")" for m in merged)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fp4rl.rl import merge_seeds, resume, sft
+from fp4rl.rl import resume, sft
 from fp4rl.rl.run_dir import read_json
+
+MERGED_KEY = "merged_seeds"  # config.json: the seeds `fp4rl.rl.merge_seeds` added to the arm, and from where
 
 
 def run_records(out: Path) -> dict[str, dict]:
@@ -53,7 +55,7 @@ def settings_text(out: Path) -> str:
     for name, flat in runs.items():
         own = {k: v for k, v in flat.items() if k not in common}
         lines.append(f"{name}: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in own.items()))
-        if merged := merge_seeds.merged_text(records[name]):
+        if merged := merged_text(records[name]):
             lines.append(f"  {merged}")
         if (out / name / resume.CHANGES_FILE).is_file():
             lines.append(f"  settings changed on resume: see {name}/{resume.CHANGES_FILE}")
@@ -64,3 +66,12 @@ def settings_text(out: Path) -> str:
         lines.append("routed experts' grouped GEMMs (expert_gemm): "
                      + ", ".join(f"{name} {gemm}" for name, gemm in gemms.items()))
     return "\n".join(lines)
+
+
+def merged_text(record: dict) -> str:
+    """The report's line on seeds merged into an arm ("" when none)."""
+    merged = record.get(MERGED_KEY, [])
+    return "; ".join(f"seeds {', '.join(map(str, m['seeds']))} merged from {m['source']} (seed_offset "
+                     f"{m['seed_offset']}, settings otherwise equal"
+                     + (f"; the same warm-up, {m['warmup_sha256'][:16]}..., from another folder" if "warmup_sha256" in m else "")
+                     + ")" for m in merged)
