@@ -25,6 +25,7 @@ from fp4rl.analysis.report import _ci
 from fp4rl.analysis.runs import load_run
 from fp4rl.analysis.summary import summarize_run
 from fp4rl.analysis.verdicts import claim_reproduced, run_verdicts, spike_counts
+from fp4rl.rl.run_settings import MERGED_KEY
 
 DECISIVE_ARMS = ("bf16", "full", "full-dq", "full-46", "full-hp")
 FOUR_SEED_ARMS = ("nvfp4", "nvfp4-pt", "+dq", "+46", "+hp", "mxfp8-q", "mxfp8", "mxfp8+dq")
@@ -45,7 +46,8 @@ class ArmStatus:
     seeds: tuple[int, ...]
     planned: int
     steps: int  # the fewest steps any seed ran
-    timing: dict  # TIMING_KEYS -> the first seed's median over steps >= 1 (step 0 compiles); max for memory
+    timing: dict  # TIMING_KEYS -> the latest run's first seed's median over steps >= 1 (step 0 compiles); max for memory
+    timed_seeds: int  # the seeds vmapped in that run (its step's time is theirs together)
 
 
 def _timing(first_seed_run) -> dict:
@@ -59,13 +61,20 @@ def _timing(first_seed_run) -> dict:
     return out
 
 
+def latest_run_seeds(config: dict, seeds) -> tuple[int, ...]:
+    """The seeds of the arm's latest run: those the last merge added (`fp4rl.rl.merge_seeds`), else all."""
+    merged = config.get(MERGED_KEY, [])
+    return tuple(sorted(merged[-1]["seeds"])) if merged else tuple(sorted(seeds))
+
+
 def arm_statuses(run) -> list[ArmStatus]:
     planned = {arm: (8 if arm in DECISIVE_ARMS else 4) for arm in DECISIVE_ARMS + FOUR_SEED_ARMS}
     rows = []
     for arm, seeds in run.arms.items():
         runs = list(seeds.values())
+        latest = latest_run_seeds(run.configs.get(arm, {}), seeds)
         rows.append(ArmStatus(arm, tuple(sorted(seeds)), planned.get(arm, 4),
-                              min(len(r) for r in runs), _timing(seeds[min(seeds)])))
+                              min(len(r) for r in runs), _timing(seeds[latest[0]]), len(latest)))
     return rows
 
 
@@ -102,7 +111,7 @@ def status_markdown(run_dir: str | Path, window=(150, 300), reward_cap=0.8, cap_
     lines = [f"# Matrix status: `{run_dir}`", "",
              f"Claim (docs/rl.md): **{ {True: 'REPRODUCED', False: 'NOT REPRODUCED', None: 'UNDECIDED'}[claim.reproduced] }**.",
              "", f"| arm | seeds (planned) | steps | held-out sampled accuracy change | window {window[0]} -> {window[1]} "
-             "| spiking steps / judged (severe) | reward gap to bf16, paired | verdict | s per step (rollout) | peak GB |",
+             "| spiking steps / judged (severe) | reward gap to bf16, paired | verdict | latest run: s per step (rollout), seeds | peak GB |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in arm_statuses(run):
         summary, verdict = summaries[row.arm], verdicts[row.arm]
@@ -114,7 +123,7 @@ def status_markdown(run_dir: str | Path, window=(150, 300), reward_cap=0.8, cap_
         seeds = f"{row.seeds[0]}-{row.seeds[-1]}" if row.seeds == tuple(range(row.seeds[0], row.seeds[-1] + 1)) else ",".join(map(str, row.seeds))
         lines.append(f"| {row.arm} | {seeds} ({row.planned}) | {row.steps} | {_ci(change, '+.3f')} "
                      f"| {_window_cell(run_dir / row.arm, window, reward_cap, cap_step)} | {spikes} / {judged} ({severe}) "
-                     f"| {gap} | {mark} | {t['time/step_s']:.2f} ({t['time/rollout_s']:.2f}) | {t['memory/peak_gb']:.1f} |")
+                     f"| {gap} | {mark} | {t['time/step_s']:.2f} ({t['time/rollout_s']:.2f}), {row.timed_seeds} | {t['memory/peak_gb']:.1f} |")
     todo = remaining_runs(run)
     lines += ["", f"Device runs to go: {len(todo)} of {len(PLAN)} ({RUN_SEEDS} seeds each)" + (", next:" if todo else ".")]
     if todo:

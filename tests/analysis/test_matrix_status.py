@@ -1,8 +1,11 @@
 """fp4rl.analysis.matrix_status: the matrix's table and the runs still to do, from a synthetic matrix."""
 
+import json
+
 from fp4rl.analysis import matrix_status
 from fp4rl.analysis.runs import load_run
 from fp4rl.analysis.synthetic import make_synthetic_run
+from fp4rl.rl.run_settings import MERGED_KEY
 
 
 def _matrix(tmp_path):
@@ -31,4 +34,15 @@ def test_status_table_judges_each_arm_and_names_the_next_run(tmp_path):
     assert "0-7 (8)" in rows["full"] and "0-3 (8)" in rows["bf16"]
     assert "PASS" in rows["full"] and "FAIL" in rows["full-dq"]  # the spiky arm fails spike and reward
     assert "Device runs to go: 28 of 36 (2 seeds each)" in text and "ARMS=full-46" in text
+
+
+def test_the_timing_is_the_latest_run_s(tmp_path):
+    root = _matrix(tmp_path)
+    config = root / "full" / "config.json"
+    record = json.loads(config.read_text()) if config.is_file() else {}
+    record[MERGED_KEY] = [{"seeds": [4, 5], "seed_offset": 4, "source": "a"}, {"seeds": [6, 7], "seed_offset": 6, "source": "b"}]
+    config.write_text(json.dumps(record))
+    rows = {row.arm: row for row in matrix_status.arm_statuses(load_run(root))}
+    assert rows["full"].timed_seeds == 2 and rows["bf16"].timed_seeds == 4
+    assert matrix_status.latest_run_seeds(record, range(8)) == (6, 7)
 
