@@ -55,10 +55,8 @@ def _same_warmup(a: dict, b: dict, warmup_sha256: str) -> bool:
 def _merge_plan(src: Path, dst: Path, warmup_sha256: str = "") -> tuple[list[int], list[int]]:
     """(seeds of src, seeds of dst) of one arm, or ValueError naming what forbids the merge."""
     a, b = read_json(dst / resume.CONFIG_FILE), read_json(src / resume.CONFIG_FILE)
-    changes = resume.differences(a["rl_config"], b["rl_config"], ignore=MAY_DIFFER)
-    defaults = resume.flatten(settings(RLConfig()))
-    changes = {k: (old, new) for k, (old, new) in changes.items()
-               if not (resume.ABSENT in (old, new) and defaults.get(k, resume.ABSENT) in (old, new))}
+    changes = resume.without_added_at_default(resume.differences(a["rl_config"], b["rl_config"], ignore=MAY_DIFFER),
+                                              settings(RLConfig()))
     if "init" in changes and _same_warmup(a, b, warmup_sha256):
         del changes["init"]
     for part in ("recipe", "model_config"):

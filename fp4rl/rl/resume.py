@@ -66,6 +66,15 @@ def differences(old: dict, new: dict, ignore: tuple[str, ...] = ()) -> dict[str,
             if k not in ignore and a.get(k, ABSENT) != b.get(k, ABSENT)}
 
 
+def without_added_at_default(changes: dict[str, tuple[Any, Any]], defaults: dict | None) -> dict[str, tuple[Any, Any]]:
+    """`changes` less the settings one side lacks while the other holds the config's default
+    (`defaults`, as JSON): a field added to the config after a run started is what that run ran
+    under at its default. A field the config no longer has stays a change."""
+    default = flatten(defaults or {})
+    return {k: (old, new) for k, (old, new) in changes.items()
+            if not (k in default and ABSENT in (old, new) and default[k] in (old, new))}
+
+
 def describe(changes: dict[str, tuple[Any, Any]]) -> str:
     return ", ".join(f"{k}: {json.dumps(old)} -> {json.dumps(new)}" for k, (old, new) in changes.items())
 
@@ -88,10 +97,8 @@ def check(run_dir: str | Path, settings: dict, resume: str, defaults: dict | Non
     if not isinstance(recorded, dict) or not isinstance(recorded.get("rl_config"), dict):
         raise ValueError(f"{path} holds no rl_config object, so the checkpoint's settings cannot be checked; "
                          "restore the file or start a new --out")
-    changes = differences(recorded["rl_config"], settings, ignore=tuple(NOT_COMPARED))
-    default = flatten(defaults or {})
-    changes = {k: (old, new) for k, (old, new) in changes.items()
-               if not (old == ABSENT and k in default and new == default[k])}
+    changes = without_added_at_default(differences(recorded["rl_config"], settings, ignore=tuple(NOT_COMPARED)),
+                                       defaults)
     fixed = {k: v for k, v in changes.items() if k in NEVER_DIFFER}
     if fixed:
         why = "; ".join(f"{k}: {NEVER_DIFFER[k]}" for k in fixed)

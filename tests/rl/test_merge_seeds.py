@@ -82,6 +82,10 @@ def test_a_setting_added_later_matches_at_its_default_and_not_otherwise(tmp_path
     with pytest.raises(ValueError, match=r'trim_padding: "<absent>" -> true'):
         merge_seeds.merge(src, dst)
     _edit(src / "bf16", {"trim_padding": False})  # RLConfig's default: what the older run ran under
+    _edit(dst / "bf16", {"retired_setting": 1})  # a field RLConfig no longer has: no default excuses it
+    with pytest.raises(ValueError, match=r'retired_setting: 1 -> "<absent>"'):
+        merge_seeds.merge(src, dst)
+    _edit(dst / "bf16", drop=("retired_setting",))
     assert merge_seeds.merge(src, dst) == {"bf16": [2, 3]}
 
 
