@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fp4rl.analysis.runs import SeedRun, load_seed
+from fp4rl.analysis.runs import METRICS_FILE, SeedRun, load_seed, seed_log
 from fp4rl.analysis.statistics import BootstrapCI, accuracy_change_ci
 from fp4rl.rl import failures
 
@@ -133,10 +133,11 @@ def decide(change: BootstrapCI, min_gain: float = MIN_GAIN) -> tuple[str, str]:
 
 
 def _load_runs(arm_dir: Path) -> tuple[SeedRun, ...]:
-    seeds = sorted(arm_dir.glob("seed*/metrics.jsonl"), key=lambda p: int(p.parent.name[4:]))
+    logs = {int(d.name[4:]): seed_log(d, METRICS_FILE) for d in arm_dir.glob("seed*") if d.name[4:].isdigit()}
+    seeds = sorted((seed, log) for seed, log in logs.items() if log is not None)
     if not seeds:
-        raise FileNotFoundError(f"no seed*/metrics.jsonl under {arm_dir}")
-    return tuple(load_seed(p, arm_dir.name, int(p.parent.name[4:])) for p in seeds)
+        raise FileNotFoundError(f"no seed*/metrics.jsonl(.gz) under {arm_dir}")
+    return tuple(load_seed(log, arm_dir.name, seed) for seed, log in seeds)
 
 
 def summarize(arm_dir: str | Path) -> Learning:

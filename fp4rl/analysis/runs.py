@@ -32,6 +32,7 @@ parsing it concerns; split, the rules would be read apart from the lines they go
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import re
@@ -78,6 +79,7 @@ UPDATE_REQUIRED_KEYS: tuple[str, ...] = ("empty", "skipped", "nonfinite", "grad_
 METRICS_FILE = "metrics.jsonl"
 UPDATES_FILE = "updates.jsonl"
 CONFIG_FILE = "config.json"
+PACKED_SUFFIX = ".gz"  # committed results keep their logs gzipped (`pack_logs`); readers take either form
 _SEED_DIR = re.compile(r"^seed(\d+)$")
 
 
@@ -182,15 +184,28 @@ def _warn(message: str, sink: list[str]) -> None:
     warnings.warn(message, RunLoadWarning, stacklevel=3)
 
 
+def seed_log(seed_dir: str | Path, name: str) -> Path | None:
+    """`seed_dir/name`, else its gzipped form `name.gz`, else None (neither exists)."""
+    for candidate in (Path(seed_dir) / name, Path(seed_dir) / (name + PACKED_SUFFIX)):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 def read_jsonl(path: str | Path, sink: list[str] | None = None, keys: tuple[str, ...] = ("step",)) -> list[dict]:
-    """Parse a JSONL log into a list of dicts (blank lines skipped); each must hold `keys`.
+    """Parse a JSONL log (gzipped when its name ends in .gz) into a list of dicts (blank lines
+    skipped); each must hold `keys`.
 
     A last line that does not parse is dropped with a `RunLoadWarning` (a partially written
     record); a bad line before the last raises `ValueError` naming file and line.
     """
     path = Path(path)
     sink = [] if sink is None else sink
-    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.name.endswith(PACKED_SUFFIX):
+        with gzip.open(path, "rt", encoding="utf-8") as packed:
+            lines = packed.read().splitlines()
+    else:
+        lines = path.read_text(encoding="utf-8").splitlines()
     numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
     records: list[dict] = []
     for pos, (lineno, line) in enumerate(numbered):
@@ -264,7 +279,7 @@ def load_updates(path: str | Path, steps: np.ndarray, sink: list[str] | None = N
 
 
 def load_seed(path: str | Path, arm: str, seed: int, sink: list[str] | None = None) -> SeedRun:
-    """Load one metrics.jsonl (and the updates.jsonl beside it) into a `SeedRun`."""
+    """Load one metrics.jsonl (and the updates.jsonl beside it; either may be gzipped) into a `SeedRun`."""
     path = Path(path)
     sink = [] if sink is None else sink
     records = read_jsonl(path, sink)
@@ -275,8 +290,8 @@ def load_seed(path: str | Path, arm: str, seed: int, sink: list[str] | None = No
         _warn(f"{path}: {len(records) - len(by_step)} re-logged step(s); kept the last record of each", sink)
     steps = np.array(sorted(by_step), dtype=np.int64)
     metrics, present = _columns([by_step[int(s)] for s in steps], skip=("step",))
-    updates_path = path.parent / UPDATES_FILE
-    updates = load_updates(updates_path, steps, sink) if updates_path.is_file() else None
+    updates_path = seed_log(path.parent, UPDATES_FILE)
+    updates = load_updates(updates_path, steps, sink) if updates_path else None
     run = SeedRun(arm=arm, seed=seed, path=path, steps=steps, metrics=metrics, present=present, updates=updates)
     missing = run.missing_required()
     if missing and len(run):
@@ -303,7 +318,7 @@ def has_arm_metrics(run_dir: str | Path) -> bool:
     """Whether `run_dir` holds any `<arm>/seed<k>/metrics.jsonl` (what `load_run` needs)."""
     root = Path(run_dir)
     return root.is_dir() and any(
-        (seed_dir / METRICS_FILE).is_file() for arm_dir in root.iterdir() if arm_dir.is_dir()
+        seed_log(seed_dir, METRICS_FILE) is not None for arm_dir in root.iterdir() if arm_dir.is_dir()
         for seed_dir in arm_dir.iterdir() if seed_dir.is_dir() and _SEED_DIR.match(seed_dir.name))
 
 
@@ -324,8 +339,8 @@ def load_run(run_dir: str | Path) -> RunData:
         seeds: dict[int, SeedRun] = {}
         seed_dirs = [(int(m.group(1)), p) for p in arm_dir.iterdir() if p.is_dir() and (m := _SEED_DIR.match(p.name))]
         for seed, seed_dir in sorted(seed_dirs):
-            file = seed_dir / METRICS_FILE
-            if not file.is_file():
+            file = seed_log(seed_dir, METRICS_FILE)
+            if file is None:
                 _warn(f"{seed_dir}: no {METRICS_FILE}; seed skipped", sink)
                 continue
             run = load_seed(file, arm_dir.name, seed, sink)

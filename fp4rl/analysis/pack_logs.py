@@ -1,0 +1,66 @@
+"""Gzip the per-seed JSONL logs of run directories in place, so committed results stay small.
+
+    python -m fp4rl.analysis.pack_logs results/long_h200/chain/matrix
+
+Every `seed<k>/metrics.jsonl` and `seed<k>/updates.jsonl` under the given directories becomes
+`<name>.gz` (about 6x smaller); every reader in `fp4rl.analysis` takes either form
+(`runs.seed_log`). The gzip stream carries no timestamp or file name, so packing the same log
+twice gives the same bytes, and each packed file is read back and compared with the original
+before the original is removed. A live run keeps writing plain JSONL: pack only finished runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+from collections.abc import Sequence
+from pathlib import Path
+
+from fp4rl.analysis.runs import METRICS_FILE, PACKED_SUFFIX, UPDATES_FILE
+
+__all__ = ["pack_file", "pack_tree"]
+
+PACKED_LOGS = (METRICS_FILE, UPDATES_FILE)
+
+
+def pack_file(path: Path) -> Path:
+    """Replace `path` by `path.gz` (level 9, no timestamp); returns the packed path."""
+    packed = path.with_name(path.name + PACKED_SUFFIX)
+    if packed.exists():
+        raise FileExistsError(f"{packed} exists beside {path}: which one holds the log is ambiguous; remove one")
+    raw = path.read_bytes()
+    with open(packed, "wb") as sink, gzip.GzipFile(filename="", mode="wb", fileobj=sink, compresslevel=9, mtime=0) as out:
+        out.write(raw)
+    if gzip.decompress(packed.read_bytes()) != raw:  # never lose a log to a bad write
+        packed.unlink()
+        raise OSError(f"{packed} does not read back as {path}; original kept")
+    path.unlink()
+    return packed
+
+
+def pack_tree(root: str | Path) -> list[Path]:
+    """Pack every seed log under `root` (any depth); returns the packed paths."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a directory")
+    logs = sorted(p for name in PACKED_LOGS for p in root.rglob(f"seed*/{name}")
+                  if p.is_file() and p.parent.name[4:].isdigit())
+    return [pack_file(p) for p in logs]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m fp4rl.analysis.pack_logs", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dirs", nargs="+", help="run directories (every seed<k>/ log below them is packed)")
+    args = parser.parse_args(argv)
+    for root in args.run_dirs:
+        if not Path(root).is_dir():
+            parser.error(f"{root} is not a directory")
+    for root in args.run_dirs:
+        before = sum(p.stat().st_size for name in PACKED_LOGS for p in Path(root).rglob(f"seed*/{name}"))
+        packed = pack_tree(root)
+        after = sum(p.stat().st_size for p in packed)
+        print(f"{root}: {len(packed)} log(s) packed, {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+
+
+if __name__ == "__main__":
+    main()
