@@ -15,3 +15,49 @@ def test_unknown_mode_names_every_mode(tmp_path):
     assert result.returncode == 2
     listed = result.stdout.split("choose from ", 1)[1].strip().split(", ")
     assert listed == modes
+
+
+FAKE_PYTHON = """#!/bin/bash
+# Stands in for python: records each ablation call and leaves the arm finished; anything else is a no-op.
+if [ "$1 $2" = "-m experiments.ablation" ]; then
+  echo "GPU=$CUDA_VISIBLE_DEVICES $*" >> "$CALLS"
+  for a in "$@"; do case "$a" in --out=*) out=${a#--out=} ;; --arms=*) arm=${a#--arms=} ;; esac; done
+  mkdir -p "$out/$arm" && echo '{"seeds": [0, 1]}' > "$out/$arm/done.json"
+else
+  cat >/dev/null 2>&1 || true
+fi
+"""
+
+
+def test_matrix_jobs_with_a_first_seed_run_in_folders_of_their_own_across_the_gpus(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {"python": FAKE_PYTHON, "python3": FAKE_PYTHON,
+                       "nvidia-smi": '#!/bin/bash\n[ "$1" = -L ] && printf "GPU 0: H200\\nGPU 1: H200\\n"\n'}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    sft = tmp_path / "work" / "runs" / "h200-chain" / "sft"
+    sft.mkdir(parents=True)
+    (sft / "sft_meta.json").write_text('{"params_sha256": "x"}')
+    matrix, calls = tmp_path / "matrix", tmp_path / "calls.txt"
+    env = {"OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls), "STAGGER_SECONDS": "0",
+           "MATRIX_PRESET": "h200-chain", "MATRIX_DIR": str(matrix), "ARMS": "full-dq:2,full-46:0,bf16", "SEEDS": "2",
+           "PARALLEL": "1", "WARMUP_CACHE": str(tmp_path / "no_cache")}
+    result = subprocess.run(["bash", str(SCRIPT), "matrix"], cwd=sft.parents[2], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = sorted(calls.read_text().splitlines())
+    # round-robin over the two GPUs; a first seed becomes the run's seed offset and its folder
+    assert any(l.startswith("GPU=0 ") and "--arms=full-dq" in l and f"--out={matrix}/seeds2 " in l
+               and l.endswith("--rl.seed_offset=2") for l in lines), lines
+    assert any(l.startswith("GPU=1 ") and "--arms=full-46" in l and f"--out={matrix}/seeds0 " in l
+               and l.endswith("--rl.seed_offset=0") for l in lines), lines
+    assert any(l.startswith("GPU=0 ") and "--arms=bf16" in l and f"--out={matrix} " in l
+               and "seed_offset" not in l for l in lines), lines
+    assert all((folder / "sft" / "sft_meta.json").is_file() for folder in (matrix, matrix / "seeds2", matrix / "seeds0"))
+    assert (tmp_path / "out" / "matrix.tgz").is_file()
+    # a second call skips the finished jobs
+    calls.unlink()
+    subprocess.run(["bash", str(SCRIPT), "matrix"], cwd=sft.parents[2], env=env, capture_output=True, text=True, timeout=60)
+    assert not calls.exists()
+    assert "arm full-dq:2: finished earlier" in (tmp_path / "out" / "log.txt").read_text()

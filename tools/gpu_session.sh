@@ -295,7 +295,6 @@ case "$mode" in
     preset=${MATRIX_PRESET:-h200}
     warmup "$preset" || exit 1
     dir=${MATRIX_DIR:-/tmp/fp4rl-matrix}
-    [ -e "$dir/sft/sft_meta.json" ] || { mkdir -p "$dir" && rm -rf "$dir/sft" && cp -r "runs/$preset/sft" "$dir/sft"; }
     parallel=${PARALLEL:-2}
     # each process may grow to its share of the GPU's memory (allocation on demand, see above)
     export XLA_PYTHON_CLIENT_MEM_FRACTION=$(python -c "print(round(0.95 / $parallel, 3))")
@@ -303,29 +302,36 @@ case "$mode" in
     smi=$!
     disown $smi
     deadline=$(( START + ${SESSION_SECONDS:-575} - 25 ))
-    run_arm() {  # run_arm ARM GPU: until it finishes or the call's deadline
-      local left=$(( deadline - $(date +%s) ))
+    # A job is ARM or ARM:FIRST_SEED. ARM:FIRST_SEED runs seeds FIRST.. (--rl.seed_offset) in a folder of its own,
+    # $MATRIX_DIR/seedsFIRST (merge it with `fp4rl.rl.merge_seeds $MATRIX_DIR/seedsFIRST ...`), so that one call
+    # on a machine of several GPUs runs several 2-seed runs of the plan, of one arm or of several.
+    job_dir() { case "$1" in *:*) echo "$dir/seeds${1#*:}" ;; *) echo "$dir" ;; esac; }
+    run_arm() {  # run_arm JOB GPU: until it finishes or the call's deadline
+      local arm=${1%%:*} out offset="" left=$(( deadline - $(date +%s) ))
+      out=$(job_dir "$1")
+      case "$1" in *:*) offset="--rl.seed_offset=${1#*:}" ;; esac
+      [ -e "$out/sft/sft_meta.json" ] || { mkdir -p "$out" && rm -rf "$out/sft" && cp -r "runs/$preset/sft" "$out/sft"; }
       echo "=== arm $1 on GPU $2 (limit ${left}s) $(date +%T)" | tee -a "$log"
-      CUDA_VISIBLE_DEVICES=$2 timeout "$left" python -m experiments.ablation --preset "$preset" --arms="$1" --seeds="${SEEDS:-4}" \
-        --out="$dir" --rl.checkpoint_every="${CHECKPOINT_EVERY:-100}" ${ABLATION_ARGS:-} >>"$OUT/arm_${1//+/plus}.log" 2>&1
+      CUDA_VISIBLE_DEVICES=$2 timeout "$left" python -m experiments.ablation --preset "$preset" --arms="$arm" --seeds="${SEEDS:-4}" \
+        --out="$out" --rl.checkpoint_every="${CHECKPOINT_EVERY:-100}" ${ABLATION_ARGS:-} $offset >>"$OUT/arm_${1//[+:]/_}.log" 2>&1
       echo "=== arm $1 rc=$? $(date +%T)" | tee -a "$log"
     }
-    gpu_queue() {  # gpu_queue GPU ARM...: this GPU's arms, PARALLEL at a time
+    gpu_queue() {  # gpu_queue GPU JOB...: this GPU's jobs, PARALLEL at a time
       local gpu=$1; shift
-      for arm in "$@"; do
+      for job in "$@"; do
         while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do sleep 5; done
-        [ $(( deadline - $(date +%s) )) -gt 60 ] || { echo "=== GPU $gpu: arm $arm and the rest skipped: no time left" | tee -a "$log"; break; }
-        run_arm "$arm" "$gpu" &
-        sleep 20  # staggered: the processes' compilations overlap less
+        [ $(( deadline - $(date +%s) )) -gt 60 ] || { echo "=== GPU $gpu: arm $job and the rest skipped: no time left" | tee -a "$log"; break; }
+        run_arm "$job" "$gpu" &
+        sleep "${STAGGER_SECONDS:-20}"  # staggered: the processes' compilations overlap less
       done
       wait
     }
-    # The arms not finished yet, dealt round-robin to the GPUs (a multi-GPU machine runs PARALLEL per GPU).
+    # The jobs not finished yet, dealt round-robin to the GPUs (a multi-GPU machine runs PARALLEL per GPU).
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
     [ "$gpus" -ge 1 ] || gpus=1
     todo=()
-    for arm in ${ARMS//,/ }; do
-      if [ -f "$dir/$arm/done.json" ]; then echo "=== arm $arm: finished earlier" | tee -a "$log"; else todo+=("$arm"); fi
+    for job in ${ARMS//,/ }; do
+      if [ -f "$(job_dir "$job")/${job%%:*}/done.json" ]; then echo "=== arm $job: finished earlier" | tee -a "$log"; else todo+=("$job"); fi
     done
     for gpu in $(seq 0 $((gpus - 1))); do
       mine=()

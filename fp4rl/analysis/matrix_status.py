@@ -28,10 +28,13 @@ from fp4rl.analysis.verdicts import claim_reproduced, run_verdicts, spike_counts
 from fp4rl.rl.run_settings import MERGED_KEY
 
 DECISIVE_ARMS = ("bf16", "full", "full-dq", "full-46", "full-hp")
+DECISIVE_SEEDS, OTHER_SEEDS = 8, 4
 FOUR_SEED_ARMS = ("nvfp4", "nvfp4-pt", "+dq", "+46", "+hp", "mxfp8-q", "mxfp8", "mxfp8+dq")
-# Seeds per device run: a run must finish inside the one 10-minute call that starts its machine
-# (its state cannot come back, and a machine is not held between calls): warm-up, compiling and 300
-# steps of 2 seeds take ~7 minutes on an H200 at h200-chain; 4 seeds take ~12.
+# Seeds per device run: a run's state cannot come back from the machine, so it must finish in the
+# 10-minute call that starts it or in the next call while the machine is still warm (resuming its
+# last checkpoint). On an H200 at h200-chain, warm-up, compiling and 300 steps of 2 seeds take ~7
+# minutes for bf16; full-dq's 1.5 s steps take 8.3 minutes with compiled programs (a cold call cut it
+# at step 214); 4 seeds take ~12.
 RUN_SEEDS = 2
 # (arm, first seed) of every run, in the order they are to run.
 PLAN = (tuple((arm, first) for arm in DECISIVE_ARMS for first in (0, 2))
@@ -68,12 +71,12 @@ def latest_run_seeds(config: dict, seeds) -> tuple[int, ...]:
 
 
 def arm_statuses(run) -> list[ArmStatus]:
-    planned = {arm: (8 if arm in DECISIVE_ARMS else 4) for arm in DECISIVE_ARMS + FOUR_SEED_ARMS}
+    planned = {arm: (DECISIVE_SEEDS if arm in DECISIVE_ARMS else OTHER_SEEDS) for arm in DECISIVE_ARMS + FOUR_SEED_ARMS}
     rows = []
     for arm, seeds in run.arms.items():
         runs = list(seeds.values())
         latest = latest_run_seeds(run.configs.get(arm, {}), seeds)
-        rows.append(ArmStatus(arm, tuple(sorted(seeds)), planned.get(arm, 4),
+        rows.append(ArmStatus(arm, tuple(sorted(seeds)), planned.get(arm, OTHER_SEEDS),
                               min(len(r) for r in runs), _timing(seeds[latest[0]]), len(latest)))
     return rows
 
@@ -84,13 +87,29 @@ def remaining_runs(run) -> list[tuple[str, int]]:
             if not set(range(first, first + RUN_SEEDS)) <= set(run.arms.get(arm, {}))]
 
 
-def run_command(arm: str, first_seed: int, preset: str, warmup_sha: str) -> str:
-    """One device call (carry .whl): the warm-up without its accuracy table, the run, no checkpoint
-    before the last step (none outlives the call), into a folder of its own for merge_seeds."""
+def run_command(jobs, preset: str, warmup_sha: str) -> str:
+    """One device call (carry .whl) for `jobs`, (arm, first seed) pairs dealt round-robin to the
+    machine's GPUs: the warm-up without its accuracy table, then each run in its own folder
+    (/tmp/fp4rl-matrix/seedsFIRST, for merge_seeds). A checkpoint every 100 steps lets a run that the
+    call's deadline cut resume in the next call while the machine is still warm (none outlives it)."""
     sha = f"WARMUP_SHA256={warmup_sha} " if warmup_sha else ""
-    return (f"{sha}SFT_ARGS=--eval_problems=0 CHECKPOINT_EVERY=300 MATRIX_PRESET={preset} ARMS={arm} "
-            f"SEEDS={RUN_SEEDS} PARALLEL=1 ABLATION_ARGS=--rl.seed_offset={first_seed} "
-            f"MATRIX_DIR=/tmp/fp4rl-matrix-{first_seed} bash tools/gpu_session.sh matrix")
+    arms = ",".join(f"{arm}:{first}" for arm, first in jobs)
+    return (f"{sha}SFT_ARGS=--eval_problems=0 CHECKPOINT_EVERY=100 MATRIX_PRESET={preset} ARMS={arms} "
+            f"SEEDS={RUN_SEEDS} PARALLEL=1 MATRIX_DIR=/tmp/fp4rl-matrix EXPORT_JAX_CACHE=1 bash tools/gpu_session.sh matrix")
+
+
+def claim_line(reproduced: bool | None, rows: list[ArmStatus]) -> str:
+    """The claim as the plan decides it: UNDECIDED while a decisive arm lacks its planned seeds (a
+    verdict read before the planned sample is reached could be overturned by the seeds still to
+    come), with what the rule reads on the seeds so far beside it."""
+    status = {True: "REPRODUCED", False: "NOT REPRODUCED", None: "UNDECIDED"}[reproduced]
+    held = {row.arm: len(row.seeds) for row in rows}
+    short = [f"{arm} {held.get(arm, 0)} of {DECISIVE_SEEDS}" for arm in DECISIVE_ARMS if held.get(arm, 0) < DECISIVE_SEEDS]
+    if not short:
+        return f"Claim (docs/rl.md): **{status}**."
+    return (f"Claim (docs/rl.md): **UNDECIDED** until every decisive arm holds its {DECISIVE_SEEDS} planned seeds (now: "
+            f"{', '.join(short)}). On the seeds so far the claim's rule reads {status} (provisional; "
+            "`report.md` gives each arm's reasons).")
 
 
 def _window_cell(arm_dir: Path, window, reward_cap, cap_step) -> str:
@@ -102,18 +121,18 @@ def _window_cell(arm_dir: Path, window, reward_cap, cap_step) -> str:
 
 
 def status_markdown(run_dir: str | Path, window=(150, 300), reward_cap=0.8, cap_step=150,
-                    preset: str = "h200-chain", warmup_sha: str = "") -> str:
+                    preset: str = "h200-chain", warmup_sha: str = "", gpus: int = 1) -> str:
     run_dir = Path(run_dir)
     run = load_run(run_dir)
     summaries = summarize_run(run)
     verdicts = run_verdicts(summaries)
     claim = claim_reproduced(verdicts)
-    lines = [f"# Matrix status: `{run_dir}`", "",
-             f"Claim (docs/rl.md): **{ {True: 'REPRODUCED', False: 'NOT REPRODUCED', None: 'UNDECIDED'}[claim.reproduced] }**.",
+    rows = arm_statuses(run)
+    lines = [f"# Matrix status: `{run_dir}`", "", claim_line(claim.reproduced, rows),
              "", f"| arm | seeds (planned) | steps | held-out sampled accuracy change | window {window[0]} -> {window[1]} "
              "| spiking steps / judged (severe) | reward gap to bf16, paired | verdict | latest run: s per step (rollout), seeds | peak GB |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for row in arm_statuses(run):
+    for row in rows:
         summary, verdict = summaries[row.arm], verdicts[row.arm]
         change = learning.summarize(run_dir / row.arm).change
         spikes, judged, severe = spike_counts(summary)
@@ -127,9 +146,9 @@ def status_markdown(run_dir: str | Path, window=(150, 300), reward_cap=0.8, cap_
     todo = remaining_runs(run)
     lines += ["", f"Device runs to go: {len(todo)} of {len(PLAN)} ({RUN_SEEDS} seeds each)" + (", next:" if todo else ".")]
     if todo:
-        arm, first = todo[0]
-        lines += ["", "```bash", run_command(arm, first, preset, warmup_sha), "```", "",
-                  "Then: " + ", ".join(f"{a} seeds {f}-{f + RUN_SEEDS - 1}" for a, f in todo[1:]) + "." if todo[1:] else ""]
+        machine = "one GPU" if gpus == 1 else f"{gpus} GPUs, one run per GPU"
+        lines += ["", f"On a machine of {machine}:", "", "```bash", run_command(todo[:gpus], preset, warmup_sha), "```", "",
+                  "Then: " + ", ".join(f"{a} seeds {f}-{f + RUN_SEEDS - 1}" for a, f in todo[gpus:]) + "." if todo[gpus:] else ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -142,11 +161,13 @@ def main(argv=None) -> str:
                         help="CAP@STEP: the early-saturation cap (default 0.8@150)")
     parser.add_argument("--preset", default="h200-chain", help="the preset in the next run's command")
     parser.add_argument("--warmup_sha", default="", help="the warm-up digest the next run's command holds it to")
+    parser.add_argument("--gpus", type=int, default=1, choices=(1, 2, 4, 8),
+                        help="GPUs of the machine the next call gets: its command holds that many runs (default 1)")
     parser.add_argument("--write", default="", help="also write the status here (markdown)")
     args = parser.parse_args(argv)
     if not Path(args.run_dir).is_dir():
         parser.error(f"{args.run_dir} is not a directory")
-    text = status_markdown(args.run_dir, args.window, *args.reward_cap, args.preset, args.warmup_sha)
+    text = status_markdown(args.run_dir, args.window, *args.reward_cap, args.preset, args.warmup_sha, args.gpus)
     if args.write:
         Path(args.write).write_text(text)
     print(text)

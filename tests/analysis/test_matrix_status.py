@@ -22,8 +22,8 @@ def test_remaining_runs_follow_the_plan_and_skip_the_halves_on_disk(tmp_path):
     # seeds 0-3 of the decisive arms first, then their seeds 4-7
     assert todo[:5] == [("full-46", 0), ("full-46", 2), ("full-hp", 0), ("full-hp", 2), ("bf16", 4)]
     assert len(todo) == len(matrix_status.PLAN) - 8
-    command = matrix_status.run_command("bf16", 4, "h200-chain", "abc")
-    assert "--rl.seed_offset=4" in command and "SEEDS=2" in command and "WARMUP_SHA256=abc" in command
+    command = matrix_status.run_command([("bf16", 4), ("full-46", 0)], "h200-chain", "abc")
+    assert "ARMS=bf16:4,full-46:0 " in command and "SEEDS=2" in command and "WARMUP_SHA256=abc" in command
 
 
 def test_status_table_judges_each_arm_and_names_the_next_run(tmp_path):
@@ -33,7 +33,9 @@ def test_status_table_judges_each_arm_and_names_the_next_run(tmp_path):
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ") and "---" not in line}
     assert "0-7 (8)" in rows["full"] and "0-3 (8)" in rows["bf16"]
     assert "PASS" in rows["full"] and "FAIL" in rows["full-dq"]  # the spiky arm fails spike and reward
-    assert "Device runs to go: 28 of 36 (2 seeds each)" in text and "ARMS=full-46" in text
+    assert "Device runs to go: 28 of 36 (2 seeds each)" in text and "ARMS=full-46:0 " in text
+    four = matrix_status.main([str(_matrix(tmp_path)), "--window=60:119", "--reward_cap=0.99@60", "--gpus=4"])
+    assert "ARMS=full-46:0,full-46:2,full-hp:0,full-hp:2 " in four and "Then: bf16 seeds 4-5," in four
 
 
 def test_the_timing_is_the_latest_run_s(tmp_path):
@@ -46,3 +48,17 @@ def test_the_timing_is_the_latest_run_s(tmp_path):
     assert rows["full"].timed_seeds == 2 and rows["bf16"].timed_seeds == 4
     assert matrix_status.latest_run_seeds(record, range(8)) == (6, 7)
 
+
+
+def test_the_claim_waits_for_the_planned_seeds_of_every_decisive_arm():
+    def row(arm, n):
+        return matrix_status.ArmStatus(arm, tuple(range(n)), 8, 300, {}, n)
+
+    full_plan = [row(arm, 8) for arm in matrix_status.DECISIVE_ARMS]
+    assert matrix_status.claim_line(False, full_plan) == "Claim (docs/rl.md): **NOT REPRODUCED**."
+    assert matrix_status.claim_line(True, full_plan) == "Claim (docs/rl.md): **REPRODUCED**."
+    # a leave-one-out arm passing on 2 seeds reads NOT REPRODUCED, but only provisionally
+    early = matrix_status.claim_line(False, [row("bf16", 8), row("full", 4), row("full-dq", 2)])
+    assert early.startswith("Claim (docs/rl.md): **UNDECIDED** until every decisive arm holds its 8 planned seeds")
+    assert "full 4 of 8, full-dq 2 of 8, full-46 0 of 8, full-hp 0 of 8" in early
+    assert "reads NOT REPRODUCED (provisional" in early
