@@ -31,6 +31,16 @@ def _all_configs():
 ALL_CONFIGS = _all_configs()
 assert len(ALL_CONFIGS) == 45, len(ALL_CONFIGS)  # 1D: 2 scales x 15; 2D: tensor only x 15
 
+# The 1D configs a slow interpreter runs (the rest run compiled): each scale with every 4/6 mode
+# and every E4M3 maximum, and each 4/6 rule (mae, mse) with every E4M3 maximum
+# (tests/kernels/test_quant_cases.py checks that this holds).
+COVERING_1D_CONFIGS = (
+    "1d-tensor-m6-Edef", "1d-tensor-mae-exact-E256", "1d-tensor-mae-fast-E448", "1d-tensor-mse-exact-Edef",
+    "1d-tensor-mse-fast-E256",
+    "1d-token-m6-E448", "1d-token-mae-exact-Edef", "1d-token-mae-fast-E256", "1d-token-mse-exact-E448",
+    "1d-token-mse-fast-Edef",
+)
+
 
 def config_id(c: ref.NVFP4Config) -> str:
     e = "Edef" if c.e4m3_max is None else f"E{c.e4m3_max}"

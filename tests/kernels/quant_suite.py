@@ -89,6 +89,8 @@ class Impl:
     configs_2d: the ids of the 2D-block configs the config sweep runs (None: all 15). For a slow
     interpreter (~27 s per 2D config): a subset with every 4/6 mode and every E4M3 maximum;
     the others run compiled only.
+    configs_1d: likewise for the 30 1D configs (None: all); `COVERING_1D_CONFIGS` runs every
+    4/6 mode with each scale and every E4M3 maximum with each scale and each 4/6 rule.
     """
 
     name: str
@@ -96,14 +98,17 @@ class Impl:
     small_k_options: tuple = ()
     max_shape_k: int | None = None
     configs_2d: tuple[str, ...] | None = None
+    configs_1d: tuple[str, ...] | None = None
 
     def skip_large_shape(self, case) -> None:
         if self.max_shape_k is not None and case[2] > self.max_shape_k:
             pytest.skip(f"K={case[2]} > {self.max_shape_k}: run compiled only (the interpreter takes ~50 s for it)")
 
     def skip_config(self, config) -> None:
-        if config.block_2d and self.configs_2d is not None and config_id(config) not in self.configs_2d:
-            pytest.skip(f"{config_id(config)}: outside this implementation's 2D subset, run compiled only")
+        subset = self.configs_2d if config.block_2d else self.configs_1d
+        if subset is not None and config_id(config) not in subset:
+            pytest.skip(f"{config_id(config)}: outside this implementation's {'2D' if config.block_2d else '1D'} "
+                        "subset, run compiled only")
 
     @property
     def is_reference(self) -> bool:

@@ -22,6 +22,7 @@ from pallas_kernels.nvfp4_quant import mosaic as mq
 from pallas_kernels.nvfp4_quant import shapes
 from tests.formats import oracle
 from tests.kernels.quant_suite import Impl, KernelQuantSuite, reference_experts
+from tests.kernels.quant_cases import COVERING_1D_CONFIGS
 
 ON_GPU = jax.default_backend() == "gpu"
 
@@ -118,13 +119,15 @@ SMALL = (("tiling", mq.MosaicQuantTiling(block_k=16)),)
 
 # The interpreter is slow: tests/kernels/conftest.py groups this class's tests per parameter set,
 # and its shape sweep stops at K=1024 (several whole-row blocks already; K=8192 runs compiled).
-# Every 4/6 mode once and every E4M3 maximum at least once (the other 2D configs: compiled only).
+# 2D: every 4/6 mode once and every E4M3 maximum at least once; 1D: the covering subset of
+# quant_cases (the other configs: compiled only, TestMosaicCompiled).
 INTERPRET_2D_CONFIGS = ("2d-tensor-m6-E256", "2d-tensor-mae-exact-Edef", "2d-tensor-mae-fast-E448",
                         "2d-tensor-mse-exact-E256", "2d-tensor-mse-fast-Edef")
 
 
 class TestMosaicInterpret(KernelQuantSuite):
-    impl = Impl("mosaic", interpret=True, small_k_options=SMALL, max_shape_k=1024, configs_2d=INTERPRET_2D_CONFIGS)
+    impl = Impl("mosaic", interpret=True, small_k_options=SMALL, max_shape_k=1024, configs_2d=INTERPRET_2D_CONFIGS,
+                configs_1d=COVERING_1D_CONFIGS)
 
 
 @pytest.mark.gpu

@@ -18,6 +18,7 @@ from fp4rl.formats import ieee
 from fp4rl.formats import nvfp4 as ref
 from pallas_kernels.nvfp4_quant import triton as tq
 from tests.kernels.quant_suite import Impl, KernelQuantSuite, assert_tensor_equal, gpu_present, lowered_text
+from tests.kernels.quant_cases import COVERING_1D_CONFIGS
 
 # block_k=32 makes the sweep's K = 48 span two chunks (the second one masked) and rows_1d=4
 # leaves a masked row tail for M = 19: the chunk loop and both masks run at interpret sizes.
@@ -26,8 +27,9 @@ from tests.kernels.quant_suite import Impl, KernelQuantSuite, assert_tensor_equa
 SMALL = (("tunables", tq.TritonQuantTunables(rows_1d=4, block_k=32, block_k_2d=32, rows_2d=32)),)
 
 
+# The interpreter runs quant_cases' covering subset of the 1D configs; all 45 run compiled (TestTritonCompiled).
 class TestTritonInterpret(KernelQuantSuite):
-    impl = Impl("triton", interpret=True, small_k_options=SMALL)
+    impl = Impl("triton", interpret=True, small_k_options=SMALL, configs_1d=COVERING_1D_CONFIGS)
 
 
 @pytest.mark.gpu

@@ -2,7 +2,7 @@
 checkpoint"): the command of the `hf` preset runs on local fixtures (fp4rl/model/hf_local.py), a
 resumed run equals an uninterrupted one, the trained policy exports as a Hugging Face folder that
 imports with identical logits and serves, and bad inputs stop the run with one line naming them.
-The run on 8 devices: tests/parallel/multidevice/test_hf_rl_mesh.py."""
+The run on 8 devices: tests/parallel/multidevice/test_micro_batch_mesh.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""The micro-batched update (`policy.UpdateMemory`, fp4rl/rl/micro_batch.py) on a 2 x 4 mesh: one RL
-step from a Hugging Face checkpoint (fp4rl/model/hf_local.py) equals the same step on one device,
-and the one-device step without micro-batches or the other memory options."""
+"""RL from a Hugging Face Qwen2-MoE checkpoint (shared expert, q/k/v biases; fp4rl/model/hf_local.py)
+on DAPO-Math rows, with the micro-batched update (`policy.UpdateMemory`, fp4rl/rl/micro_batch.py), on
+a 2 x 4 mesh: one RL step equals the same step on one device, and the one-device step without
+micro-batches or the other memory options; selective precision holds on the mesh."""
+
+import json
 
 import numpy as np
 import pytest
@@ -17,7 +20,7 @@ MEMORY = policy.UpdateMemory(remat=True, attention_query_chunk=16, micro_batches
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("micro_batch_mesh")
-    return write_checkpoint(root / "qwen3"), write_rows(root / "rows.jsonl")
+    return write_checkpoint(root / "qwen2", "qwen2_moe"), write_rows(root / "rows.jsonl")
 
 
 def _step(files, out, mesh, memory):
@@ -31,7 +34,7 @@ def _step(files, out, mesh, memory):
 
 
 def _assert_same_step(got, want):
-    """Tolerances of test_hf_rl_mesh.py: sampling draws the same tokens, so rewards, lengths and group
+    """Tolerances of test_trainer_mesh.py: sampling draws the same tokens, so rewards, lengths and group
     statistics are exact; log-prob means agree within 2e-4 and gradient norms (sums re-added across
     devices and micro-batches) within rtol 1e-3."""
     assert got.keys() == want.keys()
@@ -53,6 +56,10 @@ def test_micro_batched_step_on_8_devices_equals_one_device(files, tmp_path):
     # 6e-4 relative, inside the tolerance; every other quantity is the unchunked one up to rounding.
     assert many["loss/aux"] != plain["loss/aux"]
     _assert_same_step(many, plain)
+    # Selective precision (full: NVFP4 routed experts but in the last layer; the shared expert in BF16).
+    layer_map = json.loads((tmp_path / "mesh" / "full" / "config.json").read_text())["layer_map"]
+    assert layer_map["bf16_layers"] == [1] and layer_map["routed_experts"] == "nvfp4"
+    assert layer_map["shared_expert"] == "bf16"
 
 
 def test_micro_batches_that_would_split_a_device_s_rows_are_refused_naming_the_valid_ones(files, tmp_path):
