@@ -33,8 +33,8 @@ FOUR_SEED_ARMS = ("nvfp4", "nvfp4-pt", "+dq", "+46", "+hp", "mxfp8-q", "mxfp8", 
 # Seeds per device run: a run's state cannot come back from the machine, so it must finish in the
 # 10-minute call that starts it or in the next call while the machine is still warm (resuming its
 # last checkpoint). On an H200 at h200-chain, warm-up, compiling and 300 steps of 2 seeds take ~7
-# minutes for bf16; full-dq's 1.5 s steps take 8.3 minutes with compiled programs (a cold call cut it
-# at step 214); 4 seeds take ~12.
+# minutes for bf16; full-dq's 1.5 s steps take 8.3 minutes with compiled programs, more than a cold
+# call leaves after warm-up and compiling; 4 seeds take ~12.
 RUN_SEEDS = 2
 # (arm, first seed) of every run, in the order they are to run.
 PLAN = (tuple((arm, first) for arm in DECISIVE_ARMS for first in (0, 2))
