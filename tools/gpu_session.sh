@@ -20,8 +20,10 @@
 #   bash tools/gpu_session.sh arms      # h200 warm-up + the ablation arms ARMS (comma separated) x SEEDS seeds
 #   bash tools/gpu_session.sh matrix    # the same on MATRIX_PRESET (h200 by default), PARALLEL arms at a time per
 #                                       # GPU as separate processes, resumable
-#                                       # across calls on a warm machine (runs in MATRIX_DIR); the h200-chain
-#                                       # matrix runs 2 seeds per call (fp4rl.analysis.matrix_status names the next)
+#                                       # across calls on a warm machine (runs in MATRIX_DIR); a job ARM:FIRST runs
+#                                       # seeds FIRST.. in MATRIX_DIR/seedsFIRST; the h200-chain matrix runs 2 seeds
+#                                       # per job, one job per GPU (fp4rl.analysis.matrix_status names the next;
+#                                       # tools/matrix_merge.sh merges a call's runs into the committed matrix)
 #   bash tools/gpu_session.sh compile   # the RL update program's compile time per arm x GEMM backend x XLA_FLAGS
 #                                       # variant (COMPILE_ARMS, COMPILE_GEMMS, SEEDS; no warm-up needed); the
 #                                       # fastest one as GEMM=...; XLA_FLAGS=... into COMPILE_CHOICE
