@@ -40,4 +40,5 @@ for arm in $(printf '%s\n' "${merged[@]}" | sort -u); do
   python -m fp4rl.analysis.learning "$matrix/$arm" --window=150:300 --reward_cap=0.8@150 >/dev/null
 done
 python -m fp4rl.analysis.report "$matrix" >/dev/null
-python -m fp4rl.analysis.matrix_status "$matrix" --warmup_sha="$sha" --write "$matrix/status.md" | head -3
+python -m fp4rl.analysis.matrix_status "$matrix" --warmup_sha="$sha" --write "$matrix/status.md" >/dev/null
+head -n 3 "$matrix/status.md"  # not piped: head closing the pipe early would fail the writer under pipefail
