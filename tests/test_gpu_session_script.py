@@ -55,6 +55,8 @@ def test_matrix_jobs_with_a_first_seed_run_in_folders_of_their_own_across_the_gp
     assert any(l.startswith("GPU=0 ") and "--arms=bf16" in l and f"--out={matrix} " in l
                and "seed_offset" not in l for l in lines), lines
     assert all((folder / "sft" / "sft_meta.json").is_file() for folder in (matrix, matrix / "seeds2", matrix / "seeds0"))
+    # each job's console log travels in matrix.tgz, not as a file of its own beside it
+    assert (matrix / "seeds2" / "arm_full-dq.log").is_file() and not list((tmp_path / "out").glob("arm_*"))
     assert (tmp_path / "out" / "matrix.tgz").is_file()
     # a second call skips the finished jobs
     calls.unlink()

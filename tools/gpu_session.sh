@@ -290,7 +290,9 @@ case "$mode" in
     # (three did not: an update program asked for 33.9 GiB of its 31.7%). The runs live
     # outside the carried tree (MATRIX_DIR), so a call on a machine still warm resumes the arms the
     # previous one cut (the trainer checkpoints every --rl.checkpoint_every steps); finished arms
-    # (done.json) are skipped. Every arm's metrics, finished or not, come back in matrix.tgz.
+    # (done.json) are skipped. Every arm's metrics, finished or not, and each process's console log
+    # (arm_ARM.log in its job's folder) come back in matrix.tgz: a call returns at most 8 files, so
+    # the files beside it (log, GPU trace, compiled programs) stay few however many jobs run.
     # A checkpoint every CHECKPOINT_EVERY steps (100: a 4-seed h200-chain checkpoint takes ~10 s to
     # write, and one every 20 steps cost 13% of an arm's time; a cut arm resumes only while the same
     # machine is held, which a session's end does not outlast).
@@ -315,7 +317,7 @@ case "$mode" in
       [ -e "$out/sft/sft_meta.json" ] || { mkdir -p "$out" && rm -rf "$out/sft" && cp -r "runs/$preset/sft" "$out/sft"; }
       echo "=== arm $1 on GPU $2 (limit ${left}s) $(date +%T)" | tee -a "$log"
       CUDA_VISIBLE_DEVICES=$2 timeout "$left" python -m experiments.ablation --preset "$preset" --arms="$arm" --seeds="${SEEDS:-4}" \
-        --out="$out" --rl.checkpoint_every="${CHECKPOINT_EVERY:-100}" ${ABLATION_ARGS:-} $offset >>"$OUT/arm_${1//[+:]/_}.log" 2>&1
+        --out="$out" --rl.checkpoint_every="${CHECKPOINT_EVERY:-100}" ${ABLATION_ARGS:-} $offset >>"$out/arm_${arm//+/plus}.log" 2>&1
       echo "=== arm $1 rc=$? $(date +%T)" | tee -a "$log"
     }
     gpu_queue() {  # gpu_queue GPU JOB...: this GPU's jobs, PARALLEL at a time

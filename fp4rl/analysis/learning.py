@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fp4rl.analysis.runs import METRICS_FILE, SeedRun, load_seed, seed_log
+from fp4rl.analysis.runs import METRICS_FILE, SeedRun, load_seed, seed_dirs, seed_log
 from fp4rl.analysis.statistics import BootstrapCI, accuracy_change_ci
 from fp4rl.rl import failures
 
@@ -133,8 +133,8 @@ def decide(change: BootstrapCI, min_gain: float = MIN_GAIN) -> tuple[str, str]:
 
 
 def _load_runs(arm_dir: Path) -> tuple[SeedRun, ...]:
-    logs = {int(d.name[4:]): seed_log(d, METRICS_FILE) for d in arm_dir.glob("seed*") if d.name[4:].isdigit()}
-    seeds = sorted((seed, log) for seed, log in logs.items() if log is not None)
+    logs = [(seed, seed_log(d, METRICS_FILE)) for seed, d in seed_dirs(arm_dir)]
+    seeds = [(seed, log) for seed, log in logs if log is not None]
     if not seeds:
         raise FileNotFoundError(f"no seed*/metrics.jsonl(.gz) under {arm_dir}")
     return tuple(load_seed(log, arm_dir.name, seed) for seed, log in seeds)

@@ -16,9 +16,9 @@ import gzip
 from collections.abc import Sequence
 from pathlib import Path
 
-from fp4rl.analysis.runs import METRICS_FILE, PACKED_SUFFIX, UPDATES_FILE
+from fp4rl.analysis.runs import METRICS_FILE, PACKED_SUFFIX, UPDATES_FILE, seed_dirs
 
-__all__ = ["pack_file", "pack_tree"]
+__all__ = ["pack_file", "pack_tree", "plain_logs"]
 
 PACKED_LOGS = (METRICS_FILE, UPDATES_FILE)
 
@@ -38,14 +38,19 @@ def pack_file(path: Path) -> Path:
     return packed
 
 
-def pack_tree(root: str | Path) -> list[Path]:
-    """Pack every seed log under `root` (any depth); returns the packed paths."""
+def plain_logs(root: str | Path) -> list[Path]:
+    """The plain seed logs under `root` (in any `seed<k>/` below it, at any depth)."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory")
-    logs = sorted(p for name in PACKED_LOGS for p in root.rglob(f"seed*/{name}")
-                  if p.is_file() and p.parent.name[4:].isdigit())
-    return [pack_file(p) for p in logs]
+    parents = [root, *(p for p in root.rglob("*") if p.is_dir())]
+    return sorted(d / name for parent in parents for _, d in seed_dirs(parent) for name in PACKED_LOGS
+                  if (d / name).is_file())
+
+
+def pack_tree(root: str | Path) -> list[Path]:
+    """Pack every seed log under `root` (any depth); returns the packed paths."""
+    return [pack_file(p) for p in plain_logs(root)]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -56,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not Path(root).is_dir():
             parser.error(f"{root} is not a directory")
     for root in args.run_dirs:
-        before = sum(p.stat().st_size for name in PACKED_LOGS for p in Path(root).rglob(f"seed*/{name}"))
+        before = sum(p.stat().st_size for p in plain_logs(root))
         packed = pack_tree(root)
         after = sum(p.stat().st_size for p in packed)
         print(f"{root}: {len(packed)} log(s) packed, {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")

@@ -184,6 +184,12 @@ def _warn(message: str, sink: list[str]) -> None:
     warnings.warn(message, RunLoadWarning, stacklevel=3)
 
 
+def seed_dirs(arm_dir: str | Path) -> list[tuple[int, Path]]:
+    """The `seed<k>/` directories of an arm directory as (k, path), by k."""
+    return sorted((int(m.group(1)), p) for p in Path(arm_dir).iterdir()
+                  if p.is_dir() and (m := _SEED_DIR.match(p.name)))
+
+
 def seed_log(seed_dir: str | Path, name: str) -> Path | None:
     """`seed_dir/name`, else its gzipped form `name.gz`, else None (neither exists)."""
     for candidate in (Path(seed_dir) / name, Path(seed_dir) / (name + PACKED_SUFFIX)):
@@ -319,7 +325,7 @@ def has_arm_metrics(run_dir: str | Path) -> bool:
     root = Path(run_dir)
     return root.is_dir() and any(
         seed_log(seed_dir, METRICS_FILE) is not None for arm_dir in root.iterdir() if arm_dir.is_dir()
-        for seed_dir in arm_dir.iterdir() if seed_dir.is_dir() and _SEED_DIR.match(seed_dir.name))
+        for _, seed_dir in seed_dirs(arm_dir))
 
 
 def load_run(run_dir: str | Path) -> RunData:
@@ -337,8 +343,7 @@ def load_run(run_dir: str | Path) -> RunData:
     configs: dict[str, dict] = {}
     for arm_dir in sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: arm_sort_key(p.name)):
         seeds: dict[int, SeedRun] = {}
-        seed_dirs = [(int(m.group(1)), p) for p in arm_dir.iterdir() if p.is_dir() and (m := _SEED_DIR.match(p.name))]
-        for seed, seed_dir in sorted(seed_dirs):
+        for seed, seed_dir in seed_dirs(arm_dir):
             file = seed_log(seed_dir, METRICS_FILE)
             if file is None:
                 _warn(f"{seed_dir}: no {METRICS_FILE}; seed skipped", sink)

@@ -49,7 +49,6 @@ def test_the_timing_is_the_latest_run_s(tmp_path):
     assert matrix_status.latest_run_seeds(record, range(8)) == (6, 7)
 
 
-
 def test_the_claim_waits_for_the_planned_seeds_of_every_decisive_arm():
     def row(arm, n):
         return matrix_status.ArmStatus(arm, tuple(range(n)), 8, 300, {}, n)

@@ -18,7 +18,7 @@ def _same_runs(a, b):
             assert run.metrics.keys() == other.metrics.keys()
             for key, values in run.metrics.items():
                 np.testing.assert_array_equal(values, other.metrics[key])
-            assert (run.updates is None) == (other.updates is None)
+            assert run.updates is not None and other.updates is not None
             np.testing.assert_array_equal(run.updates.metrics["grad_norm/global"],
                                           other.updates.metrics["grad_norm/global"])
 
