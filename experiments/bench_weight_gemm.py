@@ -13,10 +13,15 @@ each output checked against an f32 einsum before it is timed:
   `nvfp4.scaled_operand` (the bf16 copy of the weight, written to HBM) then `lax.ragged_dot`;
 - `triton nvfp4 packed bf16` / `f16`: `grouped_matmul_nvfp4`, dequantization fused (3.6x fewer weight
   bytes), with x in bf16 (the weight tile formed in f32, rounded to bf16) or in f16 (the tile formed
-  in f16, the model's form: `fp4rl.grouped.ragged_matmul_nvfp4`).
-The Triton rows take the fastest of a few launch shapes (`--block_m`, `--block_n`, `--block_k`; no
-row tile taller than the rows per expert need), named in the table; a launch shape the device
-cannot run (e.g. too much shared memory) is listed as such, not timed. The roofline
+  in f16, the model's form: `fp4rl.grouped.ragged_matmul_nvfp4`);
+- `wgmma nvfp4 packed f16 registers` / `smem`: `grouped_matmul_nvfp4_wgmma` (Mosaic GPU), the weight
+  as WGMMA's A operand decoded in registers (or through shared memory), x in f16, the weight laid
+  out once beforehand (`pack_for_wgmma`, not timed: it happens at weight sync). Shapes whose N is
+  not a multiple of 64 have no such rows.
+The Triton and WGMMA rows take the fastest of a few launch shapes (`--block_m`, `--block_n`, `--block_k`;
+WGMMA: `--wgmma_rows` x 64 x `--block_k`, `--wgmma_stages`; no row tile taller than the rows per
+expert need), named in the table; a launch shape the device cannot run (e.g. too much shared
+memory) is listed as such, not timed. "best bf16" is the fastest row with a bf16 weight. The roofline
 column is the weight bytes over the copy bandwidth measured in the same run (a jitted elementwise
 pass over a tensor of the bf16 weight's size, reading and writing it once). `--profile DIR`: one
 more call of each kernel's fastest form under the JAX profiler (traces in DIR), summarized per
@@ -36,6 +41,8 @@ from fp4rl import grouped
 from fp4rl.analysis import trace_summary
 from fp4rl.formats import nvfp4
 from pallas_kernels.grouped_gemm import PackedGemmTiles, grouped_matmul, grouped_matmul_bf16, grouped_matmul_nvfp4
+from pallas_kernels.grouped_gemm.wgmma_nvfp4 import (A_OPERANDS, WARPGROUP_ROWS, WgmmaDecodeTiles, grouped_matmul_nvfp4_wgmma,
+                                                     pack_for_wgmma)
 
 SHAPES = {  # name: (experts, K, N) of x [R, K] @ w[e] [K, N]
     "experts128": (128, 2048, 768),  # a 128-expert layer (bench_experts' shape)
@@ -52,6 +59,8 @@ class WeightGemmBenchConfig:
     block_n: tuple[int, ...] = (32, 64, 128)
     block_k: tuple[int, ...] = (128, 256)
     num_warps: int = 4
+    wgmma_rows: tuple[int, ...] = (8, 16, 32, 64)  # WGMMA row tiles tried (up to the rows per expert)
+    wgmma_stages: tuple[int, ...] = (4,)  # TMA pipeline stages tried
     iters: int = 20
     interpret: bool = False  # kernels in their CPU interpreters: the tests' plumbing check, not a benchmark
     out: str = "benchmarks"
@@ -65,11 +74,30 @@ class WeightGemmBenchConfig:
             raise ValueError(f"rows_per_expert must be >= 1, got {self.rows_per_expert}")
 
 
-def _block_ms(config: WeightGemmBenchConfig, rows_per_expert: int) -> list[int]:
-    """The row tiles worth trying: none taller than the rows per expert rounded up to 16 or a
+def _row_tiles(tried: tuple[int, ...], rows_per_expert: int, least: int) -> list[int]:
+    """The row tiles worth trying: none taller than the rows per expert rounded up to `least` or a
     power of two (taller ones only compute padding rows)."""
-    tallest = max(16, 1 << (rows_per_expert - 1).bit_length())
-    return [m for m in config.block_m if m <= tallest] or [min(config.block_m)]
+    tallest = max(least, 1 << (rows_per_expert - 1).bit_length())
+    return [m for m in tried if m <= tallest] or [min(tried)]
+
+
+def _wgmma_candidates(config: WeightGemmBenchConfig, k: int, n: int, rows_per_expert: int, x, wq, sizes, weight_bytes):
+    """The WGMMA kernel's launch shapes for this case (none where N is not a multiple of 64)."""
+    if n % WARPGROUP_ROWS:
+        return []
+    weight = pack_for_wgmma(wq.codes, wq.scales)
+    x16 = x.astype(jnp.float16)
+    candidates = []
+    for rows in _row_tiles(config.wgmma_rows, rows_per_expert, 8):
+        for block_k in sorted({b for b in config.block_k if k % b == 0}):
+            for stages in config.wgmma_stages:
+                for a_operand in A_OPERANDS:
+                    tiles = WgmmaDecodeTiles(rows=rows, block_k=block_k, max_concurrent_steps=stages, a_operand=a_operand)
+                    candidates.append((f"wgmma nvfp4 packed f16 {a_operand} [{rows}x{WARPGROUP_ROWS}x{block_k} s{stages}]",
+                                       jax.jit(lambda x, w, s, tiles=tiles: grouped_matmul_nvfp4_wgmma(
+                                           x, w, s, tiles=tiles, interpret=config.interpret)),
+                                       (x16, weight, sizes), weight_bytes, "nvfp4"))
+    return candidates
 
 
 def _copy_bandwidth(nbytes: int, iters: int) -> float:
@@ -100,27 +128,29 @@ def _case(config: WeightGemmBenchConfig, shape: str, rows_per_expert: int, bandw
     bf16_bytes = experts * k * n * 2
     packed_bytes = experts * n * (k // 2 + k // 16)
     interpret = config.interpret
-    candidates = [
-        ("xla bf16", jax.jit(lambda x, w, s: grouped.ragged_matmul(x, w, s, gemm="xla")), (x, w_kn, sizes), bf16_bytes),
+    candidates = [  # (name, function, arguments, weight bytes read, weight format)
+        ("xla bf16", jax.jit(lambda x, w, s: grouped.ragged_matmul(x, w, s, gemm="xla")), (x, w_kn, sizes), bf16_bytes,
+         "bf16"),
         ("mosaic bf16", jax.jit(lambda x, w, s: grouped_matmul(x, w, s, interpret=interpret)), (x, w_kn, sizes),
-         bf16_bytes),
+         bf16_bytes, "bf16"),
         ("emulated nvfp4 (xla)", jax.jit(lambda x, t, s: grouped.ragged_matmul(
             x, jax.vmap(lambda u: nvfp4.scaled_operand(u)[0])(t), s, gemm="xla", transpose_rhs=True)),
-         (x, wq, sizes), packed_bytes),
+         (x, wq, sizes), packed_bytes, "nvfp4"),
     ]
     for tiles in sorted({PackedGemmTiles(block_m=block_m, block_n=min(block_n, n), block_k=min(block_k, k),
                                          num_warps=config.num_warps)
-                         for block_m in _block_ms(config, rows_per_expert) for block_n in config.block_n
+                         for block_m in _row_tiles(config.block_m, rows_per_expert, 16) for block_n in config.block_n
                          for block_k in config.block_k}, key=_tiles_name):
         candidates.append((f"triton bf16 {_tiles_name(tiles)}", jax.jit(
             lambda x, w, s, tiles=tiles: grouped_matmul_bf16(x, w, s, tiles=tiles, interpret=interpret)),
-            (x, wv, sizes), bf16_bytes))
+            (x, wv, sizes), bf16_bytes, "bf16"))
         for form, x_form in (("bf16", x), ("f16", x.astype(jnp.float16))):  # x f16: the tile formed in f16 (the model's form)
             candidates.append((f"triton nvfp4 packed {form} {_tiles_name(tiles)}", jax.jit(
                 lambda x, c, sc, s, tiles=tiles: grouped_matmul_nvfp4(x, c, sc, s, tiles=tiles, interpret=interpret)),
-                (x_form, wq.codes, wq.scales, sizes), packed_bytes))
+                (x_form, wq.codes, wq.scales, sizes), packed_bytes, "nvfp4"))
+    candidates += _wgmma_candidates(config, k, n, rows_per_expert, x, wq, sizes, packed_bytes)
     results, failures = [], []
-    for name, fn, args, weight_bytes in candidates:
+    for name, fn, args, weight_bytes, weight_format in candidates:
         try:
             out = fn(*args)
         except Exception as err:  # a launch shape the device cannot run (e.g. shared memory): reported, not timed
@@ -131,12 +161,13 @@ def _case(config: WeightGemmBenchConfig, shape: str, rows_per_expert: int, bandw
         if not rel < 1e-5:  # bf16 x bf16 products are exact in f32; only the f32 sums differ
             raise AssertionError(f"{shape} {rows_per_expert} rows/expert, {name}: relative error {rel:.3g} vs f32 einsum")
         seconds = median_seconds(fn, *args, iters=config.iters)
-        results.append({"shape": shape, "rows_per_expert": rows_per_expert, "name": name, "us": seconds * 1e6,
+        results.append({"shape": shape, "rows_per_expert": rows_per_expert, "name": name, "weight": weight_format,
+                        "us": seconds * 1e6,
                         "tflops": flops / seconds / 1e12, "weight_gbs": weight_bytes / seconds / 1e9,
                         "roofline_us": weight_bytes / bandwidth * 1e6, "rel_error": rel})
     best = _best_per_kernel(results)
     if config.profile:
-        calls = {name: (fn, args) for name, fn, args, _ in candidates}
+        calls = {name: (fn, args) for name, fn, args, *_ in candidates}
         for row in best:
             fn, args = calls[row["name"]]
             log_dir = f"{config.profile}/{shape}-{rows_per_expert}-{row['name'].split(' [')[0]}".replace(" ", "_")
@@ -150,7 +181,7 @@ def _tiles_name(tiles: PackedGemmTiles) -> str:
 
 
 def _best_per_kernel(results: list[dict]) -> list[dict]:
-    """Each Triton kernel's fastest launch shape (with how many it was chosen from); the other rows as they are."""
+    """Each Triton and WGMMA kernel's fastest launch shape (with how many it was chosen from); the other rows as they are."""
     best: dict[str, dict] = {}
     tried: dict[str, int] = {}
     for row in results:
@@ -180,7 +211,8 @@ def to_markdown(result) -> str:
              f"Copy bandwidth measured in this run: {result['copy_bandwidth_gbs']:.0f} GB/s. The roofline is the "
              "weight bytes the row must read (bf16: 2 per element; packed NVFP4: 0.5625, also for the emulated "
              "row, which writes and reads a bf16 copy besides) at that bandwidth. A Triton row is the fastest of "
-             "the launch shapes tried (block_m x block_n x block_k, how many in brackets).", "",
+             "the launch shapes tried (block_m x block_n x block_k, how many in brackets), a WGMMA row likewise "
+             "(rows x 64 x block_k, pipeline stages). 'vs best bf16': against the fastest row with a bf16 weight.", "",
              "| shape | rows/expert | kernel | us | roofline us | weight GB/s | TFLOP/s | vs xla bf16 | vs best bf16 |",
              "|---|---|---|---|---|---|---|---|---|"]
     cases = {}
@@ -188,7 +220,7 @@ def to_markdown(result) -> str:
         cases.setdefault((row["shape"], row["rows_per_expert"]), []).append(row)
     for (shape, rpe), rows in cases.items():
         xla = next((r["us"] for r in rows if r["name"] == "xla bf16"), float("nan"))
-        best_bf16 = min((r["us"] for r in rows if "bf16" in r["name"]), default=float("nan"))
+        best_bf16 = min((r["us"] for r in rows if r.get("weight") == "bf16"), default=float("nan"))
         for r in rows:
             name = r["name"] + (f" (of {r['launch_shapes']})" if r.get("launch_shapes", 1) > 1 else "")
             lines.append(f"| {shape} | {rpe} | {name} | {r['us']:.1f} | {r['roofline_us']:.1f} | "

@@ -66,3 +66,21 @@ def test_profile_adds_each_kernels_trace_summary(tiny_shape, tmp_path):
     assert all(r["trace"].startswith("## Where one call's time goes: tiny, 20 rows/expert, ") for r in result["rows"])
     table = bench.to_markdown(result)
     assert table.count("## Where one call's time goes") == 6 and "| event |" in table
+
+
+def test_wgmma_rows_where_n_holds_whole_warpgroups(tiny_shape, monkeypatch):
+    """N a multiple of 64: the WGMMA kernel in both operand forms, each its fastest launch shape
+    (row tiles up to the rows per expert); "vs best bf16" compares with bf16-weight rows only."""
+    monkeypatch.setitem(bench.SHAPES, "tiny64", (2, 64, 64))
+    config = dataclasses.replace(tiny_shape, shapes=("tiny64",), block_m=(16,), wgmma_rows=(8, 16, 32, 64),
+                                 wgmma_stages=(2,))
+    result = bench.run(config)
+    rows = {r["name"]: r for r in result["rows"]}
+    assert rows["wgmma nvfp4 packed f16 registers [8x64x32 s2]"]["launch_shapes"] == 3  # rows 8, 16, 32
+    assert rows["wgmma nvfp4 packed f16 smem [8x64x32 s2]"]["weight"] == "nvfp4"
+    assert {r["weight"] for r in result["rows"] if "bf16" in r["name"]} == {"bf16", "nvfp4"}  # packed bf16 is nvfp4
+    assert not result["failures"] and all(r["rel_error"] < 1e-5 for r in result["rows"])
+    table = bench.to_markdown(result)
+    best_bf16 = min(r["us"] for r in result["rows"] if r["weight"] == "bf16")
+    row = rows["triton nvfp4 packed bf16 [16x16x32]"]
+    assert f"| {best_bf16 / row['us']:.2f}x |" in table.split("triton nvfp4 packed bf16")[1].splitlines()[0]

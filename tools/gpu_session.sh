@@ -34,7 +34,8 @@
 #                                       # profile (tools/sft_step_time.py, SFTSTEP_PRESET)
 #   bash tools/gpu_session.sh serve_eval # h200 warm-up + the deployment correlation (SERVE_ARGS; resumable)
 #   bash tools/gpu_session.sh grouped   # compiled grouped-GEMM (Mosaic) tests + bench_experts (BENCH_ARGS)
-#   bash tools/gpu_session.sh weight_gemm # compiled packed-NVFP4-weight GEMM tests + bench_weight_gemm (BENCH_ARGS)
+#   bash tools/gpu_session.sh weight_gemm # compiled packed-NVFP4-weight GEMM tests (Triton, WGMMA) + bench_weight_gemm
+#                                       # (BENCH_ARGS)
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
 #   bash tools/gpu_session.sh mosaic    # the compiled Mosaic GPU kernel suite alone
 #   bash tools/gpu_session.sh model     # the model GPU test alone (Triton impl == reference, bitwise)
@@ -94,8 +95,9 @@ mosaic_tests() {  # mosaic_tests SECONDS  (MOSAIC_K: a pytest -k selection; MOSA
   # shellcheck disable=SC2086  # the ids are words
   step gpu_tests_mosaic "$1" python -m pytest $par -v -rf --tb=line -m gpu $tests -p no:cacheprovider ${MOSAIC_K:+-k "$MOSAIC_K"}
 }
-gemm_tests_and_bench() {  # NAME TEST_FILE TEST_SECONDS BENCH DEFAULT_BENCH_SECONDS: compiled tests, then the benchmark
-  step "gpu_tests_$1" "$3" python -m pytest -v -rf --tb=short -m gpu "$2" -p no:cacheprovider
+gemm_tests_and_bench() {  # NAME "TEST_FILES" TEST_SECONDS BENCH DEFAULT_BENCH_SECONDS: compiled tests, then the benchmark
+  # shellcheck disable=SC2086  # TEST_FILES are words
+  step "gpu_tests_$1" "$3" python -m pytest -v -rf --tb=short -m gpu $2 -p no:cacheprovider
   # shellcheck disable=SC2086  # BENCH_ARGS are words
   step "$4" "${BENCH_SECONDS:-$5}" python -m "experiments.$4" ${BENCH_ARGS:-}
   mkdir -p benchmarks/logs && cp "$log" "benchmarks/logs/gpu_$1.log"
@@ -170,7 +172,8 @@ case "$mode" in
     gemm_tests_and_bench grouped tests/kernels/test_grouped_gemm.py "${GROUPED_SECONDS:-240}" bench_experts 480
     ;;
   weight_gemm)
-    gemm_tests_and_bench weight_gemm tests/kernels/test_packed_weight_gemm.py "${GROUPED_SECONDS:-150}" bench_weight_gemm 300
+    gemm_tests_and_bench weight_gemm "tests/kernels/test_packed_weight_gemm.py tests/kernels/test_wgmma_nvfp4.py" \
+      "${GROUPED_SECONDS:-180}" bench_weight_gemm 300
     ;;
   triton)
     triton_tests "${TRITON_SECONDS:-150}"

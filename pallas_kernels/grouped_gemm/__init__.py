@@ -23,6 +23,8 @@ The semantics are those of `fp4rl.grouped` (the XLA reference, compared in
     packed_weight.py           a grouped GEMM that reads the weight as packed NVFP4 and dequantizes it
                                in the kernel (Pallas Triton; the decode path on Hopper), with its
                                bf16-weight twin; `PackedGemmTiles`
+    wgmma_nvfp4.py             the weight-only NVFP4 grouped GEMM for decode on Mosaic GPU: the weight as
+                               WGMMA's A operand, decoded in registers (`pack_for_wgmma` lays it out once)
 """
 
 from __future__ import annotations
