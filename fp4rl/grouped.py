@@ -33,7 +33,11 @@ Accumulation is float32 (`preferred_element_type`).
 - "packed_dgrad" / "packed_dgrad_interpret": "packed", and the dgrad of an NVFP4 weight under the
   dequantized backward (`ragged_dgrad_nvfp4`) reads the packed weight too, so a training step
   forms no bf16 copy of an NVFP4 expert stack. Its own name, not a change to "packed": a matrix
-  that began on "packed" keeps its programs (docs/design.md, "Grouped-GEMM backends").
+  that began on "packed" keeps its programs (docs/design.md, "Grouped-GEMM backends");
+- "packed_wgmma" / "packed_wgmma_interpret": "packed", with the forward of an NVFP4 weight on the
+  Mosaic GPU kernel that hands the weight to WGMMA from registers
+  (`pallas_kernels.grouped_gemm.wgmma_nvfp4`, the decode kernel; its row tile follows the rows
+  per expert of the call). Not picked by "auto" until the GPU benchmarks rank it.
 A config may also name "auto" (`ModelConfig.expert_gemm`'s default): `resolve_gemm` turns it into
 the fastest of these that the tests hold to the reference on the platform ("packed" on a Hopper GPU
 where the kernels take the model, "xla" elsewhere) once, where the model is built; the GEMM
@@ -57,10 +61,12 @@ from fp4rl import blocked_gemm
 from fp4rl.exact_dot import F32, exact_precision, promoted
 
 GEMMS = ("xla", "blocked", "mosaic", "mosaic_interpret", "packed", "packed_interpret", "packed_dgrad",
-         "packed_dgrad_interpret")
+         "packed_dgrad_interpret", "packed_wgmma", "packed_wgmma_interpret")
 PACKED_GEMMS = {"packed": "mosaic", "packed_interpret": "mosaic_interpret",  # -> their bf16 GEMM backend
-                "packed_dgrad": "mosaic", "packed_dgrad_interpret": "mosaic_interpret"}
+                "packed_dgrad": "mosaic", "packed_dgrad_interpret": "mosaic_interpret",
+                "packed_wgmma": "mosaic", "packed_wgmma_interpret": "mosaic_interpret"}
 PACKED_DGRAD_GEMMS = ("packed_dgrad", "packed_dgrad_interpret")  # the dgrad of an NVFP4 weight read packed too
+WGMMA_GEMMS = ("packed_wgmma", "packed_wgmma_interpret")  # the forward of an NVFP4 weight on wgmma_nvfp4
 # What a config may name: a backend, or "auto", which `resolve_gemm` turns into one before any
 # GEMM is traced (the functions below take backends only).
 AUTO = "auto"
@@ -91,12 +97,12 @@ def on_hopper() -> bool:
 
 @functools.cache
 def kernels_refuse(gemm: str, dtype: str, weights: tuple[tuple[int, int], ...]) -> str | None:
-    """Why the compiled kernels of `gemm` ("mosaic", "packed" or "packed_dgrad") cannot run the
+    """Why the compiled kernels of `gemm` ("mosaic" or a packed backend) cannot run the
     grouped GEMMs of expert weights [E, K, N] of these (K, N) on `dtype` operands; None when they can.
 
     Every GEMM a ragged qdot runs on such a weight goes through the kernels' own argument checks:
-    forward K -> N, dgrad N -> K, wgrad [K, N], and with "packed" the forward of the weight's
-    NVFP4 form ("packed_dgrad": its dgrad too). Abstractly (`jax.eval_shape`) and in interpret
+    forward K -> N, dgrad N -> K, wgrad [K, N], and with a packed backend the forward of the
+    weight's NVFP4 form on its kernel ("packed_dgrad": its dgrad too). Abstractly (`jax.eval_shape`) and in interpret
     mode, so no GPU is needed: the checks raise before tracing, the same for the compiled kernels."""
     from pallas_kernels.grouped_gemm import grouped_dgrad_nvfp4, grouped_matmul, grouped_matmul_nvfp4, grouped_wgrad
 
@@ -117,8 +123,9 @@ def kernels_refuse(gemm: str, dtype: str, weights: tuple[tuple[int, int], ...]) 
             if k % 16:
                 return f"NVFP4 forward [{k} -> {n}]: K={k} is no whole number of 16-element NVFP4 blocks"
             packed_weight = (spec((groups, n, k // 2), jnp.uint8), spec((groups, n, k // 16), jnp.float8_e4m3fn), sizes)
-            checks.append((f"NVFP4 forward [{k} -> {n}]", functools.partial(grouped_matmul_nvfp4, interpret=True),
-                           (spec((rows, k), jnp.float16), *packed_weight)))
+            nvfp4_forward = (functools.partial(_wgmma_nvfp4_matmul, interpret=True) if gemm in WGMMA_GEMMS
+                             else functools.partial(grouped_matmul_nvfp4, interpret=True))
+            checks.append((f"NVFP4 forward [{k} -> {n}]", nvfp4_forward, (spec((rows, k), jnp.float16), *packed_weight)))
             if gemm in PACKED_DGRAD_GEMMS:
                 checks.append((f"NVFP4 dgrad [{n} -> {k}]", functools.partial(grouped_dgrad_nvfp4, interpret=True),
                                (spec((rows, n), jnp.bfloat16), *packed_weight)))
@@ -127,6 +134,8 @@ def kernels_refuse(gemm: str, dtype: str, weights: tuple[tuple[int, int], ...]) 
             jax.eval_shape(kernel, *args)
         except (TypeError, ValueError) as err:
             return f"{what}: {err}"
+        except (AssertionError, NotImplementedError) as err:  # a shape Pallas's tracing cannot tile
+            return f"{what}: {type(err).__name__} while tracing the kernel {str(err)[:200]}".rstrip()
     return None
 
 
@@ -291,15 +300,16 @@ def _wgrad_fn(gemm: str):
 
 
 @functools.cache
-def _packed_weight_fn(dgrad: bool, interpret: bool):
-    """The packed-weight kernel, forward (a [R, K] -> [R, N]) or dgrad (g [R, N] -> [R, K]), with a
-    vmap rule that folds the batch into one ragged problem, as on the Mosaic kernels."""
+def _packed_weight_fn(kind: str, interpret: bool):
+    """A packed-weight kernel: "forward" (a [R, K] -> [R, N]), "dgrad" (g [R, N] -> [R, K]) or
+    "wgmma" (the forward on `wgmma_nvfp4`), with a vmap rule that folds the batch into one ragged
+    problem, as on the Mosaic kernels."""
 
     @jax.custom_batching.custom_vmap
     def matmul(a, codes_ExNxK2, scales_ExNxK16, group_sizes_E):
         from pallas_kernels.grouped_gemm import grouped_dgrad_nvfp4, grouped_matmul_nvfp4
 
-        kernel = grouped_dgrad_nvfp4 if dgrad else grouped_matmul_nvfp4
+        kernel = {"dgrad": grouped_dgrad_nvfp4, "forward": grouped_matmul_nvfp4, "wgmma": _wgmma_nvfp4_matmul}[kind]
         return kernel(a, codes_ExNxK2, scales_ExNxK16, group_sizes_E, interpret=interpret)
 
     @matmul.def_vmap
@@ -316,9 +326,30 @@ def _packed_weight_fn(dgrad: bool, interpret: bool):
     return matmul
 
 
+def _wgmma_row_tile(rows: int, groups: int) -> int:
+    """The WGMMA kernel's row tile for `rows` over `groups` experts: the mean rows per expert
+    rounded up to a power of two, in [8, 128] (each tile holds one expert's rows, so a taller tile
+    only computes padding at decode, and a shorter one reads the weight again per tile)."""
+    mean = -(-rows // max(groups, 1))
+    return min(128, max(8, 1 << (mean - 1).bit_length()))
+
+
+def _wgmma_nvfp4_matmul(a_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, interpret: bool):
+    """`wgmma_nvfp4.grouped_matmul_nvfp4_wgmma` on the stored NVFP4 weight, laid out for it here
+    (its scales transposed; inside a decode loop XLA hoists that out of the loop, it is invariant)."""
+    from pallas_kernels.grouped_gemm import wgmma_nvfp4
+
+    e, n, half = codes_ExNxK2.shape
+    k = 2 * half
+    block_k = next((b for b in (128, 64, 32) if k % b == 0), 128)  # the kernel names the K it refuses
+    tiles = wgmma_nvfp4.WgmmaDecodeTiles(rows=_wgmma_row_tile(a_RxK.shape[0], e), block_k=block_k)
+    weight = wgmma_nvfp4.pack_for_wgmma(codes_ExNxK2, scales_ExNxK16)
+    return wgmma_nvfp4.grouped_matmul_nvfp4_wgmma(a_RxK, weight, group_sizes_E, tiles=tiles, interpret=interpret)
+
+
 def ragged_matmul_nvfp4(a_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, gemm: str):
     """f32 [R, N]: rows of group e times (dec(codes[e]) * scales[e])^T, the bf16 operand of an NVFP4
-    weight w^T [E, N, K] read packed (`gemm` "packed" / "packed_interpret"); rows past the groups: 0.
+    weight w^T [E, N, K] read packed (`gemm` in PACKED_GEMMS; WGMMA_GEMMS on `wgmma_nvfp4`); rows past the groups: 0.
 
     `a` holds the values of an NVFP4-quantized activation, dec(q) * sf: multiples of 2^-10 of at
     most 6 significant bits, below 6 * 448, hence exact in f16. The kernel takes them as f16 and
@@ -326,8 +357,9 @@ def ragged_matmul_nvfp4(a_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, g
     weight element, the same products)."""
     if gemm not in PACKED_GEMMS:
         raise ValueError(f"ragged_matmul_nvfp4 runs on gemm in {tuple(PACKED_GEMMS)}, got {gemm!r}")
-    return _packed_weight_fn(False, gemm.endswith("_interpret"))(a_RxK.astype(jnp.float16), codes_ExNxK2,
-                                                                scales_ExNxK16, group_sizes_E)
+    kind = "wgmma" if gemm in WGMMA_GEMMS else "forward"
+    return _packed_weight_fn(kind, gemm.endswith("_interpret"))(a_RxK.astype(jnp.float16), codes_ExNxK2,
+                                                               scales_ExNxK16, group_sizes_E)
 
 
 def ragged_dgrad_nvfp4(g_RxN, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, gemm: str):
@@ -337,7 +369,7 @@ def ragged_dgrad_nvfp4(g_RxN, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, ge
     whose products with the weight's exact bf16 values are exact in f32, as `_mosaic_wgrad` does."""
     if gemm not in PACKED_DGRAD_GEMMS:
         raise ValueError(f"ragged_dgrad_nvfp4 runs on gemm in {PACKED_DGRAD_GEMMS}, got {gemm!r}")
-    kernel = _packed_weight_fn(True, gemm.endswith("_interpret"))
+    kernel = _packed_weight_fn("dgrad", gemm.endswith("_interpret"))
     if g_RxN.dtype == F32:
         return sum(kernel(part, codes_ExNxK2, scales_ExNxK16, group_sizes_E) for part in _bf16_parts(g_RxN))
     if g_RxN.dtype != jnp.bfloat16:

@@ -55,7 +55,8 @@ class ModelConfig:
     expert_gemm: the routed experts' grouped-GEMM backend, forward and backward (`fp4rl.grouped`:
       "xla" portable, "mosaic" Pallas Mosaic GPU kernels on a Hopper GPU, "packed" the same plus the
       NVFP4 weights' forward read packed (dequantized in the kernel), "packed_dgrad" also their
-      dgrad, "mosaic_interpret" / "packed_interpret" / "packed_dgrad_interpret" the kernels
+      dgrad, "packed_wgmma" that forward on the WGMMA decode kernel, "mosaic_interpret" /
+      "packed_interpret" / "packed_dgrad_interpret" / "packed_wgmma_interpret" the kernels
       interpreted on the CPU, tests only), or "auto" (the default):
       the fastest backend the tests hold to the reference on this platform, "packed" on a Hopper GPU
       where the kernels take the model (bf16 compute, widths on their tiles), else "xla"

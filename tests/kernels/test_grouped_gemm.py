@@ -48,7 +48,9 @@ GEMMS = [pytest.param("mosaic_interpret", id="interpret"), pytest.param("mosaic"
 QDOT_GEMMS = [*GEMMS, pytest.param("blocked", id="blocked"), pytest.param("packed_interpret", id="packed-interpret"),
               pytest.param("packed", id="packed-compiled", marks=pytest.mark.gpu),
               pytest.param("packed_dgrad_interpret", id="packed-dgrad-interpret"),
-              pytest.param("packed_dgrad", id="packed-dgrad-compiled", marks=pytest.mark.gpu)]
+              pytest.param("packed_dgrad", id="packed-dgrad-compiled", marks=pytest.mark.gpu),
+              pytest.param("packed_wgmma_interpret", id="packed-wgmma-interpret"),
+              pytest.param("packed_wgmma", id="packed-wgmma-compiled", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("interpret", BACKENDS)
@@ -268,6 +270,23 @@ def test_packed_dgrad_backend_reads_nvfp4_weights_packed_in_the_backward_too():
         assert (f"bf16[{len(SIZES)},{F},{D}]" in jaxpr) != packed_dgrad, gemm
 
 
+def test_packed_wgmma_backend_runs_the_wgmma_kernel_for_the_nvfp4_forward():
+    """gemm="packed_wgmma_interpret": an NVFP4 site's forward runs `wgmma_nvfp4` (by name in the
+    program), not the Triton packed kernel, and forms no bf16 copy of the weight stack; its row
+    tile follows the rows per expert (8 at decode, up to 128)."""
+    from pallas_kernels.grouped_gemm import packed_weight, wgmma_nvfp4
+
+    x = random_operands([(R, D)], seed=15)[0]
+    w = _f32_params(16)
+    sizes = jnp.asarray(SIZES, jnp.int32)
+    fn = lambda x, w: qlinear.qdot(x, w, SITES["nvfp4-dequantized"], group_sizes=sizes, padding_rows=True,  # noqa: E731
+                                   gemm="packed_wgmma_interpret")
+    jaxpr = str(jax.make_jaxpr(fn)(x, w))
+    assert wgmma_nvfp4.KERNEL_NAME in jaxpr and packed_weight.KERNEL_NAME not in jaxpr
+    assert f"bf16[{len(SIZES)},{F},{D}]" not in jaxpr
+    assert [grouped._wgmma_row_tile(rows, 128) for rows in (1, 128, 512, 1024, 8192, 65536)] == [8, 8, 8, 8, 64, 128]
+
+
 # ---------------------------------------------------------------- errors
 def test_bad_inputs_raise_clear_errors():
     a, b = random_operands([(64, 64), (2, 64, 64)])
@@ -295,7 +314,8 @@ def test_backend_selector_is_explicit():
     a, b = random_operands([(64, 64), (2, 64, 64)])
     sizes = jnp.asarray([32, 32], jnp.int32)
     with pytest.raises(ValueError, match=r"valid options: \('xla', 'blocked', 'mosaic', 'mosaic_interpret', 'packed', "
-                                         r"'packed_interpret', 'packed_dgrad', 'packed_dgrad_interpret'\)"):
+                                         r"'packed_interpret', 'packed_dgrad', 'packed_dgrad_interpret', 'packed_wgmma', "
+                                         r"'packed_wgmma_interpret'\)"):
         grouped.ragged_matmul(a, b, sizes, gemm="triton")
     with pytest.raises(ValueError, match="valid options"):
         ModelConfig.from_name("tiny", expert_gemm="cutlass")

@@ -70,6 +70,10 @@ def test_on_a_hopper_gpu_auto_is_packed_where_the_kernels_take_the_model(platfor
     assert "K=32 must be a multiple of 64" in grouped.kernels_refuse("mosaic", "bfloat16", tiny_bf16.expert_weight_shapes)
     # A model the Mosaic kernels take is the packed kernel's too: no recipe needs another backend.
     assert grouped.kernels_refuse("packed", "bfloat16", H200.expert_weight_shapes) is None
+    assert grouped.kernels_refuse("packed_wgmma", "bfloat16", H200.expert_weight_shapes) is None  # and the WGMMA one's
+    # A shape a kernel's tracing trips over (not only its argument checks) is a refusal too, not a crash:
+    # N=32 experts (gate|up of 128 -> 32) on the wgrad kernel's 64-wide shared-memory tiles.
+    assert "wgrad [128, 32]" in grouped.kernels_refuse("mosaic", "bfloat16", ((128, 32),))
 
 
 def test_where_only_the_packed_kernel_refuses_auto_is_mosaic(platform, monkeypatch):
@@ -86,7 +90,7 @@ def test_auto_is_xla_where_the_kernels_do_not_run(platform, backend, capability)
 
 def test_unknown_names_are_refused_with_the_valid_options():
     options = (r"valid options: \('auto', 'xla', 'blocked', 'mosaic', 'mosaic_interpret', 'packed', 'packed_interpret', "
-               r"'packed_dgrad', 'packed_dgrad_interpret'\)")
+               r"'packed_dgrad', 'packed_dgrad_interpret', 'packed_wgmma', 'packed_wgmma_interpret'\)")
     with pytest.raises(ValueError, match=options):
         ModelConfig.from_name("tiny", expert_gemm="cutlass")
     with pytest.raises(ValueError, match=options):
