@@ -34,10 +34,12 @@ Accumulation is float32 (`preferred_element_type`).
   dequantized backward (`ragged_dgrad_nvfp4`) reads the packed weight too, so a training step
   forms no bf16 copy of an NVFP4 expert stack. Its own name, not a change to "packed": a matrix
   that began on "packed" keeps its programs (docs/design.md, "Grouped-GEMM backends");
-- "packed_wgmma" / "packed_wgmma_interpret": "packed", with the forward of an NVFP4 weight on the
-  Mosaic GPU kernel that hands the weight to WGMMA from registers
-  (`pallas_kernels.grouped_gemm.wgmma_nvfp4`, the decode kernel; its row tile follows the rows
-  per expert of the call). Not picked by "auto" until the GPU benchmarks rank it.
+- "packed_wgmma" / "packed_wgmma_interpret": "mosaic" for every bf16 GEMM; the forward and the
+  dgrad (dequantized backward) of an NVFP4 weight read it packed on Mosaic GPU kernels: at decode
+  sizes (under 64 rows per expert) the forward on `wgmma_nvfp4` (the weight as WGMMA's register
+  operand, its row tile following the rows per expert), otherwise on `packed_ragged_dot` (the
+  weight tile decoded into shared memory per row tile), which also runs the dgrad. No bf16 copy
+  of an NVFP4 expert stack in a training step. Not picked by "auto" until the GPU benchmarks rank it.
 A config may also name "auto" (`ModelConfig.expert_gemm`'s default): `resolve_gemm` turns it into
 the fastest of these that the tests hold to the reference on the platform ("packed" on a Hopper GPU
 where the kernels take the model, "xla" elsewhere) once, where the model is built; the GEMM
@@ -65,8 +67,9 @@ GEMMS = ("xla", "blocked", "mosaic", "mosaic_interpret", "packed", "packed_inter
 PACKED_GEMMS = {"packed": "mosaic", "packed_interpret": "mosaic_interpret",  # -> their bf16 GEMM backend
                 "packed_dgrad": "mosaic", "packed_dgrad_interpret": "mosaic_interpret",
                 "packed_wgmma": "mosaic", "packed_wgmma_interpret": "mosaic_interpret"}
-PACKED_DGRAD_GEMMS = ("packed_dgrad", "packed_dgrad_interpret")  # the dgrad of an NVFP4 weight read packed too
-WGMMA_GEMMS = ("packed_wgmma", "packed_wgmma_interpret")  # the forward of an NVFP4 weight on wgmma_nvfp4
+WGMMA_GEMMS = ("packed_wgmma", "packed_wgmma_interpret")  # NVFP4 forward and dgrad on the Mosaic packed kernels
+PACKED_DGRAD_GEMMS = ("packed_dgrad", "packed_dgrad_interpret", *WGMMA_GEMMS)  # the dgrad of an NVFP4 weight read packed too
+DECODE_ROWS_PER_EXPERT = 64  # packed_wgmma: below this mean, the forward runs the decode kernel
 # What a config may name: a backend, or "auto", which `resolve_gemm` turns into one before any
 # GEMM is traced (the functions below take backends only).
 AUTO = "auto"
@@ -123,9 +126,16 @@ def kernels_refuse(gemm: str, dtype: str, weights: tuple[tuple[int, int], ...]) 
             if k % 16:
                 return f"NVFP4 forward [{k} -> {n}]: K={k} is no whole number of 16-element NVFP4 blocks"
             packed_weight = (spec((groups, n, k // 2), jnp.uint8), spec((groups, n, k // 16), jnp.float8_e4m3fn), sizes)
-            nvfp4_forward = (functools.partial(_wgmma_nvfp4_matmul, interpret=True) if gemm in WGMMA_GEMMS
-                             else functools.partial(grouped_matmul_nvfp4, interpret=True))
-            checks.append((f"NVFP4 forward [{k} -> {n}]", nvfp4_forward, (spec((rows, k), jnp.float16), *packed_weight)))
+            if gemm in WGMMA_GEMMS:  # both forward kernels (decode and training row counts) and the dgrad
+                for what, forward_rows in (("decode", groups), ("training", DECODE_ROWS_PER_EXPERT * groups)):
+                    checks.append((f"NVFP4 forward [{k} -> {n}], {what} rows",
+                                   functools.partial(_wgmma_packed_matmul, dgrad=False, interpret=True),
+                                   (spec((forward_rows, k), jnp.float16), *packed_weight)))
+                checks.append((f"NVFP4 dgrad [{n} -> {k}]", functools.partial(_wgmma_packed_matmul, dgrad=True, interpret=True),
+                               (spec((rows, n), jnp.bfloat16), *packed_weight)))
+                continue
+            checks.append((f"NVFP4 forward [{k} -> {n}]", functools.partial(grouped_matmul_nvfp4, interpret=True),
+                           (spec((rows, k), jnp.float16), *packed_weight)))
             if gemm in PACKED_DGRAD_GEMMS:
                 checks.append((f"NVFP4 dgrad [{n} -> {k}]", functools.partial(grouped_dgrad_nvfp4, interpret=True),
                                (spec((rows, n), jnp.bfloat16), *packed_weight)))
@@ -301,15 +311,17 @@ def _wgrad_fn(gemm: str):
 
 @functools.cache
 def _packed_weight_fn(kind: str, interpret: bool):
-    """A packed-weight kernel: "forward" (a [R, K] -> [R, N]), "dgrad" (g [R, N] -> [R, K]) or
-    "wgmma" (the forward on `wgmma_nvfp4`), with a vmap rule that folds the batch into one ragged
-    problem, as on the Mosaic kernels."""
+    """A packed-weight kernel: "forward" (a [R, K] -> [R, N]) or "dgrad" (g [R, N] -> [R, K]) on the
+    Triton kernels, "wgmma" / "wgmma_dgrad" the same on the Mosaic ones (`_wgmma_packed_matmul`),
+    with a vmap rule that folds the batch into one ragged problem, as on the Mosaic kernels."""
 
     @jax.custom_batching.custom_vmap
     def matmul(a, codes_ExNxK2, scales_ExNxK16, group_sizes_E):
         from pallas_kernels.grouped_gemm import grouped_dgrad_nvfp4, grouped_matmul_nvfp4
 
-        kernel = {"dgrad": grouped_dgrad_nvfp4, "forward": grouped_matmul_nvfp4, "wgmma": _wgmma_nvfp4_matmul}[kind]
+        kernel = {"dgrad": grouped_dgrad_nvfp4, "forward": grouped_matmul_nvfp4,
+                  "wgmma": functools.partial(_wgmma_packed_matmul, dgrad=False),
+                  "wgmma_dgrad": functools.partial(_wgmma_packed_matmul, dgrad=True)}[kind]
         return kernel(a, codes_ExNxK2, scales_ExNxK16, group_sizes_E, interpret=interpret)
 
     @matmul.def_vmap
@@ -327,29 +339,32 @@ def _packed_weight_fn(kind: str, interpret: bool):
 
 
 def _wgmma_row_tile(rows: int, groups: int) -> int:
-    """The WGMMA kernel's row tile for `rows` over `groups` experts: the mean rows per expert
-    rounded up to a power of two, in [8, 128] (each tile holds one expert's rows, so a taller tile
-    only computes padding at decode, and a shorter one reads the weight again per tile)."""
+    """The decode kernel's row tile for `rows` over `groups` experts: the mean rows per expert
+    rounded up to a power of two, in [8, DECODE_ROWS_PER_EXPERT] (each tile holds one expert's rows:
+    a taller tile only computes padding, a shorter one reads the weight again per tile)."""
     mean = -(-rows // max(groups, 1))
-    return min(128, max(8, 1 << (mean - 1).bit_length()))
+    return min(DECODE_ROWS_PER_EXPERT, max(8, 1 << (mean - 1).bit_length()))
 
 
-def _wgmma_nvfp4_matmul(a_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, interpret: bool):
-    """`wgmma_nvfp4.grouped_matmul_nvfp4_wgmma` on the stored NVFP4 weight, laid out for it here
-    (its scales transposed; inside a decode loop XLA hoists that out of the loop, it is invariant)."""
-    from pallas_kernels.grouped_gemm import wgmma_nvfp4
+def _wgmma_packed_matmul(a, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, dgrad: bool, interpret: bool):
+    """The Mosaic packed-weight kernels on the stored NVFP4 weight, laid out for them here
+    (`pack_for_wgmma`: its scales transposed; in a decode loop XLA hoists that, it is invariant):
+    the forward at decode sizes on `wgmma_nvfp4` (row tile from the rows per expert), otherwise
+    and for the dgrad on `packed_ragged_dot`."""
+    from pallas_kernels.grouped_gemm import packed_ragged_dot, wgmma_nvfp4
 
-    e, n, half = codes_ExNxK2.shape
-    k = 2 * half
-    block_k = next((b for b in (128, 64, 32) if k % b == 0), 128)  # the kernel names the K it refuses
-    tiles = wgmma_nvfp4.WgmmaDecodeTiles(rows=_wgmma_row_tile(a_RxK.shape[0], e), block_k=block_k)
+    e, _, half = codes_ExNxK2.shape
     weight = wgmma_nvfp4.pack_for_wgmma(codes_ExNxK2, scales_ExNxK16)
-    return wgmma_nvfp4.grouped_matmul_nvfp4_wgmma(a_RxK, weight, group_sizes_E, tiles=tiles, interpret=interpret)
+    if dgrad or a.shape[0] >= DECODE_ROWS_PER_EXPERT * e:
+        return packed_ragged_dot.grouped_matmul_packed(a, weight, group_sizes_E, dgrad=dgrad, interpret=interpret)
+    block_k = next((b for b in (128, 64, 32) if (2 * half) % b == 0), 128)  # the kernel names the K it refuses
+    tiles = wgmma_nvfp4.WgmmaDecodeTiles(rows=_wgmma_row_tile(a.shape[0], e), block_k=block_k)
+    return wgmma_nvfp4.grouped_matmul_nvfp4_wgmma(a, weight, group_sizes_E, tiles=tiles, interpret=interpret)
 
 
 def ragged_matmul_nvfp4(a_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, gemm: str):
     """f32 [R, N]: rows of group e times (dec(codes[e]) * scales[e])^T, the bf16 operand of an NVFP4
-    weight w^T [E, N, K] read packed (`gemm` in PACKED_GEMMS; WGMMA_GEMMS on `wgmma_nvfp4`); rows past the groups: 0.
+    weight w^T [E, N, K] read packed (`gemm` in PACKED_GEMMS; WGMMA_GEMMS on the Mosaic kernels); rows past the groups: 0.
 
     `a` holds the values of an NVFP4-quantized activation, dec(q) * sf: multiples of 2^-10 of at
     most 6 significant bits, below 6 * 448, hence exact in f16. The kernel takes them as f16 and
@@ -369,7 +384,7 @@ def ragged_dgrad_nvfp4(g_RxN, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, ge
     whose products with the weight's exact bf16 values are exact in f32, as `_mosaic_wgrad` does."""
     if gemm not in PACKED_DGRAD_GEMMS:
         raise ValueError(f"ragged_dgrad_nvfp4 runs on gemm in {PACKED_DGRAD_GEMMS}, got {gemm!r}")
-    kernel = _packed_weight_fn("dgrad", gemm.endswith("_interpret"))
+    kernel = _packed_weight_fn("wgmma_dgrad" if gemm in WGMMA_GEMMS else "dgrad", gemm.endswith("_interpret"))
     if g_RxN.dtype == F32:
         return sum(kernel(part, codes_ExNxK2, scales_ExNxK16, group_sizes_E) for part in _bf16_parts(g_RxN))
     if g_RxN.dtype != jnp.bfloat16:

@@ -33,7 +33,8 @@
 #   bash tools/gpu_session.sh sftstep   # warm-up step time per expert GEMM x deterministic ops x batch, and a
 #                                       # profile (tools/sft_step_time.py, SFTSTEP_PRESET)
 #   bash tools/gpu_session.sh serve_eval # h200 warm-up + the deployment correlation (SERVE_ARGS; resumable)
-#   bash tools/gpu_session.sh grouped   # compiled grouped-GEMM (Mosaic) tests + bench_experts (BENCH_ARGS)
+#   bash tools/gpu_session.sh grouped   # compiled grouped-GEMM (Mosaic, packed-weight Mosaic) tests + bench_experts
+#                                       # (BENCH_ARGS)
 #   bash tools/gpu_session.sh weight_gemm # compiled packed-NVFP4-weight GEMM tests (Triton, WGMMA) + bench_weight_gemm
 #                                       # (BENCH_ARGS)
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
@@ -169,7 +170,8 @@ case "$mode" in
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   grouped)
-    gemm_tests_and_bench grouped tests/kernels/test_grouped_gemm.py "${GROUPED_SECONDS:-240}" bench_experts 480
+    gemm_tests_and_bench grouped "tests/kernels/test_grouped_gemm.py tests/kernels/test_packed_ragged_dot.py" \
+      "${GROUPED_SECONDS:-300}" bench_experts 480
     ;;
   weight_gemm)
     gemm_tests_and_bench weight_gemm "tests/kernels/test_packed_weight_gemm.py tests/kernels/test_wgmma_nvfp4.py" \

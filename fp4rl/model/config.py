@@ -55,7 +55,7 @@ class ModelConfig:
     expert_gemm: the routed experts' grouped-GEMM backend, forward and backward (`fp4rl.grouped`:
       "xla" portable, "mosaic" Pallas Mosaic GPU kernels on a Hopper GPU, "packed" the same plus the
       NVFP4 weights' forward read packed (dequantized in the kernel), "packed_dgrad" also their
-      dgrad, "packed_wgmma" that forward on the WGMMA decode kernel, "mosaic_interpret" /
+      dgrad, "packed_wgmma" that forward and dgrad on the Mosaic packed kernels, "mosaic_interpret" /
       "packed_interpret" / "packed_dgrad_interpret" / "packed_wgmma_interpret" the kernels
       interpreted on the CPU, tests only), or "auto" (the default):
       the fastest backend the tests hold to the reference on this platform, "packed" on a Hopper GPU

@@ -25,6 +25,8 @@ The semantics are those of `fp4rl.grouped` (the XLA reference, compared in
                                bf16-weight twin; `PackedGemmTiles`
     wgmma_nvfp4.py             the weight-only NVFP4 grouped GEMM for decode on Mosaic GPU: the weight as
                                WGMMA's A operand, decoded in registers (`pack_for_wgmma` lays it out once)
+    packed_ragged_dot.py       the training-size grouped GEMM (forward and dgrad) on a packed NVFP4 weight:
+                               `ragged_dot`'s schedule, each weight tile decoded into shared memory
 """
 
 from __future__ import annotations

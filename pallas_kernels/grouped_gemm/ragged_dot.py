@@ -110,13 +110,33 @@ def store_tile(acc, dtype, store) -> None:
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
-def persistent_kernel(body, out_shape, num_programs: int, name: str, interpret):
-    """`body` as a kernel of `num_programs` persistent programs (axis "sm") with an f32 output."""
+def store_group_rows(o_smem, *, o_gmem, group_info: GroupInfo, columns, rows: int) -> None:
+    """The rows of `o_smem` (a row tile) that belong to `group_info`'s group -> their rows of
+    `o_gmem` in `columns`. TMA boxes are static: the tile's actual_size rows (only known at run
+    time) go as a ladder of power-of-two stores, e.g. 5 rows = 4 + 1 (`rows`: the tile's height)."""
+    smem_start = group_info.start_within_block
+    remaining_rows = rows
+    while remaining_rows > 0:
+        const_rows_len = 1 << int(math.log2(remaining_rows))
+        remaining_rows //= 2
+
+        @pl.when(group_info.actual_size & const_rows_len != 0)
+        def _():
+            plgpu.copy_smem_to_gmem(o_smem.at[pl.ds(smem_start, const_rows_len)],
+                                    o_gmem.at[pl.ds(group_info.block_start + smem_start, const_rows_len), columns])
+
+        smem_start += group_info.actual_size & const_rows_len
+
+
+def persistent_kernel(body, out_shape, num_programs: int, name: str, interpret, scratch_types=None):
+    """`body` as a kernel of `num_programs` persistent programs (axis "sm") with an f32 output
+    (and the shared-memory `scratch_types`, passed to `body` by name after the operands)."""
     return plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct(out_shape, jnp.float32),
         grid=(num_programs,),
         grid_names=("sm",),
+        scratch_types=scratch_types or {},
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         kernel_name=name,
         interpret=interpret_params(interpret),
@@ -174,24 +194,8 @@ def ragged_dot(lhs, rhs, group_sizes, *, block_m: int, block_n: int, block_k: in
 
                 return acc_ref[...]
 
-            def store_rows(o_smem):
-                # TMA boxes are static: store this tile's actual_size rows (only known at run
-                # time) as a ladder of power-of-two stores, e.g. 5 rows = 4 + 1.
-                smem_start = group_info.start_within_block
-                remaining_rows = min(block_m, m)
-                while remaining_rows > 0:
-                    const_rows_len = 1 << int(math.log2(remaining_rows))
-                    remaining_rows //= 2
-
-                    @pl.when(group_info.actual_size & const_rows_len != 0)
-                    def _():
-                        plgpu.copy_smem_to_gmem(
-                            o_smem.at[pl.ds(smem_start, const_rows_len)],
-                            o_gmem.at[pl.ds(group_info.block_start + smem_start, const_rows_len),
-                                      pl.ds(ni * block_n, block_n)])
-
-                    smem_start += group_info.actual_size & const_rows_len
-
-            store_tile(pl.run_scoped(acc_scope, plgpu.ACC((block_m, block_n))), o_gmem.dtype, store_rows)
+            store_tile(pl.run_scoped(acc_scope, plgpu.ACC((block_m, block_n))), o_gmem.dtype,
+                       functools.partial(store_group_rows, o_gmem=o_gmem, group_info=group_info,
+                                         columns=pl.ds(ni * block_n, block_n), rows=min(block_m, m)))
 
     return persistent_kernel(body, (m, n), num_programs, KERNEL_NAME, interpret)(group_sizes, lhs, rhs)

@@ -163,6 +163,27 @@ def decoded_tile(codes_i4, scale_bytes_T):
     return (dec * scales_times_2_pow_7(scale_bytes_T).T[..., None]).reshape(n, k)
 
 
+def decoded_column_blocks(codes_smem, scales_smem, dtype) -> list:
+    """In a Mosaic GPU kernel: a weight tile's codes (int4 [r, c] in shared memory, r a multiple of
+    64, c of 32) and scale bytes ([c/16, r]) -> its c/16 blocks of 16 columns, [r, 16] each, in
+    registers (WGMMA's layout):
+    - float16: dec(q) sf 2^-F16_TILE_SHIFT (the caller scales its f32 result by 2^F16_TILE_SHIFT);
+    - bfloat16: dec(q) sf. dec(q) 2^-14 goes from f16 to bf16 (exact: at most 2 significant bits, no
+      bf16 subnormal) and meets sf 2^14 in bf16, so no operand or product is subnormal.
+    8 codes per 32-bit shared-memory load, moved into WGMMA's layout while 4-bit."""
+    codes = plgpu.layout_cast(plgpu.load(codes_smem, layout=plgpu.Layout.WGMMA_UPCAST_4X), plgpu.Layout.WGMMA)
+    dec = codes_times_2_pow_minus_14(codes)  # f16 [r, c]
+    blocks = []
+    for b in range(codes_smem.shape[1] // bm.BLOCK):
+        sf = scales_times_2_pow_7(plgpu.load(scales_smem.at[b], layout=plgpu.Layout.WGMMA.reduce(1)))
+        block = dec[:, b * bm.BLOCK:(b + 1) * bm.BLOCK]
+        if dtype == jnp.bfloat16:
+            sf = (sf.astype(jnp.float32) * jnp.float32(2.0 ** (14 - F16_TILE_SHIFT))).astype(jnp.bfloat16)
+            block = block.astype(jnp.bfloat16)
+        blocks.append(block * sf[:, None])
+    return blocks
+
+
 def _kernel(group_gmem, live_gmem, codes_gmem, scales_gmem, x_gmem, out_gmem, a_smem=None, *, k: int,
             tiles: WgmmaDecodeTiles):
     rows, bk = tiles.rows, tiles.block_k
@@ -170,12 +191,7 @@ def _kernel(group_gmem, live_gmem, codes_gmem, scales_gmem, x_gmem, out_gmem, a_
     group = group_gmem[t]
 
     def step(_, codes_smem, scales_smem, x_smem, acc_ref):
-        # 8 codes per 32-bit shared-memory load, moved into WGMMA's layout while 4-bit
-        codes = plgpu.layout_cast(plgpu.load(codes_smem, layout=plgpu.Layout.WGMMA_UPCAST_4X), plgpu.Layout.WGMMA)
-        dec = codes_times_2_pow_minus_14(codes)  # [64, bk] f16
-        for b in range(bk // bm.BLOCK):
-            sf = scales_times_2_pow_7(plgpu.load(scales_smem.at[b], layout=plgpu.Layout.WGMMA.reduce(1)))
-            a = dec[:, b * bm.BLOCK:(b + 1) * bm.BLOCK] * sf[:, None]
+        for b, a in enumerate(decoded_column_blocks(codes_smem, scales_smem, jnp.float16)):
             if a_smem is not None:  # interpret mode, or a_operand="smem"
                 a_smem[b] = a
                 plgpu.commit_smem()

@@ -270,21 +270,28 @@ def test_packed_dgrad_backend_reads_nvfp4_weights_packed_in_the_backward_too():
         assert (f"bf16[{len(SIZES)},{F},{D}]" in jaxpr) != packed_dgrad, gemm
 
 
-def test_packed_wgmma_backend_runs_the_wgmma_kernel_for_the_nvfp4_forward():
-    """gemm="packed_wgmma_interpret": an NVFP4 site's forward runs `wgmma_nvfp4` (by name in the
-    program), not the Triton packed kernel, and forms no bf16 copy of the weight stack; its row
-    tile follows the rows per expert (8 at decode, up to 128)."""
-    from pallas_kernels.grouped_gemm import packed_weight, wgmma_nvfp4
+def test_packed_wgmma_backend_reads_nvfp4_weights_packed_on_the_mosaic_kernels():
+    """gemm="packed_wgmma_interpret": an NVFP4 site's forward runs `wgmma_nvfp4` at decode sizes and
+    `packed_ragged_dot` from 64 rows per expert on, its dgrad `packed_ragged_dot`, by name in the
+    program; no Triton packed kernel and no bf16 copy of the weight stack anywhere in the vjp. The
+    decode kernel's row tile follows the rows per expert."""
+    from pallas_kernels.grouped_gemm import packed_ragged_dot, packed_weight, wgmma_nvfp4
 
-    x = random_operands([(R, D)], seed=15)[0]
+    site = SITES["nvfp4-dequantized"]
     w = _f32_params(16)
-    sizes = jnp.asarray(SIZES, jnp.int32)
-    fn = lambda x, w: qlinear.qdot(x, w, SITES["nvfp4-dequantized"], group_sizes=sizes, padding_rows=True,  # noqa: E731
-                                   gemm="packed_wgmma_interpret")
-    jaxpr = str(jax.make_jaxpr(fn)(x, w))
-    assert wgmma_nvfp4.KERNEL_NAME in jaxpr and packed_weight.KERNEL_NAME not in jaxpr
-    assert f"bf16[{len(SIZES)},{F},{D}]" not in jaxpr
-    assert [grouped._wgmma_row_tile(rows, 128) for rows in (1, 128, 512, 1024, 8192, 65536)] == [8, 8, 8, 8, 64, 128]
+    for rows, sizes, forward_name in ((R, SIZES, wgmma_nvfp4.KERNEL_NAME),
+                                        (256, (128, 0, 64), packed_ragged_dot.KERNEL_NAME)):
+        x, g = random_operands([(rows, D), (rows, F)], seed=15)
+        fn = lambda x, w, g, sizes=sizes: jax.vjp(lambda x, w: qlinear.qdot(  # noqa: E731
+            x, w, site, group_sizes=jnp.asarray(sizes, jnp.int32), padding_rows=True, gemm="packed_wgmma_interpret"),
+            x, w)[1](g)
+        forward = str(jax.make_jaxpr(lambda x, w, sizes=sizes: qlinear.qdot(
+            x, w, site, group_sizes=jnp.asarray(sizes, jnp.int32), padding_rows=True, gemm="packed_wgmma_interpret"))(x, w))
+        vjp = str(jax.make_jaxpr(fn)(x, w, g))
+        assert forward_name in forward and packed_weight.KERNEL_NAME not in forward, rows
+        assert packed_ragged_dot.KERNEL_NAME in vjp and packed_weight.DGRAD_KERNEL_NAME not in vjp, rows
+        assert f"bf16[{len(SIZES)},{F},{D}]" not in forward + vjp, rows
+    assert [grouped._wgmma_row_tile(rows, 128) for rows in (1, 128, 1024, 2048, 4096, 8191)] == [8, 8, 8, 16, 32, 64]
 
 
 # ---------------------------------------------------------------- errors

@@ -1,0 +1,154 @@
+"""Grouped GEMM of training sizes with the weight read packed NVFP4, decoded into shared memory (Mosaic GPU).
+
+    weight = wgmma_nvfp4.pack_for_wgmma(codes_ExNxK2, scales_ExNxK16)
+    y = grouped_matmul_packed(x_RxK, weight, sizes_E)               # f32 [R, N]: x @ DQ(W_e)^T, the forward
+    dx = grouped_matmul_packed(g_RxN, weight, sizes_E, dgrad=True)  # f32 [R, K]: g @ DQ(W_e), its dgrad
+
+W_e = dec(codes_e) * sf_e is the bf16 operand of an NVFP4 weight w^T [E, N, K] (`qlinear.quantize_weight`);
+the global decode scale stays the caller's epilogue. Rows past sum(sizes) are 0.
+
+Why: at training sizes (hundreds of rows per expert) the emulated forward and dgrad write W's bf16
+copy to HBM and read it back in every step; the decode kernel (`wgmma_nvfp4`, the weight as
+WGMMA's register operand, 8-64 rows per tile) would read the weight once per 64 rows. Here the
+schedule is the Mosaic grouped GEMM's (`ragged_dot`: a persistent loop over row tile x column tile,
+x as WGMMA's A operand from shared memory, TMA pipelines), with the weight side changed: each
+pipeline step loads the packed codes (int4) and scale bytes of its weight tile, decodes them in
+registers (`wgmma_nvfp4.decoded_column_blocks`) and writes the 16-bit tile to a shared-memory
+buffer (8x16 tiles, 32-byte swizzle, so each 16-column block is stored whole) that WGMMA reads as
+its B operand: transposed for the forward (contraction over K), as it is for the dgrad
+(contraction over N). The weight keeps one layout for both (`pack_for_wgmma`: codes [E, N, K],
+scales [E, K/16, N]); a weight tile is decoded once per row tile, so 128-row tiles pay a decode
+per 128 rows, against a bf16 copy written and read per step.
+
+Operands: x (or g) float16 or bfloat16. f16: the tile is dec(q) sf 2^-7 and the result is scaled
+by 2^7 (exact), for NVFP4-quantized activations (exact in f16). bf16: the tile is dec(q) sf (a
+cotangent has no exact f16 form). Both tiles are exact, products are exact in f32: the result is
+the emulated GEMM up to the order of the f32 sums.
+
+One buffer for the decoded tile: each step waits for its WGMMA before the next decodes (the TMA
+pipeline still runs `max_concurrent_steps` ahead). Interpret mode (`interpret=True`) runs the
+Mosaic GPU interpreter on the CPU; compiled it needs a Hopper GPU (no XLA fallback).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.grouped_gemm.packed_weight import F16_TILE_SHIFT
+from pallas_kernels.grouped_gemm.ragged_dot import (GroupInfo, check_blocks, persistent_kernel, store_group_rows,
+                                                    store_tile)
+from pallas_kernels.grouped_gemm.tunables import FORWARD_TILES, INTERPRET_PROGRAMS, GroupedGemmTiles
+from pallas_kernels.grouped_gemm.wgmma_nvfp4 import WgmmaNvfp4Weight, decoded_column_blocks
+from pallas_kernels.nvfp4_quant import block_math as bm
+from pallas_kernels.nvfp4_quant.wrappers import require_gpu
+
+KERNEL_NAME = "fp4rl_grouped_packed_ragged_dot"
+DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+# The decoded tile's shared-memory layout: 8x16 tiles with a 32-byte swizzle, so that each block of
+# 16 columns (one scale per row) is a whole number of tiles and is stored as it is decoded.
+_TILE_TRANSFORMS = (plgpu.TilingTransform((8, bm.BLOCK)), plgpu.SwizzleTransform(32))
+
+
+def _packed_ragged_dot(lhs, weight: WgmmaNvfp4Weight, group_sizes, *, dgrad: bool, tiles: GroupedGemmTiles,
+                       num_programs: int, interpret):
+    """lhs [M, C] (C the contraction) per row group times the group's decoded weight -> f32 [M, O].
+    group_sizes [G + 1]: the last entry is the zero group (rows of no group: 0), summing to M."""
+    m, _ = lhs.shape
+    g, n_w, k_w = weight.shape
+    contraction, out = (n_w, k_w) if dgrad else (k_w, n_w)
+    block_m, block_n, block_k = tiles.block_m, tiles.block_n, tiles.block_k
+    # the decoded tile [rows, columns] as stored: rows along N, columns along K (16-column scale blocks)
+    tile_rows, tile_cols = (block_k, block_n) if dgrad else (block_n, block_k)
+    f16 = lhs.dtype == jnp.float16
+
+    def body(rows_per_group_gmem, lhs_gmem, codes_gmem, scales_gmem, o_gmem, w_smem):
+        grid_m = pl.cdiv(m, block_m) + g  # each of the G + 1 groups may add one shared row tile
+        grid_n = pl.cdiv(out, block_n)
+
+        @plgpu.nd_loop((grid_m * grid_n,), collective_axes="sm")
+        def mn_loop(loop_info: plgpu.NDLoopInfo):
+            mi, ni = plgpu.planar_snake(loop_info.index[0], (grid_m, grid_n), 1, tiles.grid_block_n)
+            group_info = GroupInfo.create(rows_per_group_gmem, block_m, mi)
+            expert = jnp.minimum(group_info.group_id, g - 1)
+
+            def step(_, lhs_smem, codes_smem, scales_smem, acc_ref):
+                for b, block in enumerate(decoded_column_blocks(codes_smem, scales_smem, lhs.dtype)):
+                    w_smem.at[:, pl.ds(b * bm.BLOCK, bm.BLOCK)][...] = block
+                plgpu.commit_smem()  # the tile visible to WGMMA (fence + warpgroup barrier)
+                plgpu.wgmma(acc_ref, lhs_smem, w_smem if dgrad else w_smem.T)
+                plgpu.wgmma_wait(0)  # before the next step decodes into the same buffer
+
+            def acc_scope(acc_ref):
+                @pl.when(group_info.group_id < g)  # the zero group keeps its zero accumulator
+                def _():
+                    # weight tiles: codes [tile_rows, tile_cols] of [N, K], scales [tile_cols/16, tile_rows] of [K/16, N]
+                    if dgrad:
+                        codes_spec = plgpu.BlockSpec((tile_rows, tile_cols), lambda ki: (ki, ni))
+                        scales_spec = plgpu.BlockSpec((tile_cols // bm.BLOCK, tile_rows), lambda ki: (ni, ki))
+                    else:
+                        codes_spec = plgpu.BlockSpec((tile_rows, tile_cols), lambda ki: (ni, ki))
+                        scales_spec = plgpu.BlockSpec((tile_cols // bm.BLOCK, tile_rows), lambda ki: (ki, ni))
+                    plgpu.emit_pipeline(
+                        functools.partial(step, acc_ref=acc_ref),
+                        grid=(contraction // block_k,),
+                        in_specs=[plgpu.BlockSpec((block_m, block_k), lambda ki: (group_info.block, ki)),
+                                  codes_spec, scales_spec],
+                        max_concurrent_steps=tiles.max_concurrent_steps,
+                    )(lhs_gmem, codes_gmem.at[expert], scales_gmem.at[expert])
+
+                acc = acc_ref[...]
+                return acc * jnp.float32(2.0**F16_TILE_SHIFT) if f16 else acc  # the f16 tile's 2^-7 back out
+
+            store_tile(pl.run_scoped(acc_scope, plgpu.ACC((block_m, block_n))), o_gmem.dtype,
+                       functools.partial(store_group_rows, o_gmem=o_gmem, group_info=group_info,
+                                         columns=pl.ds(ni * block_n, block_n), rows=min(block_m, m)))
+
+    scratch = {"w_smem": plgpu.SMEM((tile_rows, tile_cols), lhs.dtype, transforms=_TILE_TRANSFORMS)}
+    kernel = persistent_kernel(body, (m, out), num_programs, KERNEL_NAME, interpret, scratch_types=scratch)
+    return kernel(group_sizes, lhs, weight.codes, weight.scales)
+
+
+def grouped_matmul_packed(a_RxC, weight: WgmmaNvfp4Weight, group_sizes_E, *, dgrad: bool = False,
+                          tiles: GroupedGemmTiles | None = None, interpret=False):
+    """f32: rows of group e times DQ(W_e)^T ([R, N], the forward: a is x [R, K]) or DQ(W_e) ([R, K],
+    `dgrad`: a is g [R, N]); rows past sum(group_sizes) are 0. a: float16 or bfloat16; weight:
+    `wgmma_nvfp4.pack_for_wgmma(codes, scales)`. `interpret`: the Mosaic GPU interpreter (CPU)."""
+    what = "grouped_matmul_packed"
+    if not isinstance(weight, WgmmaNvfp4Weight):
+        raise TypeError(f"{what}: weight must be a WgmmaNvfp4Weight (pack_for_wgmma), got {type(weight).__name__}")
+    if jnp.ndim(a_RxC) != 2 or jnp.result_type(a_RxC) not in DTYPES:
+        raise TypeError(f"{what}: a must be float16 or bfloat16 [R, C], got {jnp.result_type(a_RxC)} {jnp.shape(a_RxC)}")
+    e, n_w, k_w = weight.shape
+    contraction, out = (n_w, k_w) if dgrad else (k_w, n_w)
+    if a_RxC.shape[1] != contraction:
+        raise ValueError(f"{what}: a has {a_RxC.shape[1]} columns but the {'dgrad' if dgrad else 'forward'} contracts "
+                         f"over the weight's {'N' if dgrad else 'K'}={contraction}")
+    if jnp.shape(group_sizes_E) != (e,) or not jnp.issubdtype(jnp.result_type(group_sizes_E), jnp.integer):
+        raise ValueError(f"{what}: group_sizes must be integers of shape ({e},), got "
+                         f"{jnp.result_type(group_sizes_E)} {jnp.shape(group_sizes_E)}")
+    tiles = (tiles or FORWARD_TILES).fit(block_n=out, block_k=contraction)
+    check_blocks("the output width", out, tiles.block_n)
+    check_blocks("the contraction", contraction, tiles.block_k)
+    tile_rows, tile_cols = (tiles.block_k, tiles.block_n) if dgrad else (tiles.block_n, tiles.block_k)
+    if tile_rows % 64 or tile_cols % 32:
+        raise ValueError(f"{what}: the weight tile [{tile_rows}, {tile_cols}] (rows along N, columns along K) must have "
+                         "a multiple of 64 rows (WGMMA's layout) and of 32 columns (the 4-bit loads' tile)")
+    if tiles.max_concurrent_steps < 2:
+        raise ValueError(f"{what}: max_concurrent_steps={tiles.max_concurrent_steps} must be >= 2")
+    require_gpu(interpret, what)
+    rows = a_RxC.shape[0]
+    pad = -rows % tiles.block_m
+    a = jnp.pad(a_RxC, ((0, pad), (0, 0))) if pad else a_RxC
+    sizes = jnp.asarray(group_sizes_E, jnp.int32)
+    sizes = jnp.concatenate([sizes, (a.shape[0] - jnp.sum(sizes))[None]])  # the zero group
+    num_programs = INTERPRET_PROGRAMS if interpret else jax.local_devices(backend="gpu")[0].core_count
+    return _packed_ragged_dot(a, weight, sizes, dgrad=dgrad, tiles=tiles, num_programs=num_programs,
+                              interpret=interpret)[:rows]
+
+
+__all__ = ["KERNEL_NAME", "grouped_matmul_packed"]
