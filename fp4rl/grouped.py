@@ -38,8 +38,9 @@ Accumulation is float32 (`preferred_element_type`).
   dgrad (dequantized backward) of an NVFP4 weight read it packed on Mosaic GPU kernels: at decode
   sizes (under 64 rows per expert) the forward on `wgmma_nvfp4` (the weight as WGMMA's register
   operand, its row tile following the rows per expert), otherwise on `packed_ragged_dot` (the
-  weight tile decoded into shared memory per row tile), which also runs the dgrad. No bf16 copy
-  of an NVFP4 expert stack in a training step. Not picked by "auto" until the GPU benchmarks rank it.
+  weight tile decoded into shared memory per row tile; an NVFP4 activation read as its codes and
+  scales too, `ragged_matmul_nvfp4_rows`), which also runs the dgrad. No bf16 copy of an NVFP4
+  expert stack, nor a 16-bit copy of an NVFP4 activation, in a training step. Not picked by "auto" until the GPU benchmarks rank it.
 A config may also name "auto" (`ModelConfig.expert_gemm`'s default): `resolve_gemm` turns it into
 the fastest of these that the tests hold to the reference on the platform ("packed" on a Hopper GPU
 where the kernels take the model, "xla" elsewhere) once, where the model is built; the GEMM
@@ -313,6 +314,7 @@ def _wgrad_fn(gemm: str):
 def _packed_weight_fn(kind: str, interpret: bool):
     """A packed-weight kernel: "forward" (a [R, K] -> [R, N]) or "dgrad" (g [R, N] -> [R, K]) on the
     Triton kernels, "wgmma" / "wgmma_dgrad" the same on the Mosaic ones (`_wgmma_packed_matmul`),
+    "wgmma_rows" the forward with a given as its NVFP4 (codes, scales) (`_wgmma_packed_rows_matmul`),
     with a vmap rule that folds the batch into one ragged problem, as on the Mosaic kernels."""
 
     @jax.custom_batching.custom_vmap
@@ -321,18 +323,21 @@ def _packed_weight_fn(kind: str, interpret: bool):
 
         kernel = {"dgrad": grouped_dgrad_nvfp4, "forward": grouped_matmul_nvfp4,
                   "wgmma": functools.partial(_wgmma_packed_matmul, dgrad=False),
-                  "wgmma_dgrad": functools.partial(_wgmma_packed_matmul, dgrad=True)}[kind]
+                  "wgmma_dgrad": functools.partial(_wgmma_packed_matmul, dgrad=True),
+                  "wgmma_rows": _wgmma_packed_rows_matmul}[kind]
         return kernel(a, codes_ExNxK2, scales_ExNxK16, group_sizes_E, interpret=interpret)
 
     @matmul.def_vmap
     def _vmap(n, in_batched, a, codes, scales, group_sizes):
-        a, codes, scales, group_sizes = (_batched(x, flag, n) for x, flag in zip((a, codes, scales, group_sizes), in_batched))
-        _, rows, width = a.shape
+        a = jax.tree.map(lambda x, flag: _batched(x, flag, n), a, in_batched[0])  # an array or its (codes, scales)
+        codes, scales, group_sizes = (_batched(x, flag, n) for x, flag in zip((codes, scales, group_sizes), in_batched[1:]))
+        rows = jax.tree.leaves(a)[0].shape[1]
         e = codes.shape[1]
         # dummy groups of code 0 and scale 0: a zero weight
         codes, scales = (jnp.concatenate([v, jnp.zeros((n, 1, *v.shape[2:]), v.dtype)], axis=1) for v in (codes, scales))
-        out = matmul(a.reshape(n * rows, width), codes.reshape(n * (e + 1), *codes.shape[2:]),
-                     scales.reshape(n * (e + 1), *scales.shape[2:]), _folded_group_sizes(group_sizes, rows))
+        out = matmul(jax.tree.map(lambda x: x.reshape(n * rows, *x.shape[2:]), a),
+                     codes.reshape(n * (e + 1), *codes.shape[2:]), scales.reshape(n * (e + 1), *scales.shape[2:]),
+                     _folded_group_sizes(group_sizes, rows))
         return out.reshape(n, rows, -1), True
 
     return matmul
@@ -360,6 +365,33 @@ def _wgmma_packed_matmul(a, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, dgra
     block_k = next((b for b in (128, 64, 32) if (2 * half) % b == 0), 128)  # the kernel names the K it refuses
     tiles = wgmma_nvfp4.WgmmaDecodeTiles(rows=_wgmma_row_tile(a.shape[0], e), block_k=block_k)
     return wgmma_nvfp4.grouped_matmul_nvfp4_wgmma(a, weight, group_sizes_E, tiles=tiles, interpret=interpret)
+
+
+def _wgmma_packed_rows_matmul(x_packed, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, interpret: bool):
+    """`packed_ragged_dot` with both operands read packed: x as its NVFP4 (codes [R, K/2], scales
+    [R, K/16]), the weight as stored (both laid out for the kernel here)."""
+    from pallas_kernels.grouped_gemm import packed_ragged_dot, wgmma_nvfp4
+
+    weight = wgmma_nvfp4.pack_for_wgmma(codes_ExNxK2, scales_ExNxK16)
+    return packed_ragged_dot.grouped_matmul_packed(packed_ragged_dot.pack_rows(*x_packed), weight, group_sizes_E,
+                                                   interpret=interpret)
+
+
+def reads_packed_rows(num_rows: int, groups: int, gemm: str) -> bool:
+    """Whether the forward of an NVFP4 site with an NVFP4 weight stack of `groups` experts takes x as
+    its NVFP4 codes and scales (`ragged_matmul_nvfp4_rows`) on `gemm`: the Mosaic packed kernels at
+    training sizes (DECODE_ROWS_PER_EXPERT rows per expert or more)."""
+    return gemm in WGMMA_GEMMS and num_rows >= DECODE_ROWS_PER_EXPERT * groups
+
+
+def ragged_matmul_nvfp4_rows(x_codes_RxK2, x_scales_RxK16, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, gemm: str):
+    """`ragged_matmul_nvfp4` with x given as its NVFP4 codes and E4M3 scales (1x16 blocks along K):
+    the kernel decodes both operands' tiles into shared memory, so no 16-bit copy of x is written to
+    HBM either (`gemm` in WGMMA_GEMMS). The same products: x's operand dec(q) * sf, exact in f16."""
+    if gemm not in WGMMA_GEMMS:
+        raise ValueError(f"ragged_matmul_nvfp4_rows runs on gemm in {WGMMA_GEMMS}, got {gemm!r}")
+    return _packed_weight_fn("wgmma_rows", gemm.endswith("_interpret"))((x_codes_RxK2, x_scales_RxK16), codes_ExNxK2,
+                                                                       scales_ExNxK16, group_sizes_E)
 
 
 def ragged_matmul_nvfp4(a_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, gemm: str):

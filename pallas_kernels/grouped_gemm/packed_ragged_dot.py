@@ -32,6 +32,7 @@ Mosaic GPU interpreter on the CPU; compiled it needs a Hopper GPU (no XLA fallba
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -54,19 +55,42 @@ DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 _TILE_TRANSFORMS = (plgpu.TilingTransform((8, bm.BLOCK)), plgpu.SwizzleTransform(32))
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PackedRows:
+    """NVFP4 rows (an activation quantized along K, 1x16 blocks) laid out for the kernel: codes
+    int4 [R, K] (the packed bytes), E4M3 scale bytes uint8 [K/16, R] (a K block's scales for a
+    row tile are one contiguous row). Its per-row global decode scale stays the caller's epilogue."""
+
+    codes: jax.Array
+    scales: jax.Array
+
+
+def pack_rows(codes_RxK2, scales_RxK16) -> PackedRows:
+    """`PackedRows` of an NVFP4 tensor's codes uint8 [R, K/2] and scales [R, K/16] (bytes moved)."""
+    rows, half = codes_RxK2.shape
+    codes = jax.lax.bitcast_convert_type(codes_RxK2, jnp.int4).reshape(rows, 2 * half)
+    return PackedRows(codes=codes, scales=jax.lax.bitcast_convert_type(scales_RxK16, jnp.uint8).T)
+
+
 def _packed_ragged_dot(lhs, weight: WgmmaNvfp4Weight, group_sizes, *, dgrad: bool, tiles: GroupedGemmTiles,
                        num_programs: int, interpret):
-    """lhs [M, C] (C the contraction) per row group times the group's decoded weight -> f32 [M, O].
-    group_sizes [G + 1]: the last entry is the zero group (rows of no group: 0), summing to M."""
-    m, _ = lhs.shape
+    """lhs [M, C] (C the contraction; or `PackedRows`, decoded as f16 like the weight) per row group
+    times the group's decoded weight -> f32 [M, O]. group_sizes [G + 1]: the last entry is the zero
+    group (rows of no group: 0), summing to M."""
+    packed_lhs = isinstance(lhs, PackedRows)
+    m = lhs.codes.shape[0] if packed_lhs else lhs.shape[0]
+    dtype = jnp.float16 if packed_lhs else lhs.dtype
     g, n_w, k_w = weight.shape
     contraction, out = (n_w, k_w) if dgrad else (k_w, n_w)
     block_m, block_n, block_k = tiles.block_m, tiles.block_n, tiles.block_k
     # the decoded tile [rows, columns] as stored: rows along N, columns along K (16-column scale blocks)
     tile_rows, tile_cols = (block_k, block_n) if dgrad else (block_n, block_k)
-    f16 = lhs.dtype == jnp.float16
+    # each f16 tile carries 2^-F16_TILE_SHIFT; the f32 result gets it back (a power of two: exact)
+    f16_tiles = (dtype == jnp.float16) + packed_lhs
 
-    def body(rows_per_group_gmem, lhs_gmem, codes_gmem, scales_gmem, o_gmem, w_smem):
+    def body(rows_per_group_gmem, *refs, w_smem, a_smem=None):
+        *lhs_gmem, codes_gmem, scales_gmem, o_gmem = refs
         grid_m = pl.cdiv(m, block_m) + g  # each of the G + 1 groups may add one shared row tile
         grid_n = pl.cdiv(out, block_n)
 
@@ -76,12 +100,14 @@ def _packed_ragged_dot(lhs, weight: WgmmaNvfp4Weight, group_sizes, *, dgrad: boo
             group_info = GroupInfo.create(rows_per_group_gmem, block_m, mi)
             expert = jnp.minimum(group_info.group_id, g - 1)
 
-            def step(_, lhs_smem, codes_smem, scales_smem, acc_ref):
-                for b, block in enumerate(decoded_column_blocks(codes_smem, scales_smem, lhs.dtype)):
-                    w_smem.at[:, pl.ds(b * bm.BLOCK, bm.BLOCK)][...] = block
-                plgpu.commit_smem()  # the tile visible to WGMMA (fence + warpgroup barrier)
-                plgpu.wgmma(acc_ref, lhs_smem, w_smem if dgrad else w_smem.T)
-                plgpu.wgmma_wait(0)  # before the next step decodes into the same buffer
+            def step(_, *smem, acc_ref):
+                *lhs_smem, codes_smem, scales_smem = smem
+                _decode_into(w_smem, codes_smem, scales_smem, dtype)
+                if packed_lhs:
+                    _decode_into(a_smem, *lhs_smem, dtype)
+                plgpu.commit_smem()  # the tiles visible to WGMMA (fence + warpgroup barrier)
+                plgpu.wgmma(acc_ref, a_smem if packed_lhs else lhs_smem[0], w_smem if dgrad else w_smem.T)
+                plgpu.wgmma_wait(0)  # before the next step decodes into the same buffers
 
             def acc_scope(acc_ref):
                 @pl.when(group_info.group_id < g)  # the zero group keeps its zero accumulator
@@ -93,40 +119,60 @@ def _packed_ragged_dot(lhs, weight: WgmmaNvfp4Weight, group_sizes, *, dgrad: boo
                     else:
                         codes_spec = plgpu.BlockSpec((tile_rows, tile_cols), lambda ki: (ni, ki))
                         scales_spec = plgpu.BlockSpec((tile_cols // bm.BLOCK, tile_rows), lambda ki: (ki, ni))
+                    lhs_specs = [plgpu.BlockSpec((block_m, block_k), lambda ki: (group_info.block, ki))]
+                    if packed_lhs:  # scales [K/16, M]: the row tile's K block is [block_k / 16, block_m]
+                        lhs_specs.append(plgpu.BlockSpec((block_k // bm.BLOCK, block_m), lambda ki: (ki, group_info.block)))
                     plgpu.emit_pipeline(
                         functools.partial(step, acc_ref=acc_ref),
                         grid=(contraction // block_k,),
-                        in_specs=[plgpu.BlockSpec((block_m, block_k), lambda ki: (group_info.block, ki)),
-                                  codes_spec, scales_spec],
+                        in_specs=[*lhs_specs, codes_spec, scales_spec],
                         max_concurrent_steps=tiles.max_concurrent_steps,
-                    )(lhs_gmem, codes_gmem.at[expert], scales_gmem.at[expert])
+                    )(*lhs_gmem, codes_gmem.at[expert], scales_gmem.at[expert])
 
-                acc = acc_ref[...]
-                return acc * jnp.float32(2.0**F16_TILE_SHIFT) if f16 else acc  # the f16 tile's 2^-7 back out
+                return acc_ref[...] * jnp.float32(2.0 ** (F16_TILE_SHIFT * f16_tiles)) if f16_tiles else acc_ref[...]
 
             store_tile(pl.run_scoped(acc_scope, plgpu.ACC((block_m, block_n))), o_gmem.dtype,
                        functools.partial(store_group_rows, o_gmem=o_gmem, group_info=group_info,
                                          columns=pl.ds(ni * block_n, block_n), rows=min(block_m, m)))
 
-    scratch = {"w_smem": plgpu.SMEM((tile_rows, tile_cols), lhs.dtype, transforms=_TILE_TRANSFORMS)}
+    scratch = {"w_smem": plgpu.SMEM((tile_rows, tile_cols), dtype, transforms=_TILE_TRANSFORMS)}
+    if packed_lhs:
+        scratch["a_smem"] = plgpu.SMEM((block_m, block_k), dtype, transforms=_TILE_TRANSFORMS)
     kernel = persistent_kernel(body, (m, out), num_programs, KERNEL_NAME, interpret, scratch_types=scratch)
-    return kernel(group_sizes, lhs, weight.codes, weight.scales)
+    lhs_operands = (lhs.codes, lhs.scales) if packed_lhs else (lhs,)
+    return kernel(group_sizes, *lhs_operands, weight.codes, weight.scales)
+
+
+def _decode_into(tile_smem, codes_smem, scales_smem, dtype) -> None:
+    """A tile's codes and scale bytes (shared memory) -> its 16-bit values in `tile_smem`, block by block."""
+    for b, block in enumerate(decoded_column_blocks(codes_smem, scales_smem, dtype)):
+        tile_smem.at[:, pl.ds(b * bm.BLOCK, bm.BLOCK)][...] = block
 
 
 def grouped_matmul_packed(a_RxC, weight: WgmmaNvfp4Weight, group_sizes_E, *, dgrad: bool = False,
                           tiles: GroupedGemmTiles | None = None, interpret=False):
     """f32: rows of group e times DQ(W_e)^T ([R, N], the forward: a is x [R, K]) or DQ(W_e) ([R, K],
-    `dgrad`: a is g [R, N]); rows past sum(group_sizes) are 0. a: float16 or bfloat16; weight:
+    `dgrad`: a is g [R, N]); rows past sum(group_sizes) are 0. a: float16 or bfloat16, or an NVFP4
+    operand's `PackedRows` (its dec(q) * sf, decoded in the kernel like the weight, as f16); weight:
     `wgmma_nvfp4.pack_for_wgmma(codes, scales)`. `interpret`: the Mosaic GPU interpreter (CPU)."""
     what = "grouped_matmul_packed"
     if not isinstance(weight, WgmmaNvfp4Weight):
         raise TypeError(f"{what}: weight must be a WgmmaNvfp4Weight (pack_for_wgmma), got {type(weight).__name__}")
-    if jnp.ndim(a_RxC) != 2 or jnp.result_type(a_RxC) not in DTYPES:
-        raise TypeError(f"{what}: a must be float16 or bfloat16 [R, C], got {jnp.result_type(a_RxC)} {jnp.shape(a_RxC)}")
+    packed_a = isinstance(a_RxC, PackedRows)
+    if packed_a:
+        rows, columns = a_RxC.codes.shape
+        if a_RxC.codes.dtype != jnp.int4 or a_RxC.scales.shape != (columns // bm.BLOCK, rows) or columns % bm.BLOCK:
+            raise ValueError(f"{what}: PackedRows must hold int4 codes [R, C] and scale bytes [C/16, R] (pack_rows), got "
+                             f"{a_RxC.codes.dtype} {a_RxC.codes.shape} and {a_RxC.scales.shape}")
+    elif jnp.ndim(a_RxC) != 2 or jnp.result_type(a_RxC) not in DTYPES:
+        raise TypeError(f"{what}: a must be float16 or bfloat16 [R, C] (or PackedRows), got {jnp.result_type(a_RxC)} "
+                        f"{jnp.shape(a_RxC)}")
+    else:
+        rows, columns = a_RxC.shape
     e, n_w, k_w = weight.shape
     contraction, out = (n_w, k_w) if dgrad else (k_w, n_w)
-    if a_RxC.shape[1] != contraction:
-        raise ValueError(f"{what}: a has {a_RxC.shape[1]} columns but the {'dgrad' if dgrad else 'forward'} contracts "
+    if columns != contraction:
+        raise ValueError(f"{what}: a has {columns} columns but the {'dgrad' if dgrad else 'forward'} contracts "
                          f"over the weight's {'N' if dgrad else 'K'}={contraction}")
     if jnp.shape(group_sizes_E) != (e,) or not jnp.issubdtype(jnp.result_type(group_sizes_E), jnp.integer):
         raise ValueError(f"{what}: group_sizes must be integers of shape ({e},), got "
@@ -141,14 +187,16 @@ def grouped_matmul_packed(a_RxC, weight: WgmmaNvfp4Weight, group_sizes_E, *, dgr
     if tiles.max_concurrent_steps < 2:
         raise ValueError(f"{what}: max_concurrent_steps={tiles.max_concurrent_steps} must be >= 2")
     require_gpu(interpret, what)
-    rows = a_RxC.shape[0]
     pad = -rows % tiles.block_m
-    a = jnp.pad(a_RxC, ((0, pad), (0, 0))) if pad else a_RxC
+    if packed_a:  # zero codes and scales: zero rows
+        a = PackedRows(jnp.pad(a_RxC.codes, ((0, pad), (0, 0))), jnp.pad(a_RxC.scales, ((0, 0), (0, pad))))
+    else:
+        a = jnp.pad(a_RxC, ((0, pad), (0, 0)))
     sizes = jnp.asarray(group_sizes_E, jnp.int32)
-    sizes = jnp.concatenate([sizes, (a.shape[0] - jnp.sum(sizes))[None]])  # the zero group
+    sizes = jnp.concatenate([sizes, (rows + pad - jnp.sum(sizes))[None]])  # the zero group
     num_programs = INTERPRET_PROGRAMS if interpret else jax.local_devices(backend="gpu")[0].core_count
     return _packed_ragged_dot(a, weight, sizes, dgrad=dgrad, tiles=tiles, num_programs=num_programs,
                               interpret=interpret)[:rows]
 
 
-__all__ = ["KERNEL_NAME", "grouped_matmul_packed"]
+__all__ = ["KERNEL_NAME", "PackedRows", "grouped_matmul_packed", "pack_rows"]

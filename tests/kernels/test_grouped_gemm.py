@@ -106,8 +106,8 @@ SITES = {
 }
 
 
-def _qdot_vjp(site, x, w, g, gemm):
-    y, pull = jax.vjp(lambda x, w: qlinear.qdot(x, w, site, group_sizes=jnp.asarray(SIZES, jnp.int32),
+def _qdot_vjp(site, x, w, g, gemm, sizes=SIZES):
+    y, pull = jax.vjp(lambda x, w: qlinear.qdot(x, w, site, group_sizes=jnp.asarray(sizes, jnp.int32),
                                                  padding_rows=True, gemm=gemm), x, w)
     return (y, *pull(g))
 
@@ -125,7 +125,7 @@ def _bf16_ulp(v):
     return 2.0 ** (np.floor(np.log2(np.maximum(np.abs(np.asarray(v, np.float64)), 1e-30))) - 7)
 
 
-def _assert_vjps_agree(site, x, w, g, ours, ref, what):
+def _assert_vjps_agree(site, x, w, g, ours, ref, what, sizes=SIZES):
     """(y, dx, dw) of two backends for one problem. Each f32 GEMM result is within the
     accumulation bound of the exact one, so the two differ by at most twice that; an NVFP4 site
     then multiplies y and dx by its decode scales (two f32 roundings each: 4u |y| between the
@@ -133,15 +133,15 @@ def _assert_vjps_agree(site, x, w, g, ours, ref, what):
     rounding boundary: one bf16 ulp more. dw stays f32 (the parameters are f32); the f32 split
     wgrad sums three partial GEMMs (two more additions)."""
     xv, wv = _gemm_operands(site, x, w)
-    _, mag_y = exact_matmul(xv, wv, SIZES)
-    _, mag_dx = exact_matmul(g, jnp.swapaxes(wv, 1, 2), SIZES)
-    _, mag_dw = exact_wgrad(xv, g, SIZES)
+    _, mag_y = exact_matmul(xv, wv, sizes)
+    _, mag_dx = exact_matmul(g, jnp.swapaxes(wv, 1, 2), sizes)
+    _, mag_dw = exact_wgrad(xv, g, sizes)
     for name, a, b, mag, n, rounded in (("y", ours[0], ref[0], mag_y, D, True), ("dx", ours[1], ref[1], mag_dx, F, True),
-                                        ("dw", ours[2], ref[2], mag_dw, max(SIZES) + 2, False)):
+                                        ("dw", ours[2], ref[2], mag_dw, max(sizes) + 2, False)):
         b = np.asarray(b, np.float64)
         bound = 2 * accumulation_bound(mag, n) + (4 * U * np.abs(b) + _bf16_ulp(b) if rounded else 0)
         assert_within(a, b, bound, f"{what} {name}")
-    np.testing.assert_array_equal(np.asarray(ours[0])[sum(SIZES):], 0.0)  # rows past the groups
+    np.testing.assert_array_equal(np.asarray(ours[0])[sum(sizes):], 0.0)  # rows past the groups
 
 
 def _f32_params(seed):
@@ -157,6 +157,23 @@ def test_qdot_grad_matches_xla(site_name, gemm):
     x, g = random_operands([(R, D), (R, F)], seed=4)
     w = _f32_params(5)
     _assert_vjps_agree(site, x, w, g, _qdot_vjp(site, x, w, g, gemm), _qdot_vjp(site, x, w, g, "xla"), site_name)
+
+
+@pytest.mark.parametrize("gemm", [pytest.param("packed_wgmma_interpret", id="interpret"),
+                                  pytest.param("packed_wgmma", id="compiled", marks=pytest.mark.gpu)])
+def test_packed_wgmma_at_training_sizes_matches_xla(gemm):
+    """64+ rows per expert: the NVFP4 forward takes x as its codes and scales too (both operands
+    decoded in the kernel), the dgrad reads the packed weight; y, dx, dw as on "xla", alone and
+    vmapped over 2 seeds."""
+    site, sizes, rows = SITES["nvfp4-dequantized"], (128, 0, 64), 256  # rows 192..255 past the groups
+    x, g = random_operands([(2, rows, D), (2, rows, F)], seed=17)
+    w = _f32_params(18)
+    ours = _qdot_vjp(site, x[0], w, g[0], gemm, sizes)
+    _assert_vjps_agree(site, x[0], w, g[0], ours, _qdot_vjp(site, x[0], w, g[0], "xla", sizes), "one seed", sizes)
+    ours = jax.vmap(lambda x, g: _qdot_vjp(site, x, w, g, gemm, sizes))(x, g)
+    ref = jax.vmap(lambda x, g: _qdot_vjp(site, x, w, g, "xla", sizes))(x, g)
+    for s in range(2):
+        _assert_vjps_agree(site, x[s], w, g[s], [v[s] for v in ours], [v[s] for v in ref], f"seed {s}", sizes)
 
 
 @pytest.mark.parametrize("gemm", QDOT_GEMMS)
@@ -272,9 +289,9 @@ def test_packed_dgrad_backend_reads_nvfp4_weights_packed_in_the_backward_too():
 
 def test_packed_wgmma_backend_reads_nvfp4_weights_packed_on_the_mosaic_kernels():
     """gemm="packed_wgmma_interpret": an NVFP4 site's forward runs `wgmma_nvfp4` at decode sizes and
-    `packed_ragged_dot` from 64 rows per expert on, its dgrad `packed_ragged_dot`, by name in the
-    program; no Triton packed kernel and no bf16 copy of the weight stack anywhere in the vjp. The
-    decode kernel's row tile follows the rows per expert."""
+    `packed_ragged_dot` from 64 rows per expert on (x then read packed too), its dgrad
+    `packed_ragged_dot`, by name in the program; no Triton packed kernel and no bf16 copy of the
+    weight stack anywhere in the vjp. The decode kernel's row tile follows the rows per expert."""
     from pallas_kernels.grouped_gemm import packed_ragged_dot, packed_weight, wgmma_nvfp4
 
     site = SITES["nvfp4-dequantized"]
@@ -291,6 +308,8 @@ def test_packed_wgmma_backend_reads_nvfp4_weights_packed_on_the_mosaic_kernels()
         assert forward_name in forward and packed_weight.KERNEL_NAME not in forward, rows
         assert packed_ragged_dot.KERNEL_NAME in vjp and packed_weight.DGRAD_KERNEL_NAME not in vjp, rows
         assert f"bf16[{len(SIZES)},{F},{D}]" not in forward + vjp, rows
+        # at training sizes x too is read packed: no 16-bit operand copy of it ([rows, D] in f16)
+        assert bool(re.search(rf"(?<!b)f16\[{rows},{D}\]", forward)) == (rows == R), rows
     assert [grouped._wgmma_row_tile(rows, 128) for rows in (1, 128, 1024, 2048, 4096, 8191)] == [8, 8, 8, 16, 32, 64]
 
 

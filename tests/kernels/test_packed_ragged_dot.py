@@ -59,6 +59,23 @@ def test_packed_ragged_dot_is_the_emulated_gemm_bit_for_bit(case, interpret, dgr
     assert not np.asarray(got[total:]).any() and np.asarray(got[:total]).any()
 
 
+@pytest.mark.parametrize("interpret", BACKENDS)
+def test_x_read_packed_too_is_the_emulated_forward_bit_for_bit(interpret):
+    """x given as its NVFP4 codes and scales (`pack_rows`): both tiles decoded in the kernel, the
+    same bytes as the emulated forward on x's scaled operand."""
+    rows, n, k, sizes = CASES["shared-tiles-past-the-groups"]
+    codes, scales = _weight(len(sizes), n, k, exact_sums=True)
+    x_codes, x_scales = (v[0] for v in _weight(1, rows, k, seed=3, exact_sums=True))  # [R, K/2], [R, K/16]
+    x = _operand(x_codes[None], x_scales[None])[0]  # dec(q) sf, exact in bf16
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    want = grouped.ragged_matmul(x, _operand(codes, scales), group_sizes, gemm="xla", transpose_rhs=True)
+    packed = prd.pack_rows(x_codes, x_scales)
+    assert packed.codes.shape == (rows, k) and packed.scales.shape == (k // 16, rows)
+    got = prd.grouped_matmul_packed(packed, wn.pack_for_wgmma(codes, scales), group_sizes, tiles=SMALL_TILES,
+                                    interpret=interpret)
+    assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+
+
 @pytest.mark.parametrize("dgrad", DIRECTIONS)
 @pytest.mark.parametrize("interpret", BACKENDS)
 def test_within_the_f32_accumulation_bound(interpret, dgrad):
@@ -100,6 +117,9 @@ def test_bad_operands_are_refused_with_what_is_valid():
         prd.grouped_matmul_packed(a, weight, sizes[:2], interpret=True)
     with pytest.raises(TypeError, match="must be a WgmmaNvfp4Weight"):
         prd.grouped_matmul_packed(a, (codes, scales), sizes, interpret=True)
+    bad_rows = prd.PackedRows(jnp.zeros((64, 256), jnp.int4), jnp.zeros((64, 16), jnp.uint8))  # scales not [K/16, R]
+    with pytest.raises(ValueError, match="PackedRows must hold int4 codes"):
+        prd.grouped_matmul_packed(bad_rows, weight, sizes, interpret=True)
     with pytest.raises(ValueError, match="the weight tile \\[32, 64\\]"):  # forward tile [block_n, block_k]
         prd.grouped_matmul_packed(a, weight, sizes, tiles=GroupedGemmTiles(block_m=64, block_n=32, block_k=64),
                                   interpret=True)
