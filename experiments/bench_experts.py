@@ -62,7 +62,7 @@ class ExpertBenchConfig:
     experts: int = 128
     iters: int = 20
     # expert GEMM backends timed in the fwd+bwd and MoE-block rows; the first is the reference
-    gemms: str = "xla,mosaic,packed,packed_dgrad"
+    gemms: str = "xla,mosaic,packed,packed_dgrad,packed_wgmma"
     profile: str = ""  # a directory: profile each timed MoE-block row once more there ("": no profile)
     moe_block_only: bool = False  # only the MoE-block rows (e.g. for a profile)
     out: str = "benchmarks"
