@@ -25,8 +25,9 @@ by 2^7 (exact), for NVFP4-quantized activations (exact in f16). bf16: the tile i
 cotangent has no exact f16 form). Both tiles are exact, products are exact in f32: the result is
 the emulated GEMM up to the order of the f32 sums.
 
-One buffer for the decoded tile: each step waits for its WGMMA before the next decodes (the TMA
-pipeline still runs `max_concurrent_steps` ahead). Interpret mode (`interpret=True`) runs the
+Two buffers for the decoded tile: a step decodes into one while the previous step's WGMMA reads
+the other, so the decode overlaps the tensor cores (and the TMA pipeline runs
+`max_concurrent_steps` ahead). Interpret mode (`interpret=True`) runs the
 Mosaic GPU interpreter on the CPU; compiled it needs a Hopper GPU (no XLA fallback).
 """
 
@@ -100,14 +101,20 @@ def _packed_ragged_dot(lhs, weight: WgmmaNvfp4Weight, group_sizes, *, dgrad: boo
             group_info = GroupInfo.create(rows_per_group_gmem, block_m, mi)
             expert = jnp.minimum(group_info.group_id, g - 1)
 
-            def step(_, *smem, acc_ref):
+            def step(index, *smem, acc_ref):
                 *lhs_smem, codes_smem, scales_smem = smem
-                _decode_into(w_smem, codes_smem, scales_smem, dtype)
+                # two buffers: this step decodes into one while the previous step's WGMMA may still
+                # read the other (waited for below, before the step after this one reuses it)
+                slot = index[0] % 2
+                w_tile = w_smem.at[slot]
+                _decode_into(w_tile, codes_smem, scales_smem, dtype)
                 if packed_lhs:
-                    _decode_into(a_smem, *lhs_smem, dtype)
+                    _decode_into(a_smem.at[slot], *lhs_smem, dtype)
                 plgpu.commit_smem()  # the tiles visible to WGMMA (fence + warpgroup barrier)
-                plgpu.wgmma(acc_ref, a_smem if packed_lhs else lhs_smem[0], w_smem if dgrad else w_smem.T)
-                plgpu.wgmma_wait(0)  # before the next step decodes into the same buffers
+                plgpu.wgmma(acc_ref, a_smem.at[slot] if packed_lhs else lhs_smem[0], w_tile if dgrad else w_tile.T)
+                # at most this step's WGMMA in flight: the previous one (its buffers, its pipeline
+                # stage, released one step late: delay_release=1) is done
+                plgpu.wgmma_wait(1)
 
             def acc_scope(acc_ref):
                 @pl.when(group_info.group_id < g)  # the zero group keeps its zero accumulator
@@ -119,15 +126,17 @@ def _packed_ragged_dot(lhs, weight: WgmmaNvfp4Weight, group_sizes, *, dgrad: boo
                     else:
                         codes_spec = plgpu.BlockSpec((tile_rows, tile_cols), lambda ki: (ni, ki))
                         scales_spec = plgpu.BlockSpec((tile_cols // bm.BLOCK, tile_rows), lambda ki: (ki, ni))
-                    lhs_specs = [plgpu.BlockSpec((block_m, block_k), lambda ki: (group_info.block, ki))]
+                    lhs_specs = [plgpu.BlockSpec((block_m, block_k), lambda ki: (group_info.block, ki), delay_release=1)]
                     if packed_lhs:  # scales [K/16, M]: the row tile's K block is [block_k / 16, block_m]
-                        lhs_specs.append(plgpu.BlockSpec((block_k // bm.BLOCK, block_m), lambda ki: (ki, group_info.block)))
+                        lhs_specs.append(plgpu.BlockSpec((block_k // bm.BLOCK, block_m), lambda ki: (ki, group_info.block),
+                                                         delay_release=1))
                     plgpu.emit_pipeline(
                         functools.partial(step, acc_ref=acc_ref),
                         grid=(contraction // block_k,),
                         in_specs=[*lhs_specs, codes_spec, scales_spec],
                         max_concurrent_steps=tiles.max_concurrent_steps,
                     )(*lhs_gmem, codes_gmem.at[expert], scales_gmem.at[expert])
+                    plgpu.wgmma_wait(0)
 
                 return acc_ref[...] * jnp.float32(2.0 ** (F16_TILE_SHIFT * f16_tiles)) if f16_tiles else acc_ref[...]
 
@@ -135,9 +144,9 @@ def _packed_ragged_dot(lhs, weight: WgmmaNvfp4Weight, group_sizes, *, dgrad: boo
                        functools.partial(store_group_rows, o_gmem=o_gmem, group_info=group_info,
                                          columns=pl.ds(ni * block_n, block_n), rows=min(block_m, m)))
 
-    scratch = {"w_smem": plgpu.SMEM((tile_rows, tile_cols), dtype, transforms=_TILE_TRANSFORMS)}
+    scratch = {"w_smem": plgpu.SMEM((2, tile_rows, tile_cols), dtype, transforms=_TILE_TRANSFORMS)}
     if packed_lhs:
-        scratch["a_smem"] = plgpu.SMEM((block_m, block_k), dtype, transforms=_TILE_TRANSFORMS)
+        scratch["a_smem"] = plgpu.SMEM((2, block_m, block_k), dtype, transforms=_TILE_TRANSFORMS)
     kernel = persistent_kernel(body, (m, out), num_programs, KERNEL_NAME, interpret, scratch_types=scratch)
     lhs_operands = (lhs.codes, lhs.scales) if packed_lhs else (lhs,)
     return kernel(group_sizes, *lhs_operands, weight.codes, weight.scales)

@@ -146,3 +146,25 @@ def test_lowers_to_mosaic_gpu_for_sm90(dgrad):
                                                                   interpret=False)).trace(a, weight, sizes).lower(
                 lowering_platforms=("cuda",)).as_text()
             assert "mosaic_gpu" in text and prd.KERNEL_NAME in text, (e, n, k, dtype)
+
+
+def test_pipeline_has_no_races():
+    """The interpreter's happens-before race detector over the kernel's TMA pipeline and its two
+    decode buffers: the contraction spans 3 blocks of 64 through 2 stages (each released one step
+    late), tiles shared by two groups, x read packed. The interpreter runs WGMMA synchronously, so a
+    missing `wgmma_wait` only shows compiled."""
+    from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # the detector's verdict
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    params = plgpu.InterpretGPUParams(detect_races=True)
+    codes, scales = _weight(2, 64, 192, exact_sums=True)
+    weight = wn.pack_for_wgmma(codes, scales)
+    sizes = jnp.asarray([40, 60], jnp.int32)
+    x_codes, x_scales = (v[0] for v in _weight(1, 128, 192, seed=3, exact_sums=True))
+    prd.grouped_matmul_packed(prd.pack_rows(x_codes, x_scales), weight, sizes, tiles=SMALL_TILES,
+                              interpret=params).block_until_ready()
+    assert not gpu_callbacks.get_races().races_found, "race in the forward"
+    g = _activations(128, 192, exact_sums=True)
+    big = wn.pack_for_wgmma(*_weight(2, 192, 64, exact_sums=True))  # dgrad: contraction N = 192
+    prd.grouped_matmul_packed(g, big, sizes, dgrad=True, tiles=SMALL_TILES, interpret=params).block_until_ready()
+    assert not gpu_callbacks.get_races().races_found, "race in the dgrad"
