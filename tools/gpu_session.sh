@@ -37,6 +37,8 @@
 #                                       # (BENCH_ARGS)
 #   bash tools/gpu_session.sh weight_gemm # compiled packed-NVFP4-weight GEMM tests (Triton, WGMMA) + bench_weight_gemm
 #                                       # (BENCH_ARGS)
+#   bash tools/gpu_session.sh packed_kernels # expert_gemm="packed_wgmma"'s Mosaic kernels: compiled tests,
+#                                       # bench_weight_gemm, bench_experts and bench_decode beside the other backends
 #   bash tools/gpu_session.sh triton    # the compiled Triton kernel suite alone
 #   bash tools/gpu_session.sh mosaic    # the compiled Mosaic GPU kernel suite alone
 #   bash tools/gpu_session.sh model     # the model GPU test alone (Triton impl == reference, bitwise)
@@ -176,6 +178,21 @@ case "$mode" in
   weight_gemm)
     gemm_tests_and_bench weight_gemm "tests/kernels/test_packed_weight_gemm.py tests/kernels/test_wgmma_nvfp4.py" \
       "${GROUPED_SECONDS:-180}" bench_weight_gemm 300
+    ;;
+  packed_kernels)
+    # the Mosaic packed-NVFP4 kernels of expert_gemm="packed_wgmma" in one call: compiled tests, the decode-size
+    # and the training-size GEMM benchmarks beside the bf16 kernels, then decode throughput per backend
+    step gpu_tests_packed_kernels "${PACKED_TESTS_SECONDS:-150}" python -m pytest -v -rf --tb=short -m gpu \
+      tests/kernels/test_wgmma_nvfp4.py tests/kernels/test_packed_ragged_dot.py -p no:cacheprovider
+    step gpu_tests_packed_wgmma_qdot 60 python -m pytest -v -rf --tb=short -m gpu tests/kernels/test_grouped_gemm.py \
+      -k wgmma -p no:cacheprovider
+    step bench_weight_gemm "${WEIGHT_GEMM_SECONDS:-150}" python -m experiments.bench_weight_gemm --shapes=experts128 \
+      --rows_per_expert=1,8,64 --block_n=64,128 --block_k=128,256
+    step bench_experts "${EXPERTS_SECONDS:-120}" python -m experiments.bench_experts --gemms=xla,mosaic,packed,packed_wgmma
+    step bench_decode "${DECODE_SECONDS:-100}" python -m experiments.bench_decode --recipes=bf16,full \
+      --expert_gemms=packed,packed_wgmma
+    mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_packed_kernels.log
+    tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   triton)
     triton_tests "${TRITON_SECONDS:-150}"
