@@ -40,7 +40,8 @@ Accumulation is float32 (`preferred_element_type`).
   operand, its row tile following the rows per expert), otherwise on `packed_ragged_dot` (the
   weight tile decoded into shared memory per row tile; an NVFP4 activation read as its codes and
   scales too, `ragged_matmul_nvfp4_rows`), which also runs the dgrad. No bf16 copy of an NVFP4
-  expert stack, nor a 16-bit copy of an NVFP4 activation, in a training step. Not picked by "auto" until the GPU benchmarks rank it.
+  expert stack, nor a 16-bit copy of an NVFP4 activation, in a training step. Not picked by
+  "auto" until the GPU benchmarks rank it.
 A config may also name "auto" (`ModelConfig.expert_gemm`'s default): `resolve_gemm` turns it into
 the fastest of these that the tests hold to the reference on the platform ("packed" on a Hopper GPU
 where the kernels take the model, "xla" elsewhere) once, where the model is built; the GEMM
@@ -106,8 +107,9 @@ def kernels_refuse(gemm: str, dtype: str, weights: tuple[tuple[int, int], ...]) 
 
     Every GEMM a ragged qdot runs on such a weight goes through the kernels' own argument checks:
     forward K -> N, dgrad N -> K, wgrad [K, N], and with a packed backend the forward of the
-    weight's NVFP4 form on its kernel ("packed_dgrad": its dgrad too). Abstractly (`jax.eval_shape`) and in interpret
-    mode, so no GPU is needed: the checks raise before tracing, the same for the compiled kernels."""
+    weight's NVFP4 form on its kernel (with "packed_dgrad" and "packed_wgmma" its dgrad too).
+    Abstractly (`jax.eval_shape`) and in interpret mode, so no GPU is needed: the checks raise
+    before tracing, the same for the compiled kernels."""
     from pallas_kernels.grouped_gemm import grouped_dgrad_nvfp4, grouped_matmul, grouped_matmul_nvfp4, grouped_wgrad
 
     spec = jax.ShapeDtypeStruct
@@ -360,7 +362,7 @@ def _wgmma_packed_matmul(a, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, dgra
 
     e, _, half = codes_ExNxK2.shape
     weight = wgmma_nvfp4.pack_for_wgmma(codes_ExNxK2, scales_ExNxK16)
-    if dgrad or a.shape[0] >= DECODE_ROWS_PER_EXPERT * e:
+    if dgrad or _training_rows(a.shape[0], e):
         return packed_ragged_dot.grouped_matmul_packed(a, weight, group_sizes_E, dgrad=dgrad, interpret=interpret)
     block_k = next((b for b in (128, 64, 32) if (2 * half) % b == 0), 128)  # the kernel names the K it refuses
     tiles = wgmma_nvfp4.WgmmaDecodeTiles(rows=_wgmma_row_tile(a.shape[0], e), block_k=block_k)
@@ -381,7 +383,11 @@ def reads_packed_rows(num_rows: int, groups: int, gemm: str) -> bool:
     """Whether the forward of an NVFP4 site with an NVFP4 weight stack of `groups` experts takes x as
     its NVFP4 codes and scales (`ragged_matmul_nvfp4_rows`) on `gemm`: the Mosaic packed kernels at
     training sizes (DECODE_ROWS_PER_EXPERT rows per expert or more)."""
-    return gemm in WGMMA_GEMMS and num_rows >= DECODE_ROWS_PER_EXPERT * groups
+    return gemm in WGMMA_GEMMS and _training_rows(num_rows, groups)
+
+
+def _training_rows(num_rows: int, groups: int) -> bool:
+    return num_rows >= DECODE_ROWS_PER_EXPERT * groups
 
 
 def ragged_matmul_nvfp4_rows(x_codes_RxK2, x_scales_RxK16, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, gemm: str):
@@ -396,7 +402,8 @@ def ragged_matmul_nvfp4_rows(x_codes_RxK2, x_scales_RxK16, codes_ExNxK2, scales_
 
 def ragged_matmul_nvfp4(a_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, gemm: str):
     """f32 [R, N]: rows of group e times (dec(codes[e]) * scales[e])^T, the bf16 operand of an NVFP4
-    weight w^T [E, N, K] read packed (`gemm` in PACKED_GEMMS; WGMMA_GEMMS on the Mosaic kernels); rows past the groups: 0.
+    weight w^T [E, N, K] read packed (`gemm` in PACKED_GEMMS; WGMMA_GEMMS on the Mosaic kernels);
+    rows past the groups: 0.
 
     `a` holds the values of an NVFP4-quantized activation, dec(q) * sf: multiples of 2^-10 of at
     most 6 significant bits, below 6 * 448, hence exact in f16. The kernel takes them as f16 and
