@@ -30,6 +30,7 @@ from pathlib import Path
 import jax
 import tokenizers
 
+from fp4rl import grouped
 from fp4rl.model import hf, transformer
 from fp4rl.model.config import ModelConfig
 from fp4rl.recipe import PrecisionRecipe
@@ -137,9 +138,25 @@ def _chat_codec(path: Path) -> tuple[HFCodec | None, str]:
         return None, str(err)
 
 
-def load(path: str | Path, seed_index: int = 0) -> ServedModel:
-    """The checkpoint at `path` (see the module docstring for the layouts)."""
-    path = Path(path)
+def load(path: str | Path, seed_index: int = 0, expert_gemm: str = "") -> ServedModel:
+    """The checkpoint at `path` (see the module docstring for the layouts); `expert_gemm` (a
+    `fp4rl.grouped` backend or "auto"; "" keeps the checkpoint's) computes its routed experts on
+    another grouped-GEMM backend: `with_expert_gemm`."""
+    return with_expert_gemm(_load(Path(path), seed_index), expert_gemm)
+
+
+def with_expert_gemm(model: ServedModel, expert_gemm: str) -> ServedModel:
+    """`model` with its routed experts on the grouped-GEMM backend `expert_gemm` (resolved where
+    "auto"; "" keeps the checkpoint's): the same parameters under another graphdef. The backends
+    differ only in the f32 accumulation order (docs/design.md, "Grouped-GEMM backends")."""
+    if not expert_gemm:
+        return model
+    grouped.check_gemm(expert_gemm, auto=True)
+    config = dataclasses.replace(model.config, expert_gemm=expert_gemm).resolved()
+    return dataclasses.replace(model, graphdef=transformer.graphdef_of(config), config=config)
+
+
+def _load(path: Path, seed_index: int) -> ServedModel:
     if (path / "sft_meta.json").exists():
         return _load_sft(path)
     if (path / "config.json").exists():

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fp4rl import grouped
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import data, verifier
 from fp4rl.rl.sft import params_digest
@@ -59,7 +60,8 @@ class ServeEvalConfig:
     first is the one the retest repeats. task: the difficulty levels (min_ops..max_ops, each its
     own level of `per_level` prompts). followup: the follow-up question's task (additions and
     subtractions only, so any fed-back integer gives a well-defined truth). engine: batch shapes
-    (its max_new_tokens is every answer's budget). bootstrap, ci: the intervals."""
+    (its max_new_tokens is every answer's budget). expert_gemm: the routed experts' grouped-GEMM
+    backend ("": the checkpoint's; `checkpoints.with_expert_gemm`). bootstrap, ci: the intervals."""
 
     checkpoint: str = "runs/cpu/sft"
     seed_index: int = 0
@@ -74,6 +76,7 @@ class ServeEvalConfig:
     retest: bool = True
     engine: EngineConfig = EngineConfig(max_batch=64, prompt_buckets=(32, 64), max_new_tokens=48)
     impl: str = "auto"
+    expert_gemm: str = ""
     bootstrap: int = 2000
     ci: float = 0.95
     seed: int = 0
@@ -84,6 +87,8 @@ class ServeEvalConfig:
             raise ValueError(f"deployments={self.deployments} must be non-empty and distinct")
         for spec in self.deployments:
             parse_deployment(spec)
+        if self.expert_gemm:
+            grouped.check_gemm(self.expert_gemm, auto=True)
         if self.per_level < 2 or self.samples < 1:
             raise ValueError(f"need per_level={self.per_level} >= 2 and samples={self.samples} >= 1")
         if not 0.0 < self.temperature <= 2.0:
@@ -394,6 +399,8 @@ def _cache_key(config: ServeEvalConfig, spec: str, params_sha256: str) -> str:
     """What a deployment's scores depend on: the checkpoint's bytes and every setting but the
     statistics and the other deployments."""
     settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("deployments", "bootstrap", "ci", "out")}
+    if not config.expert_gemm:  # the checkpoint's backend: the key of results saved before the option
+        settings.pop("expert_gemm")
     settings.update(spec=spec, retest=config.retest and spec == config.deployments[0], params_sha256=params_sha256)
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -420,7 +427,7 @@ def run(config: ServeEvalConfig, progress=print) -> dict:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    model = checkpoints.load(config.checkpoint, config.seed_index)
+    model = checkpoints.load(config.checkpoint, config.seed_index, config.expert_gemm)
     if not model.text:
         raise ValueError(f"{config.checkpoint} has no text tokenizer; the RL task needs a project checkpoint")
     held = held_out(config)

@@ -20,8 +20,9 @@ class ServeConfig:
     directory's name and the quantization, e.g. `sft-nvfp4_online`). engine: batch shapes.
     max_wait_ms: how long the batcher holds a request for companions; max_queue: rows waiting
     before requests are refused with 503. impl: the quantizer implementation (`auto`: Triton
-    kernels on a GPU, the jnp reference elsewhere). log_level: `info` or `debug` logs every
-    request, `warning` only failures."""
+    kernels on a GPU, the jnp reference elsewhere). expert_gemm: the routed experts' grouped-GEMM
+    backend ("": the checkpoint's, e.g. "packed_wgmma"; `checkpoints.with_expert_gemm`). log_level:
+    `info` or `debug` logs every request, `warning` only failures."""
 
     checkpoint: str = "runs/cpu/sft"
     quantization: Literal["bf16", "mxfp8", "nvfp4_online"] = "nvfp4_online"
@@ -34,4 +35,5 @@ class ServeConfig:
     max_wait_ms: float = 5.0
     max_queue: int = 1024
     impl: str = "auto"
+    expert_gemm: str = ""
     log_level: str = "info"

@@ -70,7 +70,7 @@ def default_name(checkpoint: str, quantization: str) -> str:
 
 def load_service(config: ServeConfig) -> Service:
     """Load, quantize at load time, compile every batch shape, start the batcher."""
-    model = checkpoints.load(config.checkpoint, config.seed_index)
+    model = checkpoints.load(config.checkpoint, config.seed_index, config.expert_gemm)
     dep = deployment.quantize(model, config.quantization, config.recipe, config.impl)
     engine = Engine(dep, config.engine)
     compile_seconds = engine.compile()

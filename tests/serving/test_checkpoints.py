@@ -65,3 +65,28 @@ def test_unknown_directories_are_named(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="neither an RL run's config nor a Hugging Face config"):
         checkpoints.load(tmp_path)
+
+
+def test_expert_gemm_override_serves_the_same_parameters_on_another_backend():
+    """`load(..., expert_gemm=...)` rebuilds only the graphdef: every MoE computes on the named
+    backend, the parameters are the checkpoint's, and the served greedy token is transformers' argmax
+    as before; an unknown backend is refused naming the valid ones."""
+    from flax import nnx
+
+    from fp4rl.model.moe import MoE
+
+    base, blocked = checkpoints.load(HF), checkpoints.load(HF, expert_gemm="blocked")
+    assert base.config.expert_gemm == "xla" and blocked.config.expert_gemm == "blocked"
+    model = nnx.merge(blocked.graphdef, blocked.params)
+    assert {n.expert_gemm for _, n in nnx.graph.iter_graph(model) if isinstance(n, MoE)} == {"blocked"}
+    for a, b in zip(jax.tree.leaves(base.params), jax.tree.leaves(blocked.params), strict=True):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert checkpoints.with_expert_gemm(base, "") is base
+    ref = np.load(os.path.join(HF, "reference_logits.npz"))
+    engine = Engine(deployment.quantize(blocked, "bf16", impl="reference"),
+                    EngineConfig(max_batch=2, prompt_buckets=(16,), max_new_tokens=1))
+    engine.compile()
+    (result,) = engine.run_batch([RowRequest(tuple(int(t) for t in ref["input_ids"][0]), 1)])
+    assert result.token_ids[0] == int(np.argmax(ref["logits"][0, -1]))
+    with pytest.raises(ValueError, match="valid options"):
+        checkpoints.load(HF, expert_gemm="cutlass")

@@ -4,6 +4,7 @@ project's own held-out evaluation (the trainer's sampler) on the same prompts.""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 
 import jax
@@ -44,6 +45,15 @@ def test_config_checks():
     with pytest.raises(ValueError, match="distinct"):
         ServeEvalConfig(deployments=("bf16", "bf16"))
     assert deployment_eval.parse_deployment("nvfp4_online:nvfp4") == ("nvfp4_online", "nvfp4")
+    with pytest.raises(ValueError, match="valid options"):
+        ServeEvalConfig(expert_gemm="cutlass")
+    # the checkpoint's backend ("") keeps the cache key of results saved before the option; a named one changes it
+    key = deployment_eval._cache_key(ServeEvalConfig(), "bf16", "digest")
+    legacy = {k: v for k, v in dataclasses.asdict(ServeEvalConfig()).items()
+              if k not in ("deployments", "bootstrap", "ci", "out", "expert_gemm")}
+    legacy.update(spec="bf16", retest=True, params_sha256="digest")  # bf16: the first deployment, retested
+    assert key == hashlib.sha256(json.dumps(legacy, sort_keys=True, default=str).encode()).hexdigest()
+    assert deployment_eval._cache_key(ServeEvalConfig(expert_gemm="blocked"), "bf16", "digest") != key
 
 
 ROWS, WIDTH, T = 16, 48, 24
