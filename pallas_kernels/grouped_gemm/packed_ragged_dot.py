@@ -22,8 +22,10 @@ per 128 rows, against a bf16 copy written and read per step.
 
 Operands: x (or g) float16 or bfloat16. f16: the tile is dec(q) sf 2^-7 and the result is scaled
 by 2^7 (exact), for NVFP4-quantized activations (exact in f16). bf16: the tile is dec(q) sf (a
-cotangent has no exact f16 form). Both tiles are exact, products are exact in f32: the result is
-the emulated GEMM up to the order of the f32 sums.
+cotangent has no exact f16 form). x may also come packed (`PackedRows`: an NVFP4 activation's
+codes and scales), its tile decoded into shared memory like the weight's as WGMMA's A operand, so
+no 16-bit copy of it is written to HBM either. Every tile is exact, products are exact in f32:
+the result is the emulated GEMM up to the order of the f32 sums.
 
 Two buffers for the decoded tile: a step decodes into one while the previous step's WGMMA reads
 the other, so the decode overlaps the tensor cores (and the TMA pipeline runs
