@@ -16,7 +16,8 @@ each output checked against an f32 einsum before it is timed:
   in f16, the model's form: `fp4rl.grouped.ragged_matmul_nvfp4`);
 - `wgmma nvfp4 packed f16 registers` / `smem`: `grouped_matmul_nvfp4_wgmma` (Mosaic GPU), the weight
   as WGMMA's A operand decoded in registers (or through shared memory), x in f16, the weight laid
-  out once beforehand (`pack_for_wgmma`, not timed: it happens at weight sync). Shapes whose N is
+  out once beforehand (`pack_for_wgmma`, not timed; the model's `packed_wgmma` transposes the scale
+  bytes, 1/8 of the codes' bytes, at every call). Shapes whose N is
   not a multiple of 64 have no such rows.
 The Triton and WGMMA rows take the fastest of a few launch shapes (`--block_m`, `--block_n`, `--block_k`;
 WGMMA: `--wgmma_rows` x 64 x `--block_k`, `--wgmma_stages`; no row tile taller than the rows per

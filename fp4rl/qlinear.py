@@ -151,18 +151,19 @@ def _forward_from_quantized(x_TxK, wq, site: SiteConfig, group_sizes, impl: str,
     if not site.quantized:
         return _gemm(x_TxK, wq.astype(x_TxK.dtype), group_sizes, gemm).astype(x_TxK.dtype), None
     xq = operands.quantize(x_TxK, site, "act", impl)
-    if (_reads_packed(wq, group_sizes, gemm, grouped.PACKED_GEMMS) and isinstance(xq, nvfp4.NVFP4Tensor)
+    weight_packed = _reads_packed(wq, group_sizes, gemm, grouped.PACKED_GEMMS)
+    if (weight_packed and isinstance(xq, nvfp4.NVFP4Tensor)
             and grouped.reads_packed_rows(x_TxK.shape[0], wq.codes.shape[0], gemm)):
         # both operands read packed: their 16-bit values are formed in the kernel only
         acc = grouped.ragged_matmul_nvfp4_rows(xq.codes, xq.scales, wq.codes, wq.scales, group_sizes, gemm=gemm)
         sx, sw = nvfp4.decode_scale(xq), jax.vmap(nvfp4.decode_scale)(wq)
-        return (acc * (sx * _per_row(sw, group_sizes, acc.shape[0]))).astype(x_TxK.dtype), xq
-    xv, sx = operands.gemm_operand(xq)
-    if _reads_packed(wq, group_sizes, gemm, grouped.PACKED_GEMMS):
+    elif weight_packed:
         # the kernel reads codes and scales: the bf16 operand is formed in registers only
+        xv, sx = operands.gemm_operand(xq)
         acc = grouped.ragged_matmul_nvfp4(xv, wq.codes, wq.scales, group_sizes, gemm=gemm)
         sw = jax.vmap(nvfp4.decode_scale)(wq)
     else:
+        xv, sx = operands.gemm_operand(xq)
         wv, sw = _per_weight(operands.gemm_operand, wq)
         acc = _gemm(xv, wv, group_sizes, gemm, transpose_rhs=True)
     return (acc * (sx * _per_row(sw, group_sizes, acc.shape[0]))).astype(x_TxK.dtype), xq

@@ -43,11 +43,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.grouped_gemm.packed_weight import F16_TILE_SHIFT
+from pallas_kernels.grouped_gemm.packed_weight import F16_TILE_SHIFT, check_group_sizes
 from pallas_kernels.grouped_gemm.ragged_dot import (GroupInfo, check_blocks, persistent_kernel, store_group_rows,
                                                     store_tile)
 from pallas_kernels.grouped_gemm.tunables import FORWARD_TILES, INTERPRET_PROGRAMS, GroupedGemmTiles
-from pallas_kernels.grouped_gemm.wgmma_nvfp4 import WgmmaNvfp4Weight, decoded_column_blocks
+from pallas_kernels.grouped_gemm.wgmma_nvfp4 import WgmmaNvfp4Weight, check_weight, decoded_column_blocks
 from pallas_kernels.nvfp4_quant import block_math as bm
 from pallas_kernels.nvfp4_quant.wrappers import require_gpu
 
@@ -167,8 +167,7 @@ def grouped_matmul_packed(a_RxC, weight: WgmmaNvfp4Weight, group_sizes_E, *, dgr
     operand's `PackedRows` (its dec(q) * sf, decoded in the kernel like the weight, as f16); weight:
     `wgmma_nvfp4.pack_for_wgmma(codes, scales)`. `interpret`: the Mosaic GPU interpreter (CPU)."""
     what = "grouped_matmul_packed"
-    if not isinstance(weight, WgmmaNvfp4Weight):
-        raise TypeError(f"{what}: weight must be a WgmmaNvfp4Weight (pack_for_wgmma), got {type(weight).__name__}")
+    e, n_w, k_w = check_weight(what, weight)
     packed_a = isinstance(a_RxC, PackedRows)
     if packed_a:
         rows, columns = a_RxC.codes.shape
@@ -180,14 +179,11 @@ def grouped_matmul_packed(a_RxC, weight: WgmmaNvfp4Weight, group_sizes_E, *, dgr
                         f"{jnp.shape(a_RxC)}")
     else:
         rows, columns = a_RxC.shape
-    e, n_w, k_w = weight.shape
     contraction, out = (n_w, k_w) if dgrad else (k_w, n_w)
     if columns != contraction:
         raise ValueError(f"{what}: a has {columns} columns but the {'dgrad' if dgrad else 'forward'} contracts "
                          f"over the weight's {'N' if dgrad else 'K'}={contraction}")
-    if jnp.shape(group_sizes_E) != (e,) or not jnp.issubdtype(jnp.result_type(group_sizes_E), jnp.integer):
-        raise ValueError(f"{what}: group_sizes must be integers of shape ({e},), got "
-                         f"{jnp.result_type(group_sizes_E)} {jnp.shape(group_sizes_E)}")
+    check_group_sizes(what, group_sizes_E, e)
     tiles = (tiles or FORWARD_TILES).fit(block_n=out, block_k=contraction)
     check_blocks("the output width", out, tiles.block_n)
     check_blocks("the contraction", contraction, tiles.block_k)

@@ -279,7 +279,8 @@ def _grouped_call(x_RxK, weights, group_sizes_E, *, tiles: PackedGemmTiles, inte
     return jnp.where(covered[:, None], out, jnp.float32(0))
 
 
-def _check_group_sizes(what: str, group_sizes_E, num_groups: int):
+def check_group_sizes(what: str, group_sizes_E, num_groups: int):
+    """Raise, naming the valid form, unless `group_sizes_E` are integers of shape (num_groups,)."""
     if jnp.shape(group_sizes_E) != (num_groups,) or not jnp.issubdtype(jnp.result_type(group_sizes_E), jnp.integer):
         raise ValueError(f"{what}: group_sizes must be integers of shape ({num_groups},), got "
                          f"{jnp.result_type(group_sizes_E)} {jnp.shape(group_sizes_E)}")
@@ -293,7 +294,7 @@ def _check(what: str, x_RxK, weight_shape, group_sizes_E, tiles: PackedGemmTiles
     if x_RxK.shape[1] != k:
         raise ValueError(f"{what}: x has K={x_RxK.shape[1]} but the weight has K={k}")
     num_groups, n = weight_shape[0], weight_shape[1]
-    _check_group_sizes(what, group_sizes_E, num_groups)
+    check_group_sizes(what, group_sizes_E, num_groups)
     return _fitted_tiles(what, tiles, n, k, least_k)
 
 
@@ -308,8 +309,9 @@ def _fitted_tiles(what: str, tiles: PackedGemmTiles, n: int, k: int, least_k: in
     return tiles.fit(n, k)
 
 
-def _packed_weight_bytes(what: str, codes_ExNxK2, scales_ExNxK16):
-    """Checked codes and scale bytes -> (E, N, K, codes as uint32 words, scales as uint8)."""
+def check_packed_weight(what: str, codes_ExNxK2, scales_ExNxK16) -> tuple[int, int, int]:
+    """(E, N, K) of an NVFP4 expert stack w^T given as codes uint8 [E, N, K/2] and E4M3 scales
+    (float8_e4m3fn or their bytes) [E, N, K/16]; raises, naming the valid form, otherwise."""
     if jnp.result_type(codes_ExNxK2) != jnp.uint8 or jnp.ndim(codes_ExNxK2) != 3:
         raise TypeError(f"{what}: codes must be uint8 [E, N, K/2], got {jnp.result_type(codes_ExNxK2)} "
                         f"{jnp.shape(codes_ExNxK2)}")
@@ -318,7 +320,13 @@ def _packed_weight_bytes(what: str, codes_ExNxK2, scales_ExNxK16):
         raise ValueError(f"{what}: scales must have shape {(e, n, 2 * half // bm.BLOCK)}, got {jnp.shape(scales_ExNxK16)}")
     if jnp.result_type(scales_ExNxK16) not in (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.uint8)):
         raise TypeError(f"{what}: scales must be float8_e4m3fn or uint8, got {jnp.result_type(scales_ExNxK16)}")
-    return e, n, 2 * half, codes_as_words(codes_ExNxK2), lax.bitcast_convert_type(scales_ExNxK16, jnp.uint8)
+    return e, n, 2 * half
+
+
+def _packed_weight_bytes(what: str, codes_ExNxK2, scales_ExNxK16):
+    """Checked codes and scale bytes -> (E, N, K, codes as uint32 words, scales as uint8)."""
+    e, n, k = check_packed_weight(what, codes_ExNxK2, scales_ExNxK16)
+    return e, n, k, codes_as_words(codes_ExNxK2), lax.bitcast_convert_type(scales_ExNxK16, jnp.uint8)
 
 
 def grouped_matmul_nvfp4(x_RxK, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, tiles: PackedGemmTiles | None = None,
@@ -352,7 +360,7 @@ def grouped_dgrad_nvfp4(g_RxN, codes_ExNxK2, scales_ExNxK16, group_sizes_E, *, t
         raise TypeError(f"grouped_dgrad_nvfp4: g must be bfloat16 [R, N], got {jnp.result_type(g_RxN)} {jnp.shape(g_RxN)}")
     if g_RxN.shape[1] != n:
         raise ValueError(f"grouped_dgrad_nvfp4: g has N={g_RxN.shape[1]} but the weight has N={n}")
-    _check_group_sizes("grouped_dgrad_nvfp4", group_sizes_E, e)
+    check_group_sizes("grouped_dgrad_nvfp4", group_sizes_E, e)
     fitted = _fitted_tiles("grouped_dgrad_nvfp4", tiles or DEFAULT_TILES, n, k, 32)
     require_gpu(interpret, "grouped_dgrad_nvfp4")
     return _grouped_call(g_RxN, (words, scale_bytes), group_sizes_E, tiles=fitted, interpret=interpret, dgrad=True)

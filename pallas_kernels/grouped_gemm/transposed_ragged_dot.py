@@ -71,6 +71,11 @@ def transposed_ragged_dot(lhs, rhs, group_sizes, *, block_m: int, block_n: int, 
     swizzle = plgpu.find_swizzle(block_k * jnp.dtype(lhs.dtype).itemsize * 8)
     swizzle_elems = swizzle // jnp.dtype(lhs.dtype).itemsize
     transforms = (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(swizzle))
+    # both operands' SMEM blocks are tiled swizzle_elems wide along their minor (output) dimension
+    for name, block in (("M (lhs columns)", block_m), ("N (rhs columns)", block_n)):
+        if block % swizzle_elems:
+            raise ValueError(f"{name}: block {block} must be a multiple of {swizzle_elems} (the shared-memory tiles of "
+                             f"a {swizzle}-byte swizzle)")
     delay_release = 1 if max_concurrent_steps > 1 else 0
 
     def body(group_sizes_gmem, group_starts_gmem, group_ends_gmem, group_num_blocks_gmem, group_block_starts_gmem,

@@ -1,6 +1,6 @@
 """Weight-only NVFP4 grouped GEMM for decode on Hopper: the weight as WGMMA's register operand (Mosaic GPU).
 
-    weight = pack_for_wgmma(codes_ExNxK2, scales_ExNxK16)        # once, at weight sync / load
+    weight = pack_for_wgmma(codes_ExNxK2, scales_ExNxK16)        # the layout: a transpose of the scale bytes
     y = grouped_matmul_nvfp4_wgmma(x_RxK_f16, weight, sizes_E)   # f32 [R, N]
 
 Rows of group e (x sorted by group, dropless) times W_e^T with W_e = dec(codes_e) * sf_e, the
@@ -58,7 +58,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.grouped_gemm.packed_weight import F16_TILE_SHIFT, tile_schedule
+from pallas_kernels.grouped_gemm.packed_weight import F16_TILE_SHIFT, check_group_sizes, check_packed_weight, tile_schedule
 from pallas_kernels.grouped_gemm.ragged_dot import interpret_params, store_tile
 from pallas_kernels.nvfp4_quant import block_math as bm
 from pallas_kernels.nvfp4_quant.wrappers import require_gpu
@@ -114,18 +114,19 @@ def pack_for_wgmma(codes_ExNxK2, scales_ExNxK16) -> WgmmaNvfp4Weight:
     """The kernel's layout of `qlinear.quantize_weight`'s w^T: codes uint8 [E, N, K/2] (even element
     in the low nibble) and scales float8_e4m3fn (or their bytes) [E, N, K/16]. Bytes are moved, not
     changed (`unpack_wgmma_weight` inverts it)."""
-    if jnp.result_type(codes_ExNxK2) != jnp.uint8 or jnp.ndim(codes_ExNxK2) != 3:
-        raise TypeError(f"pack_for_wgmma: codes must be uint8 [E, N, K/2], got {jnp.result_type(codes_ExNxK2)} "
-                        f"{jnp.shape(codes_ExNxK2)}")
-    e, n, half = codes_ExNxK2.shape
-    if jnp.shape(scales_ExNxK16) != (e, n, 2 * half // bm.BLOCK) or (2 * half) % bm.BLOCK:
-        raise ValueError(f"pack_for_wgmma: scales must have shape {(e, n, 2 * half // bm.BLOCK)} "
-                         f"(K={2 * half} in whole 16-element blocks), got {jnp.shape(scales_ExNxK16)}")
-    if jnp.result_type(scales_ExNxK16) not in (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.uint8)):
-        raise TypeError(f"pack_for_wgmma: scales must be float8_e4m3fn or uint8, got {jnp.result_type(scales_ExNxK16)}")
-    codes = lax.bitcast_convert_type(codes_ExNxK2, jnp.int4).reshape(e, n, 2 * half)
+    e, n, k = check_packed_weight("pack_for_wgmma", codes_ExNxK2, scales_ExNxK16)
+    if k % bm.BLOCK:
+        raise ValueError(f"pack_for_wgmma: K={k} must be whole 16-element NVFP4 blocks")
+    codes = lax.bitcast_convert_type(codes_ExNxK2, jnp.int4).reshape(e, n, k)
     scales = jnp.swapaxes(lax.bitcast_convert_type(scales_ExNxK16, jnp.uint8), 1, 2)
     return WgmmaNvfp4Weight(codes=codes, scales=scales)
+
+
+def check_weight(what: str, weight) -> tuple[int, int, int]:
+    """(E, N, K) of a `WgmmaNvfp4Weight`; a TypeError naming `pack_for_wgmma` for anything else."""
+    if not isinstance(weight, WgmmaNvfp4Weight):
+        raise TypeError(f"{what}: weight must be a WgmmaNvfp4Weight (pack_for_wgmma), got {type(weight).__name__}")
+    return weight.shape
 
 
 def unpack_wgmma_weight(weight: WgmmaNvfp4Weight):
@@ -264,17 +265,13 @@ def grouped_matmul_nvfp4_wgmma(x_RxK, weight: WgmmaNvfp4Weight, group_sizes_E, *
     weight: `pack_for_wgmma(codes, scales)`. sum(group_sizes) <= R is the caller's contract.
     `interpret`: True (or a `plgpu.InterpretGPUParams`) runs the Mosaic GPU interpreter."""
     tiles = tiles or DEFAULT_TILES
-    if not isinstance(weight, WgmmaNvfp4Weight):
-        raise TypeError(f"grouped_matmul_nvfp4_wgmma: weight must be a WgmmaNvfp4Weight (pack_for_wgmma), got {type(weight).__name__}")
-    e, n, k = weight.shape
+    e, n, k = check_weight("grouped_matmul_nvfp4_wgmma", weight)
     if jnp.ndim(x_RxK) != 2 or jnp.result_type(x_RxK) != jnp.float16:
         raise TypeError(f"grouped_matmul_nvfp4_wgmma: x must be float16 [R, K], got {jnp.result_type(x_RxK)} "
                         f"{jnp.shape(x_RxK)}")
     if x_RxK.shape[1] != k:
         raise ValueError(f"grouped_matmul_nvfp4_wgmma: x has K={x_RxK.shape[1]} but the weight has K={k}")
-    if jnp.shape(group_sizes_E) != (e,) or not jnp.issubdtype(jnp.result_type(group_sizes_E), jnp.integer):
-        raise ValueError(f"grouped_matmul_nvfp4_wgmma: group_sizes must be integers of shape ({e},), got "
-                         f"{jnp.result_type(group_sizes_E)} {jnp.shape(group_sizes_E)}")
+    check_group_sizes("grouped_matmul_nvfp4_wgmma", group_sizes_E, e)
     if n % WARPGROUP_ROWS:
         raise ValueError(f"grouped_matmul_nvfp4_wgmma: N={n} must be a multiple of {WARPGROUP_ROWS} (a warpgroup's WGMMA rows)")
     if k % tiles.block_k:

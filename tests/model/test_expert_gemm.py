@@ -74,9 +74,10 @@ def test_on_a_hopper_gpu_auto_is_packed_where_the_kernels_take_the_model(platfor
     # A model the Mosaic kernels take is the packed kernel's too: no recipe needs another backend.
     assert grouped.kernels_refuse("packed", "bfloat16", H200.expert_weight_shapes) is None
     assert grouped.kernels_refuse("packed_wgmma", "bfloat16", H200.expert_weight_shapes) is None  # and the WGMMA one's
-    # A shape a kernel's tracing trips over (not only its argument checks) is a refusal too, not a crash:
-    # N=32 experts (gate|up of 128 -> 32) on the wgrad kernel's 64-wide shared-memory tiles.
-    assert "wgrad [128, 32]" in grouped.kernels_refuse("mosaic", "bfloat16", ((128, 32),))
+    # N=32 experts (gate|up of 128 -> 32) do not fill the wgrad kernel's 64-wide shared-memory tiles:
+    # its argument checks say so (before they did not, and Pallas's tracing failed an assertion).
+    assert "wgrad [128, 32]: N (rhs columns): block 32 must be a multiple of 64" in grouped.kernels_refuse(
+        "mosaic", "bfloat16", ((128, 32),))
 
 
 def test_where_only_the_packed_kernel_refuses_auto_is_mosaic(platform, monkeypatch):
