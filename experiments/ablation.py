@@ -44,6 +44,7 @@ import jax  # noqa: E402
 
 from fp4rl import configs  # noqa: E402
 from fp4rl.config_cli import cli  # noqa: E402
+from fp4rl.formats import stochastic  # noqa: E402
 from fp4rl.rl import sft  # noqa: E402
 from fp4rl.rl.ablation import AblationConfig, run  # noqa: E402
 
@@ -53,6 +54,7 @@ def main(argv=None) -> None:
     if not any(a == "--preset" or a.startswith("--preset=") for a in argv):
         argv = ["--preset", "cpu", *argv]
     config = cli(AblationConfig, configs.ABLATION_PRESETS, argv)
+    stochastic.lower_draws_as_gpu_kernel()
     # Arms that differ only in their backward mode (nvfp4/nvfp4-pt/+dq, +46/full-hp, +hp/full-46,
     # full/full-dq, mxfp8-q/mxfp8/mxfp8+dq) share their forward programs (sync, sampler, log-probs)
     # in one process; the persistent compilation cache is for reruns: a resumed run recompiles

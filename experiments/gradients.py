@@ -24,6 +24,7 @@ import jax  # noqa: E402
 
 from fp4rl import configs  # noqa: E402
 from fp4rl.config_cli import cli, preset_of  # noqa: E402
+from fp4rl.formats import stochastic  # noqa: E402
 from fp4rl.rl import gradients, gradients_config, sft  # noqa: E402
 
 
@@ -32,6 +33,7 @@ def main(argv=None) -> None:
     if not any(a == "--preset" or a.startswith("--preset=") for a in argv):
         argv = ["--preset", "cpu", *argv]
     config = cli(gradients_config.GradientsConfig, configs.GRADIENTS_PRESETS, argv)
+    stochastic.lower_draws_as_gpu_kernel()
     print(f"devices: {jax.devices()}")
     preset = preset_of(argv)
     if not config.merge:  # merging reads earlier measurements only

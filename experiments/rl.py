@@ -20,6 +20,7 @@ import jax
 
 from fp4rl import configs, xla_flags
 from fp4rl.config_cli import cli, preset_of
+from fp4rl.formats import stochastic
 from fp4rl.rl import rl_config, run_inputs, sft, trainer
 from fp4rl.rl.run_dir import prepare_out
 
@@ -32,6 +33,7 @@ def _fail(err: Exception):
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     config = cli(trainer.RLConfig, configs.RL_PRESETS, argv, root="rl")
+    stochastic.lower_draws_as_gpu_kernel()
     try:
         rl_config.check_source(config)
     except ValueError as err:

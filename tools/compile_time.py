@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fp4rl import configs  # noqa: E402
+from fp4rl.formats import stochastic  # noqa: E402
 from fp4rl.model import ModelConfig, forward, init  # noqa: E402
 from fp4rl.recipe import PrecisionRecipe  # noqa: E402
 from fp4rl.rl import sft, trainer  # noqa: E402
@@ -62,9 +63,11 @@ def update(preset: str = "h200", arms: str = "bf16", seeds: str = "4", gemms: st
             flags = os.environ.get("XLA_FLAGS", "") or "default XLA_FLAGS"
             gib = "n/a" if memory is None else " ".join(
                 f"{name} {getattr(memory, f'{name}_size_in_bytes') / 2**30:.1f}" for name in ("argument", "output", "temp"))
-            print(f"{preset} {arm:6s} seeds {seeds} gemm {run.model_config.expert_gemm:8s} compile {seconds:6.1f} s, GiB: {gib} ({flags})",
+            print(f"{preset} {arm:6s} seeds {seeds} gemm {run.model_config.expert_gemm:8s} compile {seconds:6.1f} s, GiB: {gib} ({flags}) "
+                  f"threefry kernel {int(jax.config.jax_threefry_gpu_kernel_lowering)}",
                   flush=True)
 
 
 if __name__ == "__main__":
+    stochastic.lower_draws_as_gpu_kernel()  # as the entry points do (JAX_THREEFRY_GPU_KERNEL_LOWERING=0: XLA's lowering)
     {"grad": grad, "update": update}[sys.argv[1]](*sys.argv[2:])

@@ -27,6 +27,8 @@
 #   bash tools/gpu_session.sh compile   # the RL update program's compile time per arm x GEMM backend x XLA_FLAGS
 #                                       # variant (COMPILE_ARMS, COMPILE_GEMMS, SEEDS; no warm-up needed); the
 #                                       # fastest one as GEMM=...; XLA_FLAGS=... into COMPILE_CHOICE
+#   bash tools/gpu_session.sh threefry  # threefry draws lowered to JAX's GPU kernel: same bytes (compiled test), and the
+#                                       # update program's compile time with and without it (COMPILE_ARMS: nvfp4-pt)
 #   bash tools/gpu_session.sh rlstep    # warm-up + RL step time per arm (ARMS) x expert GEMM backend (GEMMS)
 #                                       # (RLSTEP_PRESET: h200 by default)
 #   bash tools/gpu_session.sh warmup    # a warm-up alone (WARMUP_PRESET, h200 by default)
@@ -392,6 +394,22 @@ seconds, flags = min(times) if times else (None, "")
 print(f"export GEMM={gemm if times else 'xla'} XLA_FLAGS={shlex.quote(flags)} COMPILE_SECONDS_MEASURED={seconds}")
 PY
     tee -a "$log" <"${COMPILE_CHOICE:-/tmp/fp4rl-compile-choice.sh}"
+    ;;
+  threefry)
+    # jax.random's threefry draws lowered to JAX's CUDA kernel (fp4rl.formats.stochastic): the same bytes compiled,
+    # then the update program of COMPILE_ARMS compiled with XLA's lowering and with the kernel, at once
+    # (two processes, no compilation cache)
+    step gpu_tests_threefry 120 python -m pytest -v -rf --tb=short -m gpu tests/formats/test_stochastic.py -p no:cacheprovider
+    for kernel in 0 1; do
+      JAX_ENABLE_COMPILATION_CACHE=false JAX_THREEFRY_GPU_KERNEL_LOWERING=$kernel XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 \
+        step "compile threefry kernel $kernel" "${COMPILE_SECONDS:-240}" \
+        python tools/compile_time.py update h200 "${COMPILE_ARMS:-nvfp4-pt}" "${SEEDS:-4}" "${COMPILE_GEMMS:-packed}" &
+      sleep 1
+    done
+    wait
+    grep "compile " "$log"
+    mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_threefry.log
+    tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   rlstep)
     # RL step time per arm x grouped-GEMM backend from the preset's warm-up (RLSTEP_PRESET, h200 by

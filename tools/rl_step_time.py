@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments.gpu_bench import write_results  # noqa: E402
 from fp4rl import configs  # noqa: E402
 from fp4rl.analysis import trace_summary  # noqa: E402
+from fp4rl.formats import stochastic  # noqa: E402
 from fp4rl.grouped import check_gemm  # noqa: E402
 from fp4rl.model import init  # noqa: E402
 from fp4rl.rl import sft, trainer  # noqa: E402
@@ -94,6 +95,7 @@ def main(argv=None) -> None:
                         "with a table of its kernels (that step is not timed)")
     parser.add_argument("--out", default="", help="write rl_step_time.json/.md into this directory (default: print only)")
     args = parser.parse_args(argv)
+    stochastic.lower_draws_as_gpu_kernel()
     gemms = args.gemms.split(",")
     for gemm in gemms:
         check_gemm(gemm, auto=True)  # names the valid backends

@@ -4,9 +4,19 @@ Within the grid interval [lo, hi] that contains |v|, round up with probability
 (|v| - lo) / (hi - lo): E[round(v)] = v for |v| <= 6, and grid values never move. Magnitudes
 past 6 saturate to 6. The random bits come from an explicit `jax.random` key, so a training
 step that threads its key is reproducible.
+
+The draws are one threefry2x32 per element. XLA:GPU compiles the default lowering of threefry
+(20 unrolled rounds, inlined at every draw) slowly: a quantized backward draws at every site's
+dgrad and wgrad, and that is most of the `nvfp4-pt` update program's compile time
+(benchmarks/README.md, "RL update compile time"). `lower_draws_as_gpu_kernel` makes JAX lower each
+draw to its threefry CUDA kernel instead: the same bits (the same function of key and counter),
+compiled once, at the cost of materialising the broadcast keys and counters. JAX reads the flag
+when it lowers a program, so the entry points set it before they build any.
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -35,3 +45,14 @@ def stochastic_round_e2m1(v, key):
     codes cannot carry NaN, so the values say it)."""
     v = jnp.asarray(v, jnp.float32)
     return jnp.where(jnp.isnan(v), v, el.e2m1_decode(stochastic_encode_e2m1(v, key)))
+
+
+GPU_KERNEL_ENV = "JAX_THREEFRY_GPU_KERNEL_LOWERING"
+
+
+def lower_draws_as_gpu_kernel() -> None:
+    """Lower every threefry draw on GPU to JAX's threefry kernel (no effect on CPU; same bits).
+
+    A value the user gave in JAX_THREEFRY_GPU_KERNEL_LOWERING wins (0 keeps XLA's lowering)."""
+    if GPU_KERNEL_ENV not in os.environ:
+        jax.config.update("jax_threefry_gpu_kernel_lowering", True)

@@ -8,6 +8,7 @@ import pytest
 
 from fp4rl.formats import nvfp4, stochastic
 from tests.formats import cases, oracle
+from tests.kernels.quant_suite import gpu_present
 
 GRID = np.concatenate([oracle.E2M1_GRID, -oracle.E2M1_GRID[1:]]).astype(np.float32)
 
@@ -92,3 +93,48 @@ def test_nvfp4_sr_keeps_scales_and_rounds_to_a_neighbour():
     np.testing.assert_array_equal((c_sr >> 3)[nonzero], (c_rne >> 3)[nonzero])  # same sign
     with pytest.raises(ValueError):
         nvfp4.quantize(x, nvfp4.NVFP4Config(four_over_six="mae"), sr_key=jax.random.key(0))
+
+
+@pytest.fixture
+def threefry_lowering():
+    """Restores JAX's threefry lowering flag after a test sets it."""
+    before = jax.config.jax_threefry_gpu_kernel_lowering
+    yield
+    jax.config.update("jax_threefry_gpu_kernel_lowering", before)
+
+
+def _cuda_lowering(fn, *args) -> str:
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_draws_lower_to_the_threefry_kernel_on_gpu(threefry_lowering, monkeypatch):
+    """The entry points' setting: each draw becomes one call of JAX's threefry CUDA kernel instead
+    of XLA's unrolled rounds (the compile-time cost of a quantized backward); a value the user set
+    in the environment wins."""
+    v, key = np.ones((64, 64), np.float32), jax.random.key(0)
+    jax.config.update("jax_threefry_gpu_kernel_lowering", False)
+    monkeypatch.setenv(stochastic.GPU_KERNEL_ENV, "0")
+    stochastic.lower_draws_as_gpu_kernel()
+    unrolled = _cuda_lowering(stochastic.stochastic_encode_e2m1, v, key)
+    assert "threefry2x32_ffi" not in unrolled and unrolled.count("shift_left") >= 20  # 20 rounds
+    monkeypatch.delenv(stochastic.GPU_KERNEL_ENV)
+    stochastic.lower_draws_as_gpu_kernel()
+    kernel = _cuda_lowering(stochastic.stochastic_encode_e2m1, v, key)
+    assert "threefry2x32_ffi" in kernel and kernel.count("shift_left") < 20
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_present(), reason="needs a CUDA GPU")
+def test_threefry_kernel_draws_the_same_bits_compiled(threefry_lowering):
+    """Compiled on the GPU, SR codes of a gradient-sized array (one key, and keys vmapped as the
+    trainer's seeds are) are the same bytes whichever way the draws are lowered."""
+    v = np.random.default_rng(5).standard_normal((3, 1000, 384)).astype(np.float32) * 3
+    keys = jax.random.split(jax.random.key(9), 3)
+    one = lambda u, k: stochastic.stochastic_encode_e2m1(u, k)  # noqa: E731
+    seeds = jax.vmap(one)
+    out = {}
+    for flag in (False, True):
+        jax.config.update("jax_threefry_gpu_kernel_lowering", flag)
+        out[flag] = (np.asarray(jax.jit(one)(v[0], keys[0])), np.asarray(jax.jit(seeds)(v, keys)))
+    for unrolled, kernel in zip(out[False], out[True]):
+        np.testing.assert_array_equal(kernel.view(np.uint8), unrolled.view(np.uint8))
