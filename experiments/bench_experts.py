@@ -232,11 +232,15 @@ def _gemm_rows(config: ExpertBenchConfig, gemms: tuple[str, ...], kx, kw, kg) ->
     return rows
 
 
+def _gemms_flag(gemms: str) -> str:
+    return "" if gemms == ExpertBenchConfig.gemms else f" --gemms={gemms}"
+
+
 def to_markdown(result) -> str:
     c = result["config"]
     lines = [f"# Dropless expert GEMM, {c['tokens']} rows x [{c['d_in']} -> {c['d_out']}], {c['experts']} experts, bf16", "",
-             f"Device: {result['device']}. Command: `python -m experiments.bench_experts`. Peak bf16 dense: ~{H200_BF16_PEAK_TFLOPS:.0f} TFLOP/s.", "",
-             "| implementation | rel err (GEMMs: max vs f32 loop; MoE block: norm vs xla) | ms | TFLOP/s | % of peak |",
+             f"Device: {result['device']}. Command: `python -m experiments.bench_experts{_gemms_flag(c['gemms'])}`. Peak bf16 dense: ~{H200_BF16_PEAK_TFLOPS:.0f} TFLOP/s.", "",
+             f"| implementation | rel err (GEMMs: max vs f32 loop; MoE block: norm vs {c['gemms'].split(',')[0]}) | ms | TFLOP/s | % of peak |",
              "|---|---|---|---|---|"]
     for r in result["rows"]:
         if "error" in r:

@@ -127,6 +127,14 @@ def compile_and_count(ttir_path: str, num_warps: int, num_stages: int) -> dict:
     usage = subprocess.run([cuobjdump, "--dump-resource-usage", f"{stem}.cubin"], capture_output=True, text=True,
                            check=True).stdout
     registers, local = (int(re.search(rf"{key}:(\d+)", usage).group(1)) for key in ("REG", "LOCAL"))
+    return {"registers": registers, "spill_bytes": local,  # LOCAL > 0: registers spilled to local memory
+            "convert_layout": kernel.asm["ttgir"].count("convert_layout"), "shared_bytes": kernel.metadata.shared,
+            **count_sass(sass)}
+
+
+def count_sass(sass: str) -> dict:
+    """Instruction counts of one kernel's SASS listing (cuobjdump / nvdisasm text): the total, up to
+    the first EXIT, the largest loop's body, the most frequent opcodes overall and in that loop."""
     ops = collections.Counter()
     to_exit = None  # instructions up to the first EXIT: a loop-free kernel's main path (slow paths after it)
     for line in sass.splitlines():
@@ -135,25 +143,28 @@ def compile_and_count(ttir_path: str, num_warps: int, num_stages: int) -> dict:
             ops[match.group(1)] += 1
             if to_exit is None and match.group(1) == "EXIT":
                 to_exit = sum(ops.values())
-    return {"registers": registers, "spill_bytes": local, "loop_body": _largest_loop(sass),  # LOCAL > 0: registers spilled to local memory
-            "convert_layout": kernel.asm["ttgir"].count("convert_layout"), "shared_bytes": kernel.metadata.shared,
-            "sass_total": sum(ops.values()), "to_first_exit": to_exit, "top": dict(ops.most_common(12))}
+    loop = _largest_loop_opcodes(sass)
+    return {"loop_body": len(loop), "sass_total": sum(ops.values()), "to_first_exit": to_exit,
+            "top": dict(ops.most_common(12)),
+            "loop_top": dict(collections.Counter(op.split(".")[0] for op in loop).most_common(12))}
 
 
-def _largest_loop(sass: str) -> int:
-    """Instructions of the largest loop body (from a backward branch's target to the branch): what
-    a thread executes per iteration of a kernel's main loop (0 for a loop-free kernel)."""
+def _largest_loop_opcodes(sass: str) -> list[str]:
+    """Opcodes of the largest loop body (from a backward branch's target to the branch): what a
+    thread executes per iteration of a kernel's main loop (none for a loop-free kernel)."""
     address, opcodes = [], []
     for line in sass.splitlines():
         match = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*)", line)
         if match:
             address.append(int(match.group(1), 16))
             opcodes.append((match.group(2), match.group(3)))
-    best = 0
+    best: list[str] = []
     for i, (opcode, rest) in enumerate(opcodes):
         target = re.search(r"0x([0-9a-f]+)", rest) if opcode.startswith("BRA") else None
         if target and int(target.group(1), 16) < address[i] and int(target.group(1), 16) in address:
-            best = max(best, i - address.index(int(target.group(1), 16)) + 1)
+            start = address.index(int(target.group(1), 16))
+            if i - start + 1 > len(best):
+                best = [op for op, _ in opcodes[start:i + 1]]
     return best
 
 
