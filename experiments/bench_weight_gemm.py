@@ -17,7 +17,8 @@ each output checked against an f32 einsum before it is timed:
 - `wgmma nvfp4 packed f16 registers` / `smem`: `grouped_matmul_nvfp4_wgmma` (Mosaic GPU), the weight
   as WGMMA's A operand decoded in registers (or through shared memory), x in f16, the weight laid
   out once beforehand (`pack_for_wgmma`, not timed; the model's `packed_wgmma` transposes the scale
-  bytes, 1/8 of the codes' bytes, at every call). Shapes whose N is
+  bytes, 1/8 of the codes' bytes, at every call); `registers asm`: the same with the codes decoded
+  by five 32-bit instructions per pair (`decode="asm"`, compiled only). Shapes whose N is
   not a multiple of 64 have no such rows.
 The Triton and WGMMA rows take the fastest of a few launch shapes (`--block_m`, `--block_n`, `--block_k`;
 WGMMA: `--wgmma_rows` x 64 x `--block_k`, `--wgmma_stages`; no row tile taller than the rows per
@@ -82,6 +83,12 @@ def _row_tiles(tried: tuple[int, ...], rows_per_expert: int, least: int) -> list
     return [m for m in tried if m <= tallest] or [min(tried)]
 
 
+def _wgmma_forms(interpret: bool) -> list[tuple[str, str]]:
+    """(a_operand, decode) of the WGMMA rows: both operand forms with the "bits" decode, and the
+    registers form with the "asm" decode (compiled only: the interpreter does not run it)."""
+    return [(a_operand, "bits") for a_operand in A_OPERANDS] + ([] if interpret else [("registers", "asm")])
+
+
 def _wgmma_candidates(config: WeightGemmBenchConfig, k: int, n: int, rows_per_expert: int, x, wq, sizes, weight_bytes):
     """The WGMMA kernel's launch shapes for this case (none where N is not a multiple of 64)."""
     if n % WARPGROUP_ROWS:
@@ -92,9 +99,11 @@ def _wgmma_candidates(config: WeightGemmBenchConfig, k: int, n: int, rows_per_ex
     for rows in _row_tiles(config.wgmma_rows, rows_per_expert, 8):
         for block_k in sorted({b for b in config.block_k if k % b == 0}):
             for stages in config.wgmma_stages:
-                for a_operand in A_OPERANDS:
-                    tiles = WgmmaDecodeTiles(rows=rows, block_k=block_k, max_concurrent_steps=stages, a_operand=a_operand)
-                    candidates.append((f"wgmma nvfp4 packed f16 {a_operand} [{rows}x{WARPGROUP_ROWS}x{block_k} s{stages}]",
+                for a_operand, decode in _wgmma_forms(config.interpret):
+                    tiles = WgmmaDecodeTiles(rows=rows, block_k=block_k, max_concurrent_steps=stages, a_operand=a_operand,
+                                             decode=decode)
+                    form = a_operand if decode == "bits" else f"{a_operand} {decode}"
+                    candidates.append((f"wgmma nvfp4 packed f16 {form} [{rows}x{WARPGROUP_ROWS}x{block_k} s{stages}]",
                                        jax.jit(lambda x, w, s, tiles=tiles: grouped_matmul_nvfp4_wgmma(
                                            x, w, s, tiles=tiles, interpret=config.interpret)),
                                        (x16, weight, sizes), weight_bytes, "nvfp4"))

@@ -24,6 +24,11 @@ not overlap. Here the schedule is explicit:
   sf 2^7 in f16 (the E4M3 byte's bits moved into an f16 the same way), and goes to WGMMA with
   no shared-memory round trip.
 
+Two decodes of the same tile (`WgmmaDecodeTiles.decode`): "bits" as above, in Mosaic's warpgroup
+semantics, where the bit moves are 16-bit integer operations on each element; "asm" in lane
+semantics, five 32-bit instructions per pair of codes written as inline PTX (`e2m1_registers`:
+Marlin's approach within the relayout Mosaic already does), compiled only.
+
 Layout (`pack_for_wgmma`, part of the packed weight, not of the numerics): the codes are the
 packed bytes read as int4 [E, N, K] (element 2j in the low nibble of byte j, as stored); the scales
 are transposed to [E, K/16, N] so that a K block's scales for 64 features are one contiguous row.
@@ -58,6 +63,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.grouped_gemm import e2m1_registers
 from pallas_kernels.grouped_gemm.packed_weight import F16_TILE_SHIFT, check_group_sizes, check_packed_weight, tile_schedule
 from pallas_kernels.grouped_gemm.ragged_dot import interpret_params, store_tile
 from pallas_kernels.nvfp4_quant import block_math as bm
@@ -66,6 +72,10 @@ from pallas_kernels.nvfp4_quant.wrappers import require_gpu
 KERNEL_NAME = "fp4rl_grouped_nvfp4_wgmma"
 WARPGROUP_ROWS = 64  # WGMMA's M: the output features one warpgroup computes per program
 A_OPERANDS = ("registers", "smem")
+# How the codes become f16 (the same tile either way): "bits" with 16-bit integer operations per
+# element (warpgroup semantics); "asm" five 32-bit instructions per pair of codes (`e2m1_registers`,
+# lane semantics, compiled only: the interpreter does not run inline Mosaic GPU code).
+DECODES = ("bits", "asm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,13 +83,15 @@ class WgmmaDecodeTiles:
     """`rows`: rows of one expert per tile (WGMMA's N: a multiple of 8, at most 256); `block_k`:
     the contraction per pipeline step (a multiple of 32: the 4-bit loads' tile); `max_concurrent_steps`:
     TMA pipeline stages; `a_operand`: where WGMMA reads the decoded weight tile ("registers" or
-    "smem"; interpret mode always uses "smem"). The defaults are a starting point for 1-8 rows per
-    expert, not tuned on a GPU yet (`experiments.bench_weight_gemm` times the alternatives)."""
+    "smem"; interpret mode always uses "smem"); `decode`: how the codes become f16 (`DECODES`;
+    "asm" with the registers form only). The defaults are a starting point for 1-8 rows per expert
+    (`experiments.bench_weight_gemm` times the alternatives)."""
 
     rows: int = 8
     block_k: int = 128
     max_concurrent_steps: int = 4
     a_operand: str = "registers"
+    decode: str = "bits"
 
     def __post_init__(self):
         if self.rows < 8 or self.rows % 8 or self.rows > 256:
@@ -90,6 +102,10 @@ class WgmmaDecodeTiles:
             raise ValueError(f"max_concurrent_steps={self.max_concurrent_steps} must be >= 1")
         if self.a_operand not in A_OPERANDS:
             raise ValueError(f"a_operand={self.a_operand!r}; valid options: {A_OPERANDS}")
+        if self.decode not in DECODES:
+            raise ValueError(f"decode={self.decode!r}; valid options: {DECODES}")
+        if self.decode == "asm" and self.a_operand != "registers":
+            raise ValueError("decode='asm' hands the tile to WGMMA from registers: a_operand must be 'registers'")
 
 
 DEFAULT_TILES = WgmmaDecodeTiles()
@@ -164,14 +180,19 @@ def decoded_tile(codes_i4, scale_bytes_T):
     return (dec * scales_times_2_pow_7(scale_bytes_T).T[..., None]).reshape(n, k)
 
 
-def decoded_column_blocks(codes_smem, scales_smem, dtype) -> list:
+def decoded_column_blocks(codes_smem, scales_smem, dtype, decode: str = "bits") -> list:
     """In a Mosaic GPU kernel: a weight tile's codes (int4 [r, c] in shared memory, r a multiple of
     64, c of 32) and scale bytes ([c/16, r]) -> its c/16 blocks of 16 columns, [r, 16] each, in
     registers (WGMMA's layout):
     - float16: dec(q) sf 2^-F16_TILE_SHIFT (the caller scales its f32 result by 2^F16_TILE_SHIFT);
     - bfloat16: dec(q) sf. dec(q) 2^-14 goes from f16 to bf16 (exact: at most 2 significant bits, no
       bf16 subnormal) and meets sf 2^14 in bf16, so no operand or product is subnormal.
-    8 codes per 32-bit shared-memory load, moved into WGMMA's layout while 4-bit."""
+    8 codes per 32-bit shared-memory load, moved into WGMMA's layout while 4-bit. `decode="asm"`
+    (`DECODES`; float16, in a lane-semantics kernel) decodes by `e2m1_registers`."""
+    if decode == "asm":
+        if dtype != jnp.float16:
+            raise ValueError(f"decode='asm' forms a float16 tile, not {jnp.dtype(dtype).name}")
+        return _asm_column_blocks(codes_smem, scales_smem)
     codes = plgpu.layout_cast(plgpu.load(codes_smem, layout=plgpu.Layout.WGMMA_UPCAST_4X), plgpu.Layout.WGMMA)
     dec = codes_times_2_pow_minus_14(codes)  # f16 [r, c]
     blocks = []
@@ -185,6 +206,20 @@ def decoded_column_blocks(codes_smem, scales_smem, dtype) -> list:
     return blocks
 
 
+def _asm_column_blocks(codes_smem, scales_smem) -> list:
+    """`decoded_column_blocks` in lane semantics: the codes by `e2m1_registers` (the same f16 as
+    `codes_times_2_pow_minus_14`), the scales as in the "bits" form, each row vector broadcast into
+    the WGMMA layout explicitly (lane semantics infers no layouts; plain loads: the transfer planner
+    finds no conflict-free pattern for these untransformed tiles)."""
+    dec = e2m1_registers.load_and_decode(codes_smem, tuple(codes_smem.shape))
+    blocks = []
+    for b in range(codes_smem.shape[1] // bm.BLOCK):
+        sf = scales_times_2_pow_7(plgpu.load(scales_smem.at[b], layout=plgpu.Layout.WGMMA.reduce(1), optimized=False))
+        block = dec[:, b * bm.BLOCK:(b + 1) * bm.BLOCK]
+        blocks.append(block * lax.broadcast_in_dim(sf, block.shape, (0,)))
+    return blocks
+
+
 def _kernel(group_gmem, live_gmem, codes_gmem, scales_gmem, x_gmem, out_gmem, a_smem=None, *, k: int,
             tiles: WgmmaDecodeTiles):
     rows, bk = tiles.rows, tiles.block_k
@@ -192,7 +227,7 @@ def _kernel(group_gmem, live_gmem, codes_gmem, scales_gmem, x_gmem, out_gmem, a_
     group = group_gmem[t]
 
     def step(_, codes_smem, scales_smem, x_smem, acc_ref):
-        for b, a in enumerate(decoded_column_blocks(codes_smem, scales_smem, jnp.float16)):
+        for b, a in enumerate(decoded_column_blocks(codes_smem, scales_smem, jnp.float16, tiles.decode)):
             if a_smem is not None:  # interpret mode, or a_operand="smem"
                 a_smem[b] = a
                 plgpu.commit_smem()
@@ -208,7 +243,7 @@ def _kernel(group_gmem, live_gmem, codes_gmem, scales_gmem, x_gmem, out_gmem, a_
                 grid=(k // bk,),
                 in_specs=[plgpu.BlockSpec((WARPGROUP_ROWS, bk), lambda ki: (nb, ki)),
                           plgpu.BlockSpec((bk // bm.BLOCK, WARPGROUP_ROWS), lambda ki: (ki, nb)),
-                          plgpu.BlockSpec((rows, bk), lambda ki: (t, ki))],
+                          plgpu.BlockSpec((rows, bk), lambda ki: (t, ki), transforms=_x_transforms(tiles))],
                 max_concurrent_steps=tiles.max_concurrent_steps,
             )(codes_gmem.at[group], scales_gmem.at[group], x_gmem)
             return acc_ref[...]
@@ -217,6 +252,15 @@ def _kernel(group_gmem, live_gmem, codes_gmem, scales_gmem, x_gmem, out_gmem, a_
         acc = acc * jnp.float32(2.0**F16_TILE_SHIFT)  # the tile's 2^-7 back out (a power of two: exact)
         store_tile(acc, jnp.float32, lambda o_smem: plgpu.copy_smem_to_gmem(
             o_smem, out_gmem.at[pl.ds(nb * WARPGROUP_ROWS, WARPGROUP_ROWS), pl.ds(t * rows, rows)]))
+
+
+def _x_transforms(tiles: WgmmaDecodeTiles) -> tuple:
+    """The x tile's shared-memory transforms: inferred in warpgroup semantics; in lane semantics
+    ("asm") WGMMA's B operand needs them stated, 16-column tiles (32-byte swizzle) so that each
+    16-wide K block of the tile is a slice of whole tiles."""
+    if tiles.decode != "asm":
+        return ()
+    return (plgpu.TilingTransform((8, bm.BLOCK)), plgpu.SwizzleTransform(2 * bm.BLOCK))
 
 
 def _padded_rows(x_RxK, group_sizes_E, rows: int):
@@ -250,8 +294,9 @@ def _grouped_call(x_RxK, weight: WgmmaNvfp4Weight, group_sizes_E, *, tiles: Wgmm
         grid=(num_tiles, n // WARPGROUP_ROWS),
         grid_names=("tile", "col"),
         scratch_types=scratch,
-        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-        kernel_name=KERNEL_NAME,
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane if tiles.decode == "asm"
+                                             else plgpu.LoweringSemantics.Warpgroup),
+        kernel_name=KERNEL_NAME if tiles.decode == "bits" else f"{KERNEL_NAME}_{tiles.decode}",  # told apart in profiles
         interpret=interpret_params(interpret),
     )(group, live, weight.codes, weight.scales, x_pad)
     return jnp.where(in_group[:, None], out_T.T[position], jnp.float32(0))
@@ -276,9 +321,12 @@ def grouped_matmul_nvfp4_wgmma(x_RxK, weight: WgmmaNvfp4Weight, group_sizes_E, *
         raise ValueError(f"grouped_matmul_nvfp4_wgmma: N={n} must be a multiple of {WARPGROUP_ROWS} (a warpgroup's WGMMA rows)")
     if k % tiles.block_k:
         raise ValueError(f"grouped_matmul_nvfp4_wgmma: K={k} must be a multiple of block_k={tiles.block_k}")
+    if interpret and tiles.decode == "asm":
+        raise ValueError("grouped_matmul_nvfp4_wgmma: decode='asm' runs compiled only (the Mosaic GPU interpreter does "
+                         "not run inline Mosaic GPU code); interpret mode takes decode='bits'")
     require_gpu(interpret, "grouped_matmul_nvfp4_wgmma")
     return _grouped_call(x_RxK, weight, group_sizes_E, tiles=tiles, interpret=interpret)
 
 
-__all__ = ["A_OPERANDS", "DEFAULT_TILES", "KERNEL_NAME", "WgmmaDecodeTiles", "WgmmaNvfp4Weight", "codes_times_2_pow_minus_14",
+__all__ = ["A_OPERANDS", "DECODES", "DEFAULT_TILES", "KERNEL_NAME", "WgmmaDecodeTiles", "WgmmaNvfp4Weight", "codes_times_2_pow_minus_14",
            "decoded_tile", "grouped_matmul_nvfp4_wgmma", "pack_for_wgmma", "scales_times_2_pow_7", "unpack_wgmma_weight"]

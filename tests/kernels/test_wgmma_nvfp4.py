@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from fp4rl import grouped
+from pallas_kernels.grouped_gemm import e2m1_registers as er
 from pallas_kernels.grouped_gemm import packed_weight as pw
 from pallas_kernels.grouped_gemm import wgmma_nvfp4 as wn
 from tests.grouped_oracle import accumulation_bound, assert_within, exact_matmul
@@ -30,12 +31,31 @@ CASES = {
 }
 SMALL_TILES = wn.WgmmaDecodeTiles(rows=8, block_k=64, max_concurrent_steps=2)
 TALL_TILES = wn.WgmmaDecodeTiles(rows=16, block_k=128, max_concurrent_steps=3)
-A_FORMS = [pytest.param("registers", id="registers"), pytest.param("smem", id="smem")]
 
 
-def _tiles(base: wn.WgmmaDecodeTiles, a_operand: str) -> wn.WgmmaDecodeTiles:
+# (a_operand, decode): the warpgroup-semantics kernel in both operand forms, the lane-semantics "asm" decode
+FORMS = [pytest.param("registers", "bits", id="registers"), pytest.param("smem", "bits", id="smem"),
+         pytest.param("registers", "asm", id="registers-asm")]
+
+
+def _tiles(base: wn.WgmmaDecodeTiles, a_operand: str, decode: str = "bits") -> wn.WgmmaDecodeTiles:
     return wn.WgmmaDecodeTiles(rows=base.rows, block_k=base.block_k, max_concurrent_steps=base.max_concurrent_steps,
-                               a_operand=a_operand)
+                               a_operand=a_operand, decode=decode)
+
+
+def test_asm_pair_decode_is_the_bits_decode_for_every_byte_in_every_position():
+    """`e2m1_registers.pair_asm`'s Python model: byte p of a 32-bit word (the other bytes random)
+    gives the f16 pair codes_times_2_pow_minus_14 gives its low and high nibble, for all 256 bytes
+    and p = 0..3."""
+    want = np.asarray(wn.codes_times_2_pow_minus_14(jnp.arange(16, dtype=jnp.int8).astype(jnp.int4))).view(np.uint16)
+    rng = np.random.default_rng(3)
+    for part in range(4):
+        for byte in range(256):
+            other = int(rng.integers(0, 2**32)) & ~(0xFF << (8 * part)) & 0xFFFFFFFF
+            assert er.pair_reference(other | (byte << (8 * part)), part) == (want[byte & 0xF], want[byte >> 4]), (part, byte)
+    assert "prmt.b32 t, $1, $2, 0xF6F2;" in er.pair_asm(2)
+    with pytest.raises(ValueError, match="part=4 must be a byte index 0..3"):
+        er.pair_asm(4)
 
 
 def test_decoded_tile_is_scaled_operand_for_every_code_and_scale_byte():
@@ -70,10 +90,10 @@ def test_the_layout_moves_bytes_and_gives_them_back():
 BACKENDS = [pytest.param(True, id="interpret"), pytest.param(False, id="compiled", marks=pytest.mark.gpu)]
 
 
-@pytest.mark.parametrize("a_operand", A_FORMS)
+@pytest.mark.parametrize(("a_operand", "decode"), FORMS)
 @pytest.mark.parametrize("interpret", BACKENDS)
 @pytest.mark.parametrize("case", CASES)
-def test_wgmma_weight_gemm_is_the_emulated_forward_bit_for_bit(case, interpret, a_operand):
+def test_wgmma_weight_gemm_is_the_emulated_forward_bit_for_bit(case, interpret, a_operand, decode):
     if interpret and a_operand == "registers":
         pytest.skip("the interpreter's wgmma reads shared memory only (interpret mode runs a_operand='smem')")
     rows, k, n, sizes = CASES[case]
@@ -83,7 +103,7 @@ def test_wgmma_weight_gemm_is_the_emulated_forward_bit_for_bit(case, interpret, 
     want = grouped.ragged_matmul(x, _operand(codes, scales), group_sizes, gemm="xla", transpose_rhs=True)
     weight = wn.pack_for_wgmma(codes, scales)
     for tiles in (SMALL_TILES, TALL_TILES):
-        got = wn.grouped_matmul_nvfp4_wgmma(x.astype(jnp.float16), weight, group_sizes, tiles=_tiles(tiles, a_operand),
+        got = wn.grouped_matmul_nvfp4_wgmma(x.astype(jnp.float16), weight, group_sizes, tiles=_tiles(tiles, a_operand, decode),
                                             interpret=interpret)
         assert got.dtype == jnp.float32 and got.shape == want.shape
         assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), tiles
@@ -143,22 +163,28 @@ def test_bad_operands_are_refused_with_what_is_valid():
         wn.WgmmaDecodeTiles(block_k=48)
     with pytest.raises(ValueError, match=r"a_operand='tmem'; valid options: \('registers', 'smem'\)"):
         wn.WgmmaDecodeTiles(a_operand="tmem")
+    with pytest.raises(ValueError, match=r"decode='lut'; valid options: \('bits', 'asm'\)"):
+        wn.WgmmaDecodeTiles(decode="lut")
+    with pytest.raises(ValueError, match="a_operand must be 'registers'"):
+        wn.WgmmaDecodeTiles(decode="asm", a_operand="smem")
+    with pytest.raises(ValueError, match="decode='asm' runs compiled only"):
+        wn.grouped_matmul_nvfp4_wgmma(x, weight, sizes, tiles=wn.WgmmaDecodeTiles(decode="asm"), interpret=True)
     if jax.default_backend() != "gpu":
         with pytest.raises(RuntimeError, match="no silent XLA fallback"):
             wn.grouped_matmul_nvfp4_wgmma(x, weight, sizes)
 
 
-@pytest.mark.parametrize("a_operand", ["registers", "smem"])
-def test_lowers_to_mosaic_gpu_for_sm90(a_operand):
-    """On CPU CI: the compiled kernel (both operand forms, two launch shapes, the decode benchmark's
-    128-expert shape) goes through Mosaic GPU's layout inference and lowering for sm_90 (the arch
+@pytest.mark.parametrize(("a_operand", "decode"), FORMS)
+def test_lowers_to_mosaic_gpu_for_sm90(a_operand, decode):
+    """On CPU CI: the compiled kernel (both operand forms, the "asm" decode in lane semantics, two
+    launch shapes, the decode benchmark's 128-expert shape) goes through Mosaic GPU's layout inference and lowering for sm_90 (the arch
     Mosaic assumes without a device). It does not run ptxas; the `gpu` tests above do."""
     x = jax.ShapeDtypeStruct((128, 2048), jnp.float16)
     weight = wn.WgmmaNvfp4Weight(codes=jax.ShapeDtypeStruct((128, 768, 2048), jnp.int4),
                                  scales=jax.ShapeDtypeStruct((128, 128, 768), jnp.uint8))
     sizes = jax.ShapeDtypeStruct((128,), jnp.int32)
     for base in (wn.DEFAULT_TILES, wn.WgmmaDecodeTiles(rows=64, block_k=256, max_concurrent_steps=3)):
-        tiles = _tiles(base, a_operand)
+        tiles = _tiles(base, a_operand, decode)
         text = jax.jit(lambda x, w, s: wn._grouped_call(x, w, s, tiles=tiles, interpret=False)).trace(
             x, weight, sizes).lower(lowering_platforms=("cuda",)).as_text()
         assert "mosaic_gpu" in text and wn.KERNEL_NAME in text, tiles
