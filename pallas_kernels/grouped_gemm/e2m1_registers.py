@@ -11,7 +11,7 @@ comes from the 32-bit word its two codes were loaded in, with five instructions:
     lop3.b32 f, a, b, 0x8E008E00, 0xA8    # f = (a | b) & 0x8E008E00
 
 which is `codes_times_2_pow_minus_14` of both codes: sign at bit 15, magnitude at bits [11:9],
-dec(q) 2^-14 as an f16 (the shift by 4 is shared by a word's four pairs). It is the same tile as
+dec(q) 2^-14 as an f16 (the shift by 4 is shared by a word's four pairs after LLVM's CSE). It is the same tile as
 the "bits" decode, bit for bit; `pair_reference` is its Python model (tested against the "bits"
 decode for every byte). The pairing follows Mosaic's own int4 -> bf16 conversion: after the relayout
 from `WGMMA_UPCAST_4X` a register of the WGMMA layout is a 2-code slice of a 32-bit word, its
@@ -78,7 +78,6 @@ def decode_registers(codes):
 
     i8, i32 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(32)
     pair_type = ir.VectorType.get((2,), ir.F16Type.get())
-    shifted = {}  # one shift per source word
     out = np.empty_like(codes.registers)
     for idx, reg in np.ndenumerate(codes.registers):
         slice_op = getattr(reg.owner, "opview", None)
@@ -86,10 +85,8 @@ def decode_registers(codes):
             word, part = utils.bitcast(slice_op.source, i32), slice_op.offsets[0].value // 2
         else:  # a register of its own: its byte is byte 0 of a word
             word, part = arith.extui(i32, utils.bitcast(reg, i8)), 0
-        key = word.owner if hasattr(word, "owner") else word
-        if key not in shifted:
-            shifted[key] = arith.shrui(word, utils.c(4, i32))
-        pair = llvm.inline_asm(i32, [word, shifted[key]], pair_asm(part), "=r,r,r")
+        # the same word's bitcast and shift, emitted per pair, are one each after LLVM's CSE
+        pair = llvm.inline_asm(i32, [word, arith.shrui(word, utils.c(4, i32))], pair_asm(part), "=r,r,r")
         out[idx] = utils.bitcast(pair, pair_type)
     return mgpu.FragmentedArray(_registers=out, _layout=codes.layout, _is_signed=None)
 
