@@ -21,7 +21,6 @@ import sys
 from fp4rl import configs
 from fp4rl.analysis import scaling, scaling_plan
 from fp4rl.config_cli import cli
-from fp4rl.formats import stochastic
 
 COMMANDS = ("plan", "fit")
 
@@ -37,7 +36,6 @@ def main(argv=None) -> dict | list:
                          f"got {argv or 'no command'} (valid commands: {', '.join(COMMANDS)})")
     command = commands[0].lstrip("-")
     config = cli(scaling.ScalingConfig, None, [a for a in argv if a is not commands[0]])
-    stochastic.lower_draws_as_gpu_kernel()
     ladder = config.ladder or configs.SCALING_LADDER
     if command == "plan":
         rows = scaling_plan.plan(ladder, configs.SFT_PRESETS, configs.GRADIENTS_PRESETS)
