@@ -260,7 +260,7 @@ def _x_transforms(tiles: WgmmaDecodeTiles) -> tuple:
     16-wide K block of the tile is a slice of whole tiles."""
     if tiles.decode != "asm":
         return ()
-    return (plgpu.TilingTransform((8, bm.BLOCK)), plgpu.SwizzleTransform(2 * bm.BLOCK))
+    return (plgpu.TilingTransform((8, bm.BLOCK)), plgpu.SwizzleTransform(bm.BLOCK * jnp.dtype(jnp.float16).itemsize))
 
 
 def _padded_rows(x_RxK, group_sizes_E, rows: int):
