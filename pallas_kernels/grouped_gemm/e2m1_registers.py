@@ -76,15 +76,15 @@ def decode_registers(codes):
     from jax.experimental.mosaic import gpu as mgpu
     from jax.experimental.mosaic.gpu import utils
 
-    i8, i32 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(32)
+    i32 = ir.IntegerType.get_signless(32)
     pair_type = ir.VectorType.get((2,), ir.F16Type.get())
     out = np.empty_like(codes.registers)
     for idx, reg in np.ndenumerate(codes.registers):
         slice_op = getattr(reg.owner, "opview", None)
-        if isinstance(slice_op, vector.ExtractStridedSliceOp) and utils.bitwidth(slice_op.source.type) == 32:
-            word, part = utils.bitcast(slice_op.source, i32), slice_op.offsets[0].value // 2
-        else:  # a register of its own: its byte is byte 0 of a word
-            word, part = arith.extui(i32, utils.bitcast(reg, i8)), 0
+        if not (isinstance(slice_op, vector.ExtractStridedSliceOp) and utils.bitwidth(slice_op.source.type) == 32):
+            raise ValueError(f"decode_registers: register {idx} is not a 2-code slice of a 32-bit word (the relayout "
+                             "from WGMMA_UPCAST_4X gives only such registers); no pair_asm byte to take")
+        word, part = utils.bitcast(slice_op.source, i32), slice_op.offsets[0].value // 2
         # the same word's bitcast and shift, emitted per pair, are one each after LLVM's CSE
         pair = llvm.inline_asm(i32, [word, arith.shrui(word, utils.c(4, i32))], pair_asm(part), "=r,r,r")
         out[idx] = utils.bitcast(pair, pair_type)

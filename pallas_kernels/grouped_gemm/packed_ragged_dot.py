@@ -47,15 +47,13 @@ from pallas_kernels.grouped_gemm.packed_weight import F16_TILE_SHIFT, check_grou
 from pallas_kernels.grouped_gemm.ragged_dot import (GroupInfo, check_blocks, persistent_kernel, store_group_rows,
                                                     store_tile)
 from pallas_kernels.grouped_gemm.tunables import FORWARD_TILES, INTERPRET_PROGRAMS, GroupedGemmTiles
-from pallas_kernels.grouped_gemm.wgmma_nvfp4 import WgmmaNvfp4Weight, check_weight, decoded_column_blocks
+from pallas_kernels.grouped_gemm.wgmma_nvfp4 import (BLOCK_TILE_TRANSFORMS, WgmmaNvfp4Weight, check_weight,
+                                                     decoded_column_blocks)
 from pallas_kernels.nvfp4_quant import block_math as bm
 from pallas_kernels.nvfp4_quant.wrappers import require_gpu
 
 KERNEL_NAME = "fp4rl_grouped_packed_ragged_dot"
 DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-# The decoded tile's shared-memory layout: 8x16 tiles with a 32-byte swizzle, so that each block of
-# 16 columns (one scale per row) is a whole number of tiles and is stored as it is decoded.
-_TILE_TRANSFORMS = (plgpu.TilingTransform((8, bm.BLOCK)), plgpu.SwizzleTransform(32))
 
 
 @jax.tree_util.register_dataclass
@@ -146,9 +144,9 @@ def _packed_ragged_dot(lhs, weight: WgmmaNvfp4Weight, group_sizes, *, dgrad: boo
                        functools.partial(store_group_rows, o_gmem=o_gmem, group_info=group_info,
                                          columns=pl.ds(ni * block_n, block_n), rows=min(block_m, m)))
 
-    scratch = {"w_smem": plgpu.SMEM((2, tile_rows, tile_cols), dtype, transforms=_TILE_TRANSFORMS)}
+    scratch = {"w_smem": plgpu.SMEM((2, tile_rows, tile_cols), dtype, transforms=BLOCK_TILE_TRANSFORMS)}
     if packed_lhs:
-        scratch["a_smem"] = plgpu.SMEM((2, block_m, block_k), dtype, transforms=_TILE_TRANSFORMS)
+        scratch["a_smem"] = plgpu.SMEM((2, block_m, block_k), dtype, transforms=BLOCK_TILE_TRANSFORMS)
     kernel = persistent_kernel(body, (m, out), num_programs, KERNEL_NAME, interpret, scratch_types=scratch)
     lhs_operands = (lhs.codes, lhs.scales) if packed_lhs else (lhs,)
     return kernel(group_sizes, *lhs_operands, weight.codes, weight.scales)

@@ -76,6 +76,9 @@ A_OPERANDS = ("registers", "smem")
 # element (warpgroup semantics); "asm" five 32-bit instructions per pair of codes (`e2m1_registers`,
 # lane semantics, compiled only: the interpreter does not run inline Mosaic GPU code).
 DECODES = ("bits", "asm")
+# A shared-memory tile of 16-bit values stored or read 16 columns (one NVFP4 block) at a time: 8x16
+# tiles with a 32-byte swizzle, so that each 16-column block is a whole number of tiles.
+BLOCK_TILE_TRANSFORMS = (plgpu.TilingTransform((8, bm.BLOCK)), plgpu.SwizzleTransform(32))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,34 +192,24 @@ def decoded_column_blocks(codes_smem, scales_smem, dtype, decode: str = "bits") 
       bf16 subnormal) and meets sf 2^14 in bf16, so no operand or product is subnormal.
     8 codes per 32-bit shared-memory load, moved into WGMMA's layout while 4-bit. `decode="asm"`
     (`DECODES`; float16, in a lane-semantics kernel) decodes by `e2m1_registers`."""
-    if decode == "asm":
-        if dtype != jnp.float16:
-            raise ValueError(f"decode='asm' forms a float16 tile, not {jnp.dtype(dtype).name}")
-        return _asm_column_blocks(codes_smem, scales_smem)
-    codes = plgpu.layout_cast(plgpu.load(codes_smem, layout=plgpu.Layout.WGMMA_UPCAST_4X), plgpu.Layout.WGMMA)
-    dec = codes_times_2_pow_minus_14(codes)  # f16 [r, c]
+    # "asm" runs in lane semantics, which infers no layouts: plain scale loads (the transfer planner
+    # finds no conflict-free pattern for these untransformed tiles) and an explicit broadcast
+    lane = decode == "asm"
+    if lane and dtype != jnp.float16:
+        raise ValueError(f"decode='asm' forms a float16 tile, not {jnp.dtype(dtype).name}")
+    if lane:
+        dec = e2m1_registers.load_and_decode(codes_smem, tuple(codes_smem.shape))  # = codes_times_2_pow_minus_14
+    else:
+        codes = plgpu.layout_cast(plgpu.load(codes_smem, layout=plgpu.Layout.WGMMA_UPCAST_4X), plgpu.Layout.WGMMA)
+        dec = codes_times_2_pow_minus_14(codes)  # f16 [r, c]
     blocks = []
     for b in range(codes_smem.shape[1] // bm.BLOCK):
-        sf = scales_times_2_pow_7(plgpu.load(scales_smem.at[b], layout=plgpu.Layout.WGMMA.reduce(1)))
+        sf = scales_times_2_pow_7(plgpu.load(scales_smem.at[b], layout=plgpu.Layout.WGMMA.reduce(1), optimized=not lane))
         block = dec[:, b * bm.BLOCK:(b + 1) * bm.BLOCK]
         if dtype == jnp.bfloat16:
             sf = (sf.astype(jnp.float32) * jnp.float32(2.0 ** (14 - F16_TILE_SHIFT))).astype(jnp.bfloat16)
             block = block.astype(jnp.bfloat16)
-        blocks.append(block * sf[:, None])
-    return blocks
-
-
-def _asm_column_blocks(codes_smem, scales_smem) -> list:
-    """`decoded_column_blocks` in lane semantics: the codes by `e2m1_registers` (the same f16 as
-    `codes_times_2_pow_minus_14`), the scales as in the "bits" form, each row vector broadcast into
-    the WGMMA layout explicitly (lane semantics infers no layouts; plain loads: the transfer planner
-    finds no conflict-free pattern for these untransformed tiles)."""
-    dec = e2m1_registers.load_and_decode(codes_smem, tuple(codes_smem.shape))
-    blocks = []
-    for b in range(codes_smem.shape[1] // bm.BLOCK):
-        sf = scales_times_2_pow_7(plgpu.load(scales_smem.at[b], layout=plgpu.Layout.WGMMA.reduce(1), optimized=False))
-        block = dec[:, b * bm.BLOCK:(b + 1) * bm.BLOCK]
-        blocks.append(block * lax.broadcast_in_dim(sf, block.shape, (0,)))
+        blocks.append(block * (lax.broadcast_in_dim(sf, block.shape, (0,)) if lane else sf[:, None]))
     return blocks
 
 
@@ -256,11 +249,8 @@ def _kernel(group_gmem, live_gmem, codes_gmem, scales_gmem, x_gmem, out_gmem, a_
 
 def _x_transforms(tiles: WgmmaDecodeTiles) -> tuple:
     """The x tile's shared-memory transforms: inferred in warpgroup semantics; in lane semantics
-    ("asm") WGMMA's B operand needs them stated, 16-column tiles (32-byte swizzle) so that each
-    16-wide K block of the tile is a slice of whole tiles."""
-    if tiles.decode != "asm":
-        return ()
-    return (plgpu.TilingTransform((8, bm.BLOCK)), plgpu.SwizzleTransform(bm.BLOCK * jnp.dtype(jnp.float16).itemsize))
+    ("asm") WGMMA's B operand needs them stated, and each 16-wide K block is a slice of it."""
+    return BLOCK_TILE_TRANSFORMS if tiles.decode == "asm" else ()
 
 
 def _padded_rows(x_RxK, group_sizes_E, rows: int):
@@ -328,5 +318,5 @@ def grouped_matmul_nvfp4_wgmma(x_RxK, weight: WgmmaNvfp4Weight, group_sizes_E, *
     return _grouped_call(x_RxK, weight, group_sizes_E, tiles=tiles, interpret=interpret)
 
 
-__all__ = ["A_OPERANDS", "DECODES", "DEFAULT_TILES", "KERNEL_NAME", "WgmmaDecodeTiles", "WgmmaNvfp4Weight", "codes_times_2_pow_minus_14",
+__all__ = ["A_OPERANDS", "DECODES", "DEFAULT_TILES", "BLOCK_TILE_TRANSFORMS", "KERNEL_NAME", "WgmmaDecodeTiles", "WgmmaNvfp4Weight", "codes_times_2_pow_minus_14",
            "decoded_tile", "grouped_matmul_nvfp4_wgmma", "pack_for_wgmma", "scales_times_2_pow_7", "unpack_wgmma_weight"]
