@@ -63,3 +63,51 @@ def test_matrix_jobs_with_a_first_seed_run_in_folders_of_their_own_across_the_gp
     subprocess.run(["bash", str(SCRIPT), "matrix"], cwd=sft.parents[2], env=env, capture_output=True, text=True, timeout=60)
     assert not calls.exists()
     assert "arm full-dq:2: finished earlier" in (tmp_path / "out" / "log.txt").read_text()
+
+
+FAKE_MPS_CONTROL = """#!/bin/bash
+# Stands in for nvidia-cuda-mps-control: -d starts "the daemon"; on stdin, get_server_list asks whether it runs
+# and quit stops it. Every request is recorded.
+if [ "${1:-}" = -d ]; then echo "-d pipes=$CUDA_MPS_PIPE_DIRECTORY" >> "$MPS_CALLS"; touch "$CUDA_MPS_PIPE_DIRECTORY/up"; exit 0; fi
+read -r request; echo "$request" >> "$MPS_CALLS"
+case "$request" in
+  get_server_list) [ -e "$CUDA_MPS_PIPE_DIRECTORY/up" ] ;;
+  quit) rm -f "$CUDA_MPS_PIPE_DIRECTORY/up" ;;
+esac
+"""
+
+
+def _matrix_with_mps(tmp_path, control: bool):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fakes = {"python": FAKE_PYTHON, "python3": FAKE_PYTHON, "nvidia-smi": '#!/bin/bash\n[ "$1" = -L ] && echo "GPU 0: H200"\n'}
+    if control:
+        fakes["nvidia-cuda-mps-control"] = FAKE_MPS_CONTROL
+    for name, text in fakes.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    sft = tmp_path / "work" / "runs" / "h200-chain" / "sft"
+    sft.mkdir(parents=True)
+    (sft / "sft_meta.json").write_text('{"params_sha256": "x"}')
+    matrix, calls, mps_calls = tmp_path / "matrix", tmp_path / "calls.txt", tmp_path / "mps_calls.txt"
+    env = {"OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls), "STAGGER_SECONDS": "0",
+           "MATRIX_PRESET": "h200-chain", "MATRIX_DIR": str(matrix), "ARMS": "full-dq:2,full-46:0", "SEEDS": "2",
+           "PARALLEL": "2", "MPS": "1", "MPS_DIR": str(tmp_path / "mps"), "MPS_CALLS": str(mps_calls), "WARMUP_CACHE": str(tmp_path / "no_cache")}
+    result = subprocess.run(["bash", str(SCRIPT), "matrix"], cwd=sft.parents[2], env=env, capture_output=True, text=True,
+                            timeout=60, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(calls.read_text().splitlines()) == 2  # both jobs ran, with or without MPS
+    return result.stdout, (mps_calls.read_text().splitlines() if mps_calls.exists() else []), matrix
+
+
+def test_mps_serves_the_matrix_jobs_and_is_stopped_after_them(tmp_path):
+    stdout, requests, matrix = _matrix_with_mps(tmp_path, control=True)
+    assert "MPS: daemon started, a client reached the GPU through it" in stdout and "MPS: daemon stopped" in stdout
+    assert requests[0] == "get_server_list" and requests[1] == f"-d pipes={tmp_path}/mps/pipe" and requests[-1] == "quit"
+    assert (matrix / "mps.txt").is_file()  # what the daemon said travels in matrix.tgz
+
+
+def test_mps_missing_is_told_and_the_jobs_time_share_the_gpu(tmp_path):
+    stdout, requests, matrix = _matrix_with_mps(tmp_path, control=False)
+    assert "MPS: nvidia-cuda-mps-control not found: the jobs time-share the GPU" in stdout
+    assert requests == [] and "daemon stopped" not in stdout

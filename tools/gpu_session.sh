@@ -23,7 +23,8 @@
 #                                       # across calls on a warm machine (runs in MATRIX_DIR); a job ARM:FIRST runs
 #                                       # seeds FIRST.. in MATRIX_DIR/seedsFIRST; the h200-chain matrix runs 2 seeds
 #                                       # per job, one job per GPU (fp4rl.analysis.matrix_status names the next;
-#                                       # tools/matrix_merge.sh merges a call's runs into the committed matrix)
+#                                       # tools/matrix_merge.sh merges a call's runs into the committed matrix);
+#                                       # MPS=1 runs the jobs of one GPU side by side through CUDA MPS
 #   bash tools/gpu_session.sh compile   # the RL update program's compile time per arm x GEMM backend x XLA_FLAGS
 #                                       # variant (COMPILE_ARMS, COMPILE_GEMMS, SEEDS; no warm-up needed); the
 #                                       # fastest one as GEMM=...; XLA_FLAGS=... into COMPILE_CHOICE
@@ -85,6 +86,34 @@ step() {  # step NAME SECONDS CMD...  (never past SESSION_SECONDS, so the result
   local rc=$?
   echo "=== $name rc=$rc $(date +%T)" | tee -a "$log"
   return $rc
+}
+# CUDA MPS for the matrix's processes (MPS=1). A machine whose runtime refuses it (or lacks the control
+# program) is told in the log, and the jobs then time-share the GPU as without it: MPS changes where
+# kernels run, not what they compute. A probe process must reach the GPU through it first, so a
+# daemon that starts but serves no client cannot fail the jobs.
+mps_start() {  # mps_start DIR: the daemon's pipes and logs in MPS_DIR (/tmp/mps); DIR/mps.txt says what happened
+  mkdir -p "$1"
+  if ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+    echo "=== MPS: nvidia-cuda-mps-control not found: the jobs time-share the GPU" | tee -a "$log" "$1/mps.txt"; return 1
+  fi
+  export CUDA_MPS_PIPE_DIRECTORY=${MPS_DIR:-/tmp/mps}/pipe CUDA_MPS_LOG_DIRECTORY=${MPS_DIR:-/tmp/mps}/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  # a daemon left by an earlier call on this machine (a daemon outlives the call that started it) serves again
+  if { echo get_server_list | nvidia-cuda-mps-control >/dev/null 2>&1 || nvidia-cuda-mps-control -d >>"$1/mps.txt" 2>&1; } \
+      && timeout 120 python -c "import jax, jax.numpy as jnp; print(jax.devices(), float(jnp.ones(4).sum()))" >>"$1/mps.txt" 2>&1; then
+    echo "=== MPS: daemon started, a client reached the GPU through it" | tee -a "$log" "$1/mps.txt"
+  else
+    echo "=== MPS: refused here (see mps.txt): the jobs time-share the GPU" | tee -a "$log" "$1/mps.txt"
+    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    return 1
+  fi
+}
+mps_stop() {  # mps_stop DIR: stops the daemon; its log joins DIR (it travels in matrix.tgz)
+  [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] || return 0
+  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+  cat "$CUDA_MPS_LOG_DIRECTORY"/*.log >>"$1/mps.txt" 2>/dev/null
+  echo "=== MPS: daemon stopped" | tee -a "$log"
 }
 # The model test compares two compiled training steps bit for bit: GPU scatter-adds (the embedding
 # gradient) use atomics, whose order differs between runs unless XLA is told not to. -v streams one
@@ -355,6 +384,10 @@ case "$mode" in
     nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 15 >"$OUT/nvidia_smi.csv" 2>&1 &
     smi=$!
     disown $smi
+    # MPS=1: the jobs' processes share the GPU through CUDA MPS, whose kernels run side by side, instead of
+    # time-slicing between contexts (a 2-seed job's sampler launches small kernels that leave most SMs idle;
+    # nvidia-smi's utilization counts a time slice busy however few SMs work). Same kernels, same numerics.
+    [ "${MPS:-0}" = 1 ] && mps_start "$dir"
     deadline=$(( START + ${SESSION_SECONDS:-575} - 25 ))
     # A job is ARM or ARM:FIRST_SEED. ARM:FIRST_SEED runs seeds FIRST.. (--rl.seed_offset) in a folder of its own,
     # $MATRIX_DIR/seedsFIRST (merge it with `fp4rl.rl.merge_seeds $MATRIX_DIR/seedsFIRST ...`), so that one call
@@ -394,6 +427,7 @@ case "$mode" in
     done
     wait
     kill "$smi" 2>/dev/null
+    [ "${MPS:-0}" = 1 ] && mps_stop "$dir"
     cp "$log" "$dir/log_$(date +%H%M%S).txt"
     tar czf "$OUT/matrix.tgz" -C "$dir" --exclude=checkpoint --exclude=tb --exclude=.jax_cache .
     ;;
