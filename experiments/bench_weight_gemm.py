@@ -21,7 +21,8 @@ each output checked against an f32 einsum before it is timed:
   by five 32-bit instructions per pair (`decode="asm"`, compiled only). Shapes whose N is
   not a multiple of 64 have no such rows.
 The Triton and WGMMA rows take the fastest of a few launch shapes (`--block_m`, `--block_n`, `--block_k`;
-WGMMA: `--wgmma_rows` x 64 x `--block_k`, `--wgmma_stages`; no row tile taller than the rows per
+WGMMA: `--wgmma_rows` x `--wgmma_block_n` (output features a program, 64 a WGMMA) x `--block_k`,
+`--wgmma_stages`; no row tile taller than the rows per
 expert need), named in the table; a launch shape the device cannot run (e.g. too much shared
 memory) is listed as such, not timed. "best bf16" is the fastest row with a bf16 weight. The roofline
 column is the weight bytes over the copy bandwidth measured in the same run (a jitted elementwise
@@ -34,6 +35,7 @@ XLA ops around it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -63,6 +65,7 @@ class WeightGemmBenchConfig:
     num_warps: int = 4
     wgmma_rows: tuple[int, ...] = (8, 16, 32, 64)  # WGMMA row tiles tried (up to the rows per expert)
     wgmma_stages: tuple[int, ...] = (4,)  # TMA pipeline stages tried
+    wgmma_block_n: tuple[int, ...] = (64,)  # output features a WGMMA program computes (multiples of 64; N must hold them)
     iters: int = 20
     interpret: bool = False  # kernels in their CPU interpreters: the tests' plumbing check, not a benchmark
     out: str = "benchmarks"
@@ -90,7 +93,8 @@ def _wgmma_forms(interpret: bool) -> list[tuple[str, str]]:
 
 
 def _wgmma_candidates(config: WeightGemmBenchConfig, k: int, n: int, rows_per_expert: int, x, wq, sizes, weight_bytes):
-    """The WGMMA kernel's launch shapes for this case (none where N is not a multiple of 64)."""
+    """The WGMMA kernel's launch shapes for this case (none where N is not a multiple of 64; block_n
+    only where N is a multiple of it)."""
     if n % WARPGROUP_ROWS:
         return []
     weight = pack_for_wgmma(wq.codes, wq.scales)
@@ -98,12 +102,12 @@ def _wgmma_candidates(config: WeightGemmBenchConfig, k: int, n: int, rows_per_ex
     candidates = []
     for rows in _row_tiles(config.wgmma_rows, rows_per_expert, 8):
         for block_k in sorted({b for b in config.block_k if k % b == 0}):
-            for stages in config.wgmma_stages:
+            for stages, block_n in itertools.product(config.wgmma_stages, [b for b in config.wgmma_block_n if n % b == 0]):
                 for a_operand, decode in _wgmma_forms(config.interpret):
-                    tiles = WgmmaDecodeTiles(rows=rows, block_k=block_k, max_concurrent_steps=stages, a_operand=a_operand,
-                                             decode=decode)
+                    tiles = WgmmaDecodeTiles(rows=rows, block_k=block_k, max_concurrent_steps=stages, block_n=block_n,
+                                             a_operand=a_operand, decode=decode)
                     form = a_operand if decode == "bits" else f"{a_operand} {decode}"
-                    candidates.append((f"wgmma nvfp4 packed f16 {form} [{rows}x{WARPGROUP_ROWS}x{block_k} s{stages}]",
+                    candidates.append((f"wgmma nvfp4 packed f16 {form} [{rows}x{block_n}x{block_k} s{stages}]",
                                        jax.jit(lambda x, w, s, tiles=tiles: grouped_matmul_nvfp4_wgmma(
                                            x, w, s, tiles=tiles, interpret=config.interpret)),
                                        (x16, weight, sizes), weight_bytes, "nvfp4"))

@@ -73,10 +73,11 @@ def test_wgmma_rows_where_n_holds_whole_warpgroups(tiny_shape, monkeypatch):
     (row tiles up to the rows per expert); "vs best bf16" compares with bf16-weight rows only."""
     monkeypatch.setitem(bench.SHAPES, "tiny64", (2, 64, 64))
     config = dataclasses.replace(tiny_shape, shapes=("tiny64",), block_m=(16,), wgmma_rows=(8, 16, 32, 64),
-                                 wgmma_stages=(2,))
+                                 wgmma_stages=(2,), wgmma_block_n=(64, 128))
     result = bench.run(config)
     rows = {r["name"]: r for r in result["rows"]}
-    assert rows["wgmma nvfp4 packed f16 registers [8x64x32 s2]"]["launch_shapes"] == 3  # rows 8, 16, 32
+    # rows 8, 16, 32 at block_n 64; block_n 128 is no launch shape where N = 64
+    assert rows["wgmma nvfp4 packed f16 registers [8x64x32 s2]"]["launch_shapes"] == 3
     assert rows["wgmma nvfp4 packed f16 smem [8x64x32 s2]"]["weight"] == "nvfp4"
     assert {r["weight"] for r in result["rows"] if "bf16" in r["name"]} == {"bf16", "nvfp4"}  # packed bf16 is nvfp4
     assert not result["failures"] and all(r["rel_error"] < 1e-5 for r in result["rows"])

@@ -230,7 +230,8 @@ case "$mode" in
   wgmma_sass)
     # Where the WGMMA decode kernel's time goes: its compiled tests (both decodes), its SASS and resources at the
     # benchmark's fastest shape (Mosaic GPU's dumps, tarred; `python tools/mosaic_sass.py mosaic_dump.tgz --kernel
-    # fp4rl_grouped_nvfp4_wgmma --per_step_elements 16384` counts a K step), a wider launch-shape sweep, then
+    # fp4rl_grouped_nvfp4_wgmma --per_step_elements 16384` counts a K step), a wider launch-shape sweep (programs of
+    # 64 and 128 output features among them), then
     # packed_wgmma inside qdot and the sampler with every XLA compile logged (JAX_LOG_COMPILES), long enough to
     # tell a slow compile from a hang
     step gpu_tests_wgmma 120 python -m pytest -v -rf --tb=short -m gpu tests/kernels/test_wgmma_nvfp4.py -p no:cacheprovider
@@ -239,8 +240,8 @@ case "$mode" in
       --block_k=256 --wgmma_rows=8 --out=/tmp/bench_sass
     tar czf "$OUT/mosaic_dump.tgz" -C "$OUT" mosaic_dump && rm -rf "$OUT/mosaic_dump"
     step bench_weight_gemm_wgmma "${WEIGHT_GEMM_SECONDS:-200}" python -m experiments.bench_weight_gemm \
-      --shapes=experts128 --rows_per_expert=1,8,64 --block_n=128 --block_k=128,256,512 --wgmma_rows=8,64 \
-      --wgmma_stages=2,4 --out=/tmp/bench_wgmma_sweep
+      --shapes=experts128 --rows_per_expert=1,8,64 --block_n=128 --block_k=128,256 --wgmma_rows=8,64 \
+      --wgmma_stages=2,4 --wgmma_block_n=64,128 --out=/tmp/bench_wgmma_sweep
     JAX_LOG_COMPILES=1 step gpu_tests_packed_wgmma_qdot 150 python -m pytest -v -s --durations=0 -rf --tb=short -m gpu \
       tests/kernels/test_grouped_gemm.py -k wgmma -p no:cacheprovider
     JAX_LOG_COMPILES=1 step bench_decode_wgmma "${DECODE_SECONDS:-200}" python -m experiments.bench_decode \

@@ -10,7 +10,8 @@ Why another kernel: the Triton packed kernel reads 3.6x fewer weight bytes than 
 half the best bf16 kernel's speed at decode sizes (`benchmarks/bench_weight_gemm.md`): its
 dequantization is a dependent chain between the loads and the MMA that Triton's pipeliner does
 not overlap. Here the schedule is explicit:
-- swap A and B: y^T = W^T x^T. A warpgroup's 64 output features are WGMMA's M (the weight is
+- swap A and B: y^T = W^T x^T. A program's output features (64 or a multiple: one warpgroup,
+  block_n / 64 WGMMAs per K block) are WGMMA's M (the weight is
   the A operand, which WGMMA may read from registers), the row tile (8-64 rows of one expert) is
   its N, so a decode batch of a few rows per expert wastes no tensor-core rows;
 - a TMA pipeline (`max_concurrent_steps` stages) streams the packed codes, the scale bytes and
@@ -70,7 +71,7 @@ from pallas_kernels.nvfp4_quant import block_math as bm
 from pallas_kernels.nvfp4_quant.wrappers import require_gpu
 
 KERNEL_NAME = "fp4rl_grouped_nvfp4_wgmma"
-WARPGROUP_ROWS = 64  # WGMMA's M: the output features one warpgroup computes per program
+WARPGROUP_ROWS = 64  # WGMMA's M: a program's output features are a multiple of it (`WgmmaDecodeTiles.block_n`)
 A_OPERANDS = ("registers", "smem")
 # How the codes become f16 (the same tile either way): "bits" with 16-bit integer operations per
 # element (warpgroup semantics); "asm" five 32-bit instructions per pair of codes (`e2m1_registers`,
@@ -84,7 +85,10 @@ BLOCK_TILE_TRANSFORMS = (plgpu.TilingTransform((8, bm.BLOCK)), plgpu.SwizzleTran
 @dataclasses.dataclass(frozen=True)
 class WgmmaDecodeTiles:
     """`rows`: rows of one expert per tile (WGMMA's N: a multiple of 8, at most 256); `block_k`:
-    the contraction per pipeline step (a multiple of 32: the 4-bit loads' tile); `max_concurrent_steps`:
+    the contraction per pipeline step (a multiple of 32: the 4-bit loads' tile); `block_n`: output
+    features per program (a multiple of 64, WGMMA's M: its one warpgroup issues block_n / 64 WGMMAs
+    per 16-column block, so each pipeline step moves and decodes block_n / 64 times the bytes, with
+    independent decode chains, in block_n / 64 times fewer programs); `max_concurrent_steps`:
     TMA pipeline stages; `a_operand`: where WGMMA reads the decoded weight tile ("registers" or
     "smem"; interpret mode always uses "smem"); `decode`: how the codes become f16 (`DECODES`;
     "asm" with the registers form only). The defaults are a starting point for 1-8 rows per expert
@@ -93,6 +97,7 @@ class WgmmaDecodeTiles:
     rows: int = 8
     block_k: int = 128
     max_concurrent_steps: int = 4
+    block_n: int = WARPGROUP_ROWS
     a_operand: str = "registers"
     decode: str = "bits"
 
@@ -101,6 +106,8 @@ class WgmmaDecodeTiles:
             raise ValueError(f"rows={self.rows} must be a multiple of 8 in [8, 256] (WGMMA's N)")
         if self.block_k < 32 or self.block_k % 32:
             raise ValueError(f"block_k={self.block_k} must be a positive multiple of 32 (the 4-bit loads' tile)")
+        if self.block_n < WARPGROUP_ROWS or self.block_n % WARPGROUP_ROWS or self.block_n > 256:
+            raise ValueError(f"block_n={self.block_n} must be a multiple of {WARPGROUP_ROWS} in [64, 256] (WGMMA's M)")
         if self.max_concurrent_steps < 1:
             raise ValueError(f"max_concurrent_steps={self.max_concurrent_steps} must be >= 1")
         if self.a_operand not in A_OPERANDS:
@@ -215,7 +222,7 @@ def decoded_column_blocks(codes_smem, scales_smem, dtype, decode: str = "bits") 
 
 def _kernel(group_gmem, live_gmem, codes_gmem, scales_gmem, x_gmem, out_gmem, a_smem=None, *, k: int,
             tiles: WgmmaDecodeTiles):
-    rows, bk = tiles.rows, tiles.block_k
+    rows, bk, bn = tiles.rows, tiles.block_k, tiles.block_n
     t, nb = lax.axis_index("tile"), lax.axis_index("col")
     group = group_gmem[t]
 
@@ -234,17 +241,17 @@ def _kernel(group_gmem, live_gmem, codes_gmem, scales_gmem, x_gmem, out_gmem, a_
             plgpu.emit_pipeline(
                 functools.partial(step, acc_ref=acc_ref),
                 grid=(k // bk,),
-                in_specs=[plgpu.BlockSpec((WARPGROUP_ROWS, bk), lambda ki: (nb, ki)),
-                          plgpu.BlockSpec((bk // bm.BLOCK, WARPGROUP_ROWS), lambda ki: (ki, nb)),
+                in_specs=[plgpu.BlockSpec((bn, bk), lambda ki: (nb, ki)),
+                          plgpu.BlockSpec((bk // bm.BLOCK, bn), lambda ki: (ki, nb)),
                           plgpu.BlockSpec((rows, bk), lambda ki: (t, ki), transforms=_x_transforms(tiles))],
                 max_concurrent_steps=tiles.max_concurrent_steps,
             )(codes_gmem.at[group], scales_gmem.at[group], x_gmem)
             return acc_ref[...]
 
-        acc = pl.run_scoped(acc_scope, plgpu.ACC((WARPGROUP_ROWS, rows)))
+        acc = pl.run_scoped(acc_scope, plgpu.ACC((bn, rows)))
         acc = acc * jnp.float32(2.0**F16_TILE_SHIFT)  # the tile's 2^-7 back out (a power of two: exact)
         store_tile(acc, jnp.float32, lambda o_smem: plgpu.copy_smem_to_gmem(
-            o_smem, out_gmem.at[pl.ds(nb * WARPGROUP_ROWS, WARPGROUP_ROWS), pl.ds(t * rows, rows)]))
+            o_smem, out_gmem.at[pl.ds(nb * bn, bn), pl.ds(t * rows, rows)]))
 
 
 def _x_transforms(tiles: WgmmaDecodeTiles) -> tuple:
@@ -277,11 +284,11 @@ def _grouped_call(x_RxK, weight: WgmmaNvfp4Weight, group_sizes_E, *, tiles: Wgmm
     x_pad, group, live, position, in_group = _padded_rows(x_RxK, group_sizes_E, tiles.rows)
     num_tiles = group.shape[0]
     a_in_smem = bool(interpret) or tiles.a_operand == "smem"
-    scratch = {"a_smem": plgpu.SMEM((tiles.block_k // bm.BLOCK, WARPGROUP_ROWS, bm.BLOCK), jnp.float16)} if a_in_smem else {}
+    scratch = {"a_smem": plgpu.SMEM((tiles.block_k // bm.BLOCK, tiles.block_n, bm.BLOCK), jnp.float16)} if a_in_smem else {}
     out_T = plgpu.kernel(
         functools.partial(_kernel, k=k, tiles=tiles),
         out_type=jax.ShapeDtypeStruct((n, num_tiles * tiles.rows), jnp.float32),
-        grid=(num_tiles, n // WARPGROUP_ROWS),
+        grid=(num_tiles, n // tiles.block_n),
         grid_names=("tile", "col"),
         scratch_types=scratch,
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane if tiles.decode == "asm"
@@ -307,8 +314,9 @@ def grouped_matmul_nvfp4_wgmma(x_RxK, weight: WgmmaNvfp4Weight, group_sizes_E, *
     if x_RxK.shape[1] != k:
         raise ValueError(f"grouped_matmul_nvfp4_wgmma: x has K={x_RxK.shape[1]} but the weight has K={k}")
     check_group_sizes("grouped_matmul_nvfp4_wgmma", group_sizes_E, e)
-    if n % WARPGROUP_ROWS:
-        raise ValueError(f"grouped_matmul_nvfp4_wgmma: N={n} must be a multiple of {WARPGROUP_ROWS} (a warpgroup's WGMMA rows)")
+    if n % tiles.block_n:
+        raise ValueError(f"grouped_matmul_nvfp4_wgmma: N={n} must be a multiple of block_n={tiles.block_n} (the output "
+                         f"features of a program; block_n is a multiple of {WARPGROUP_ROWS}, WGMMA's M)")
     if k % tiles.block_k:
         raise ValueError(f"grouped_matmul_nvfp4_wgmma: K={k} must be a multiple of block_k={tiles.block_k}")
     if interpret and tiles.decode == "asm":

@@ -31,6 +31,7 @@ CASES = {
 }
 SMALL_TILES = wn.WgmmaDecodeTiles(rows=8, block_k=64, max_concurrent_steps=2)
 TALL_TILES = wn.WgmmaDecodeTiles(rows=16, block_k=128, max_concurrent_steps=3)
+WIDE_TILES = wn.WgmmaDecodeTiles(rows=8, block_k=64, max_concurrent_steps=2, block_n=128)  # two WGMMA M tiles a program
 
 
 # (a_operand, decode): the warpgroup-semantics kernel in both operand forms, the lane-semantics "asm" decode
@@ -40,7 +41,7 @@ FORMS = [pytest.param("registers", "bits", id="registers"), pytest.param("smem",
 
 def _tiles(base: wn.WgmmaDecodeTiles, a_operand: str, decode: str = "bits") -> wn.WgmmaDecodeTiles:
     return wn.WgmmaDecodeTiles(rows=base.rows, block_k=base.block_k, max_concurrent_steps=base.max_concurrent_steps,
-                               a_operand=a_operand, decode=decode)
+                               block_n=base.block_n, a_operand=a_operand, decode=decode)
 
 
 def test_asm_pair_decode_is_the_bits_decode_for_every_byte_in_every_position():
@@ -102,7 +103,7 @@ def test_wgmma_weight_gemm_is_the_emulated_forward_bit_for_bit(case, interpret, 
     group_sizes = jnp.asarray(sizes, jnp.int32)
     want = grouped.ragged_matmul(x, _operand(codes, scales), group_sizes, gemm="xla", transpose_rhs=True)
     weight = wn.pack_for_wgmma(codes, scales)
-    for tiles in (SMALL_TILES, TALL_TILES):
+    for tiles in (SMALL_TILES, TALL_TILES) + ((WIDE_TILES,) if n % WIDE_TILES.block_n == 0 else ()):
         got = wn.grouped_matmul_nvfp4_wgmma(x.astype(jnp.float16), weight, group_sizes, tiles=_tiles(tiles, a_operand, decode),
                                             interpret=interpret)
         assert got.dtype == jnp.float32 and got.shape == want.shape
@@ -149,8 +150,13 @@ def test_bad_operands_are_refused_with_what_is_valid():
     with pytest.raises(TypeError, match="must be a WgmmaNvfp4Weight"):
         wn.grouped_matmul_nvfp4_wgmma(x, (codes, scales), sizes, interpret=True)
     narrow = wn.pack_for_wgmma(*_weight(2, 32, 128, exact_sums=True))
-    with pytest.raises(ValueError, match="N=32 must be a multiple of 64"):
+    with pytest.raises(ValueError, match="N=32 must be a multiple of block_n=64"):
         wn.grouped_matmul_nvfp4_wgmma(x, narrow, sizes, interpret=True)
+    with pytest.raises(ValueError, match="N=64 must be a multiple of block_n=128"):
+        wn.grouped_matmul_nvfp4_wgmma(x, weight, sizes, tiles=WIDE_TILES, interpret=True)
+    for block_n in (32, 96, 320):
+        with pytest.raises(ValueError, match=rf"block_n={block_n} must be a multiple of 64 in \[64, 256\]"):
+            wn.WgmmaDecodeTiles(block_n=block_n)
     with pytest.raises(ValueError, match="K=128 must be a multiple of block_k=256"):
         wn.grouped_matmul_nvfp4_wgmma(x, weight, sizes, tiles=wn.WgmmaDecodeTiles(block_k=256), interpret=True)
     with pytest.raises(ValueError, match=r"scales must have shape \(2, 64, 8\)"):
@@ -176,14 +182,15 @@ def test_bad_operands_are_refused_with_what_is_valid():
 
 @pytest.mark.parametrize(("a_operand", "decode"), FORMS)
 def test_lowers_to_mosaic_gpu_for_sm90(a_operand, decode):
-    """On CPU CI: the compiled kernel (both operand forms, the "asm" decode in lane semantics, two
+    """On CPU CI: the compiled kernel (both operand forms, the "asm" decode in lane semantics, three
     launch shapes, the decode benchmark's 128-expert shape) goes through Mosaic GPU's layout inference and lowering for sm_90 (the arch
     Mosaic assumes without a device). It does not run ptxas; the `gpu` tests above do."""
     x = jax.ShapeDtypeStruct((128, 2048), jnp.float16)
     weight = wn.WgmmaNvfp4Weight(codes=jax.ShapeDtypeStruct((128, 768, 2048), jnp.int4),
                                  scales=jax.ShapeDtypeStruct((128, 128, 768), jnp.uint8))
     sizes = jax.ShapeDtypeStruct((128,), jnp.int32)
-    for base in (wn.DEFAULT_TILES, wn.WgmmaDecodeTiles(rows=64, block_k=256, max_concurrent_steps=3)):
+    for base in (wn.DEFAULT_TILES, wn.WgmmaDecodeTiles(rows=64, block_k=256, max_concurrent_steps=3),
+                 wn.WgmmaDecodeTiles(block_n=128)):
         tiles = _tiles(base, a_operand, decode)
         text = jax.jit(lambda x, w, s: wn._grouped_call(x, w, s, tiles=tiles, interpret=False)).trace(
             x, weight, sizes).lower(lowering_platforms=("cuda",)).as_text()
