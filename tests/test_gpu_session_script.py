@@ -29,23 +29,33 @@ fi
 """
 
 
-def test_matrix_jobs_with_a_first_seed_run_in_folders_of_their_own_across_the_gpus(tmp_path):
+def _run_matrix(tmp_path, gpus: int, fakes: dict, **env) -> str:
+    """`gpu_session.sh matrix` on the h200-chain preset with stand-ins for python and nvidia-smi (`gpus`
+    GPUs) and the programs in `fakes`; the matrix in tmp_path/matrix, each ablation call in tmp_path/calls.txt.
+    Its stdout. Called again, the same session runs again on what the first left."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
+    listing = "".join(f"GPU {i}: H200\\n" for i in range(gpus))
     for name, text in {"python": FAKE_PYTHON, "python3": FAKE_PYTHON,
-                       "nvidia-smi": '#!/bin/bash\n[ "$1" = -L ] && printf "GPU 0: H200\\nGPU 1: H200\\n"\n'}.items():
+                       "nvidia-smi": f'#!/bin/bash\n[ "$1" = -L ] && printf "{listing}"\n', **fakes}.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     sft = tmp_path / "work" / "runs" / "h200-chain" / "sft"
-    sft.mkdir(parents=True)
+    sft.mkdir(parents=True, exist_ok=True)
     (sft / "sft_meta.json").write_text('{"params_sha256": "x"}')
-    matrix, calls = tmp_path / "matrix", tmp_path / "calls.txt"
-    env = {"OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls), "STAGGER_SECONDS": "0",
-           "MATRIX_PRESET": "h200-chain", "MATRIX_DIR": str(matrix), "ARMS": "full-dq:2,full-46:0,bf16", "SEEDS": "2",
-           "PARALLEL": "1", "WARMUP_CACHE": str(tmp_path / "no_cache")}
+    env = {"OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(tmp_path / "calls.txt"),
+           "STAGGER_SECONDS": "0", "MATRIX_PRESET": "h200-chain", "MATRIX_DIR": str(tmp_path / "matrix"), "SEEDS": "2",
+           "WARMUP_CACHE": str(tmp_path / "no_cache"), **env}
     result = subprocess.run(["bash", str(SCRIPT), "matrix"], cwd=sft.parents[2], env=env, capture_output=True, text=True,
-                            timeout=60)
+                            timeout=60, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_matrix_jobs_with_a_first_seed_run_in_folders_of_their_own_across_the_gpus(tmp_path):
+    jobs = {"ARMS": "full-dq:2,full-46:0,bf16", "PARALLEL": "1"}
+    _run_matrix(tmp_path, 2, {}, **jobs)
+    matrix, calls = tmp_path / "matrix", tmp_path / "calls.txt"
     lines = sorted(calls.read_text().splitlines())
     # round-robin over the two GPUs; a first seed becomes the run's seed offset and its folder
     assert any(l.startswith("GPU=0 ") and "--arms=full-dq" in l and f"--out={matrix}/seeds2 " in l
@@ -60,7 +70,7 @@ def test_matrix_jobs_with_a_first_seed_run_in_folders_of_their_own_across_the_gp
     assert (tmp_path / "out" / "matrix.tgz").is_file()
     # a second call skips the finished jobs
     calls.unlink()
-    subprocess.run(["bash", str(SCRIPT), "matrix"], cwd=sft.parents[2], env=env, capture_output=True, text=True, timeout=60)
+    _run_matrix(tmp_path, 2, {}, **jobs)
     assert not calls.exists()
     assert "arm full-dq:2: finished earlier" in (tmp_path / "out" / "log.txt").read_text()
 
@@ -78,26 +88,14 @@ esac
 
 
 def _matrix_with_mps(tmp_path, control: bool):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fakes = {"python": FAKE_PYTHON, "python3": FAKE_PYTHON, "nvidia-smi": '#!/bin/bash\n[ "$1" = -L ] && echo "GPU 0: H200"\n'}
-    if control:
-        fakes["nvidia-cuda-mps-control"] = FAKE_MPS_CONTROL
-    for name, text in fakes.items():
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    sft = tmp_path / "work" / "runs" / "h200-chain" / "sft"
-    sft.mkdir(parents=True)
-    (sft / "sft_meta.json").write_text('{"params_sha256": "x"}')
-    matrix, calls, mps_calls = tmp_path / "matrix", tmp_path / "calls.txt", tmp_path / "mps_calls.txt"
-    env = {"OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls), "STAGGER_SECONDS": "0",
-           "MATRIX_PRESET": "h200-chain", "MATRIX_DIR": str(matrix), "ARMS": "full-dq:2,full-46:0", "SEEDS": "2",
-           "PARALLEL": "2", "MPS": "1", "MPS_DIR": str(tmp_path / "mps"), "MPS_CALLS": str(mps_calls), "WARMUP_CACHE": str(tmp_path / "no_cache")}
-    result = subprocess.run(["bash", str(SCRIPT), "matrix"], cwd=sft.parents[2], env=env, capture_output=True, text=True,
-                            timeout=60, stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert len(calls.read_text().splitlines()) == 2  # both jobs ran, with or without MPS
-    return result.stdout, (mps_calls.read_text().splitlines() if mps_calls.exists() else []), matrix
+    """Two jobs side by side with MPS=1 on one GPU, with or without the control program: (stdout,
+    the requests the control program saw, the matrix folder)."""
+    mps_calls = tmp_path / "mps_calls.txt"
+    stdout = _run_matrix(tmp_path, 1, {"nvidia-cuda-mps-control": FAKE_MPS_CONTROL} if control else {},
+                         ARMS="full-dq:2,full-46:0", PARALLEL="2", MPS="1", MPS_DIR=str(tmp_path / "mps"),
+                         MPS_CALLS=str(mps_calls))
+    assert len((tmp_path / "calls.txt").read_text().splitlines()) == 2  # both jobs ran, with or without MPS
+    return stdout, (mps_calls.read_text().splitlines() if mps_calls.exists() else []), tmp_path / "matrix"
 
 
 def test_mps_serves_the_matrix_jobs_and_is_stopped_after_them(tmp_path):
