@@ -100,7 +100,7 @@ def _matrix_with_mps(tmp_path, control: bool):
 
 def test_mps_serves_the_matrix_jobs_and_is_stopped_after_them(tmp_path):
     stdout, requests, matrix = _matrix_with_mps(tmp_path, control=True)
-    assert "MPS: daemon started, a client reached the GPU through it" in stdout and "MPS: daemon stopped" in stdout
+    assert "MPS: daemon up, a client reached the GPU through it" in stdout and "MPS: daemon stopped" in stdout
     assert requests[0] == "get_server_list" and requests[1] == f"-d pipes={tmp_path}/mps/pipe" and requests[-1] == "quit"
     assert (matrix / "mps.txt").is_file()  # what the daemon said travels in matrix.tgz
 

@@ -101,7 +101,7 @@ mps_start() {  # mps_start DIR: the daemon's pipes and logs in MPS_DIR (/tmp/mps
   # a daemon left by an earlier call on this machine (a daemon outlives the call that started it) serves again
   if { echo get_server_list | nvidia-cuda-mps-control >/dev/null 2>&1 || nvidia-cuda-mps-control -d >>"$1/mps.txt" 2>&1; } \
       && timeout 120 python -c "import jax, jax.numpy as jnp; print(jax.devices(), float(jnp.ones(4).sum()))" >>"$1/mps.txt" 2>&1; then
-    echo "=== MPS: daemon started, a client reached the GPU through it" | tee -a "$log" "$1/mps.txt"
+    echo "=== MPS: daemon up, a client reached the GPU through it" | tee -a "$log" "$1/mps.txt"
   else
     echo "=== MPS: refused here (see mps.txt): the jobs time-share the GPU" | tee -a "$log" "$1/mps.txt"
     echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
