@@ -12,8 +12,9 @@ frequent opcodes in it (`tools/triton_sass.count_sass`, the same counts as for t
 
     python tools/mosaic_sass.py mosaic_dump.tgz [--kernel fp4rl_grouped_nvfp4_wgmma] [--per_step_elements 16384]
 
---per_step_elements: weight elements one thread's warpgroup decodes per loop iteration (64 x
-block_k for the decode kernel), to print instructions per element (per thread: / 128).
+--per_step_elements: weight elements one thread's warpgroup decodes per loop iteration (block_n x
+block_k for the decode kernel: 64 x 256 = 16384 at the dumped shape), to print instructions per element
+(per thread: / 128).
 """
 
 from __future__ import annotations

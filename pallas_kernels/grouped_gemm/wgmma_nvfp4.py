@@ -32,7 +32,7 @@ Marlin's approach within the relayout Mosaic already does), compiled only.
 
 Layout (`pack_for_wgmma`, part of the packed weight, not of the numerics): the codes are the
 packed bytes read as int4 [E, N, K] (element 2j in the low nibble of byte j, as stored); the scales
-are transposed to [E, K/16, N] so that a K block's scales for 64 features are one contiguous row.
+are transposed to [E, K/16, N] so that a K block's scales for a program's features are one contiguous row.
 `unpack_wgmma_weight` gives back the original bytes.
 
 Numerics: the operand tile is dec(q) sf 2^-7 in f16, exact for every code and finite scale byte

@@ -11,6 +11,8 @@ float64 oracle under the f32 accumulation bound otherwise.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,8 +42,7 @@ FORMS = [pytest.param("registers", "bits", id="registers"), pytest.param("smem",
 
 
 def _tiles(base: wn.WgmmaDecodeTiles, a_operand: str, decode: str = "bits") -> wn.WgmmaDecodeTiles:
-    return wn.WgmmaDecodeTiles(rows=base.rows, block_k=base.block_k, max_concurrent_steps=base.max_concurrent_steps,
-                               block_n=base.block_n, a_operand=a_operand, decode=decode)
+    return dataclasses.replace(base, a_operand=a_operand, decode=decode)
 
 
 def test_asm_pair_decode_is_the_bits_decode_for_every_byte_in_every_position():
