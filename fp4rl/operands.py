@@ -51,22 +51,26 @@ def _reference_quantize(x, config: nvfp4.NVFP4Config, sr_key, forced_division) -
 def nvfp4_quantize(x, config: nvfp4.NVFP4Config, impl: str, *, sr_key=None) -> nvfp4.NVFP4Tensor:
     """NVFP4-quantize `x` [..., K] with the chosen implementation (bit-identical by contract).
 
-    The kernels implement the forward quantizer; stochastic rounding (only used on gradients
-    by the quantized backward) is computed by the jnp reference whatever `impl` says.
+    Stochastic rounding (`sr_key`, the quantized backward's gradients) runs in the kernel of the
+    backends that have it (`pallas_kernels.nvfp4_quant.STOCHASTIC_BACKENDS`: Triton, which "auto"
+    picks on a GPU), from the draws `jax.random.uniform(sr_key, x.shape)`, the reference's bits;
+    with another `impl` it is the jnp reference's (the same bytes).
     2D-block weights must come one matrix at a time (vmap over experts), so that every
     implementation takes the amax over the same tensor.
     """
     impl = resolve_impl(impl)
-    if impl == "reference" or sr_key is not None:
-        return _reference_quantize(x, config, sr_key, ieee.forced_division())
     import pallas_kernels  # the kernels depend on fp4rl.formats only; imported on demand
 
+    if impl == "reference" or (sr_key is not None and impl not in pallas_kernels.nvfp4_quant.STOCHASTIC_BACKENDS):
+        return _reference_quantize(x, config, sr_key, ieee.forced_division())
+    uniform = None if sr_key is None else jax.random.uniform(sr_key, x.shape, jnp.float32)
     if config.block_2d:
         if x.ndim != 2:
             raise ValueError(f"2D-block kernel quantization takes one [N, K] matrix, got {x.shape}; vmap over experts")
-        return pallas_kernels.quantize(x, config, backend=impl)
+        return pallas_kernels.quantize(x, config, backend=impl, uniform=uniform)
     lead, k = x.shape[:-1], x.shape[-1]
-    t = pallas_kernels.quantize(x.reshape(-1, k), config, backend=impl)
+    t = pallas_kernels.quantize(x.reshape(-1, k), config, backend=impl,
+                                uniform=None if uniform is None else uniform.reshape(-1, k))
     amax = t.amax.reshape(*lead, 1) if config.scale == "token" else t.amax
     return nvfp4.NVFP4Tensor(
         codes=t.codes.reshape(*lead, k // 2),

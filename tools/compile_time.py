@@ -2,6 +2,7 @@
 
     JAX_PLATFORMS=cpu python tools/compile_time.py grad h200 bf16,nvfp4,full
     python tools/compile_time.py update h200 bf16,full 4 xla,blocked     # on the GPU
+    JAX_PLATFORMS=cpu python tools/compile_time.py size h200 nvfp4,nvfp4-pt 4 packed
 
 `grad`: trace and compile seconds of `jax.jit(jax.grad(mean(forward(...))))` on an [8, 64] token
 batch, per recipe, scanned vs unrolled layers. `update`: the RL trainer's vmapped update program
@@ -9,14 +10,23 @@ batch, per recipe, scanned vs unrolled layers. `update`: the RL trainer's vmappe
 on randomly initialised parameters (no warm-up needed): compile seconds, and the compiled
 program's argument, output and temporary buffer sizes (XLA's memory analysis; on CPU they show
 what a program would ask of a GPU's memory). Compile times are machine-dependent; compare lines of one run.
+`size`: the same update program lowered for CUDA on this machine, which needs no GPU (the calls that
+ask for one are answered as an H200 would: `as_if_on_an_h200`): its StableHLO op count, custom calls
+and integer divisions (`ieee.integer_divide`, by operand shape), the program's size before XLA
+compiles it. Not a compile time: what XLA:GPU makes of it is measured on the GPU (`update`).
 """
 
+import collections
+import contextlib
 import dataclasses
 import os
+import re
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -68,6 +78,64 @@ def update(preset: str = "h200", arms: str = "bf16", seeds: str = "4", gemms: st
                   flush=True)
 
 
+@contextlib.contextmanager
+def as_if_on_an_h200():
+    """Trace as for an H200 on a machine without one: jax.default_backend() says "gpu" (so "auto"
+    picks the GPU kernels and `ieee.divide` its GPU form), the Pallas Triton lowering targets
+    sm_90, the grouped GEMMs see 132 SMs and the kernels' device guard lets them lower. Only
+    lowering: running anything compiled under it is meaningless."""
+    from jax._src.pallas.triton import gpu_info, pallas_call_registration
+
+    from pallas_kernels.nvfp4_quant import wrappers
+
+    local_devices = jax.local_devices
+    with mock.patch.object(jax, "default_backend", lambda: "gpu"), \
+            mock.patch.object(pallas_call_registration.gpu_info_lib, "get_gpu_info",
+                              lambda: gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H200)), \
+            mock.patch.object(jax, "local_devices", lambda *a, backend=None, **kw: (
+                [types.SimpleNamespace(core_count=132)] if backend == "gpu" else local_devices(*a, backend=backend, **kw))), \
+            mock.patch.object(wrappers, "require_gpu", lambda *a, **kw: None):
+        yield
+
+
+def gpu_update_program_size(preset: str, arm: str, seeds: int, gemm: str) -> dict:
+    """The RL update program of `arm` lowered for CUDA (`as_if_on_an_h200`): {"ops": StableHLO ops,
+    "custom_calls": {target: count}, "integer_divisions": {operand shape: count}}."""
+    from fp4rl.formats import ieee
+
+    divisions = collections.Counter()
+    integer_divide = ieee.integer_divide
+
+    def counted(a, b, *args, **kw):
+        divisions[str(tuple(jnp.shape(a)))] += 1
+        return integer_divide(a, b, *args, **kw)
+
+    model_config = sft.model_config(configs.SFT_PRESETS[preset])
+    graphdef, params = init(model_config, 0)
+    warmup = (graphdef, params, {"model_config": dataclasses.asdict(model_config)})
+    config = dataclasses.replace(configs.RL_PRESETS[preset], arm=arm, seeds=seeds, expert_gemm=gemm, out=tempfile.mkdtemp())
+    with as_if_on_an_h200(), mock.patch.object(ieee, "integer_divide", counted):
+        run = trainer.Trainer(config, progress=False, warmup=warmup)
+        update = run._update
+        with mock.patch.object(run, "_update", types.SimpleNamespace(
+                lower=lambda *args: update.trace(*args).lower(lowering_platforms=("cuda",)))):
+            [lower] = [lower for name, _, lower in run.lowerings() if name == "update"]
+            text = lower().as_text()
+    return {"ops": len(re.findall(r"= \"?[a-z_]+\.[a-z_.]+", text)),
+            "custom_calls": dict(collections.Counter(re.findall(r"custom_call @([A-Za-z_0-9]+)", text))),
+            "integer_divisions": dict(divisions)}
+
+
+def size(preset: str = "h200", arms: str = "nvfp4", seeds: str = "4", gemms: str = "packed") -> None:
+    flags = os.environ.get("XLA_FLAGS", "") or "default XLA_FLAGS"
+    for arm in arms.split(","):
+        for gemm in gemms.split(","):
+            program = gpu_update_program_size(preset, arm, int(seeds), gemm)
+            print(f"{preset} {arm:6s} seeds {seeds} gemm {gemm:8s} lowered for CUDA: {program['ops']} StableHLO ops, "
+                  f"integer divisions {sum(program['integer_divisions'].values())} {program['integer_divisions']}, "
+                  f"custom calls {program['custom_calls']} ({flags})", flush=True)
+
+
 if __name__ == "__main__":
     stochastic.lower_draws_as_gpu_kernel()  # as the entry points do (JAX_THREEFRY_GPU_KERNEL_LOWERING=0: XLA's lowering)
-    {"grad": grad, "update": update}[sys.argv[1]](*sys.argv[2:])
+    {"grad": grad, "update": update, "size": size}[sys.argv[1]](*sys.argv[2:])

@@ -30,6 +30,9 @@
 #                                       # fastest one as GEMM=...; XLA_FLAGS=... into COMPILE_CHOICE
 #   bash tools/gpu_session.sh threefry  # threefry draws lowered to JAX's GPU kernel: same bytes (compiled test), and the
 #                                       # update program's compile time with and without it (COMPILE_ARMS: nvfp4-pt)
+#   bash tools/gpu_session.sh division  # XLA:GPU's f32 division made IEEE (fp4rl.xla_flags.IEEE_GPU_DIVISION): the
+#                                       # reference against the NumPy oracle and the compiled SR tests with it, then the
+#                                       # update program's compile time without and with it (COMPILE_ARMS)
 #   bash tools/gpu_session.sh rlstep    # warm-up + RL step time per arm (ARMS) x expert GEMM backend (GEMMS)
 #                                       # (RLSTEP_PRESET: h200 by default)
 #   bash tools/gpu_session.sh warmup    # a warm-up alone (WARMUP_PRESET, h200 by default)
@@ -470,6 +473,27 @@ PY
     wait
     grep "compile " "$log"
     mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_threefry.log
+    tar czf "$OUT/benchmarks.tgz" benchmarks
+    ;;
+  division)
+    # Under IEEE_GPU_DIVISION fp4rl.formats.ieee.divide divides natively on the GPU instead of by integer long
+    # division (~half of a quantized arm's update program). Decisive: every oracle row at 0 mismatches with the
+    # flag, and the compiled tests passing with it; then the compile times say what it buys.
+    ieee=--xla_backend_extra_options=-nvptx-prec-divf32=3
+    step reference_check 90 python tools/check_gpu_reference.py
+    XLA_FLAGS=$ieee step reference_check_ieee_division 90 python tools/check_gpu_reference.py
+    XLA_FLAGS=$ieee step gpu_tests_ieee_division 180 python -m pytest -v -rf --tb=short -m gpu \
+      tests/kernels/test_stochastic_quant.py tests/formats/test_stochastic.py -p no:cacheprovider
+    [ -n "${DIVISION_MODEL_TESTS:-}" ] && XLA_FLAGS=$ieee model_tests "${MODEL_SECONDS:-300}"
+    for flags in "" "$ieee"; do
+      JAX_ENABLE_COMPILATION_CACHE=false XLA_FLAGS="$flags" XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 \
+        step "compile ${flags:-default}" "${COMPILE_SECONDS:-240}" \
+        python tools/compile_time.py update h200 "${COMPILE_ARMS:-nvfp4-pt,nvfp4}" "${SEEDS:-4}" "${COMPILE_GEMMS:-packed}" &
+      sleep 1
+    done
+    wait
+    grep -E "compile |vs oracle|reference division" "$log"
+    mkdir -p benchmarks/logs && cp "$log" benchmarks/logs/gpu_division.log
     tar czf "$OUT/benchmarks.tgz" benchmarks
     ;;
   rlstep)

@@ -69,7 +69,7 @@ def lower_to_ttir(variant: str, tunables, shape: tuple[int, int]) -> list[str]:
 
     config = ref.NVFP4Config(scale="token", **VARIANTS[variant])
     x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-    return _capture_ttir(lambda: jax.jit(lambda x: tq._quantize_jit(x, None, config, False, tunables)).trace(x).lower(
+    return _capture_ttir(lambda: jax.jit(lambda x: tq._quantize_jit(x, None, None, config, False, tunables)).trace(x).lower(
         lowering_platforms=("cuda",)))
 
 

@@ -16,7 +16,8 @@ A fourth, on XLA:GPU only: its f32 division is PTX `div.full.f32`, an approximat
 2 ulp; openxla/xla#37181: a / a != 1), which changes 4/6-exact choices on an H200
 (benchmarks/logs/check_gpu_reference_native_division.log). `divide` therefore computes the
 correctly rounded quotient with integer arithmetic on every platform but the CPU, whose
-division is IEEE (docs/numerics.md §9). The same integer division (and `integer_square`)
+division is IEEE (docs/numerics.md §9), or where XLA_FLAGS makes XLA:GPU's division IEEE
+(`fp4rl.xla_flags.IEEE_GPU_DIVISION`; `divide` is then native there too). The same integer division (and `integer_square`)
 serves the compiled Mosaic GPU quantizer, whose float divisions (even through float64) and
 MSE squares are off by an ulp in some blocks on an H200 (`tools/mosaic_probe.py`;
 benchmarks/logs/mosaic_probe_float_division.log, mosaic_probe_float_square.log).
@@ -32,6 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fp4rl import xla_flags
+
 
 def divide(numerator, denominator):
     """fl(numerator / denominator), never a multiply by a reciprocal.
@@ -46,8 +49,10 @@ def divide(numerator, denominator):
     numerator, denominator = jnp.broadcast_arrays(numerator, denominator)
     # Chosen at trace time: a jit traces for the default backend, and the integer path is
     # correct everywhere (only slower). `lax.platform_dependent` would put a cond around every
-    # division, which makes tracing a vmapped quantized backward ~4x slower.
-    if not _depth("native") and (_depth("integer") or jax.default_backend() != "cpu"):
+    # division, which makes tracing a vmapped quantized backward ~4x slower. A GPU whose XLA
+    # divides per IEEE (`xla_flags.IEEE_GPU_DIVISION`) divides natively, as the CPU.
+    native_here = jax.default_backend() == "cpu" or xla_flags.ieee_gpu_division()
+    if not _depth("native") and (_depth("integer") or not native_here):
         return integer_divide(numerator, denominator)
     return numerator / denominator
 

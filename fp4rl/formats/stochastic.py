@@ -20,23 +20,41 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fp4rl.formats import elements as el
-from fp4rl.formats import ieee
+
+
+# 1 / (hi - lo) of the grid interval that starts at grid point i: every width is a power of two
+# (0.5, 1 or 2), so (a - lo) / (hi - lo) is (a - lo) times this, exactly (`round_up_probability`).
+# 0 past the last point: a saturated |v| never rounds up.
+INVERSE_WIDTHS = np.array([2, 2, 2, 2, 1, 1, 0.5, 0], np.float32)
+
+
+def interval_index(a):
+    """Index (0..7, uint8) of the grid point lo <= a of the interval [lo, hi) that holds a = |v|
+    (7 for a >= 6; 0 for NaN, whose comparisons are false)."""
+    return jnp.sum(a[..., None] >= jnp.asarray(el.E2M1_GRID)[1:], axis=-1).astype(jnp.uint8)
+
+
+def round_up_probability(a, lo_index):
+    """(a - lo) / (hi - lo) for a in [lo, hi), exactly, as (a - lo) * INVERSE_WIDTHS[lo_index]:
+    a - lo is exact (Sterbenz: lo <= a < hi <= 2 lo, or lo = 0), and scaling it by 2, 1 or 1/2
+    is exact too (a halved difference lies in [4, 6): a multiple of 2^-21, never subnormal), so
+    the correctly rounded quotient is this product. No division is traced: `ieee.divide`'s
+    integer long division per gradient element made XLA:GPU compile the quantized backward for
+    tens of seconds. 0 for a saturated a (6), NaN for NaN."""
+    lo = jnp.asarray(el.E2M1_GRID)[lo_index]
+    return (a - lo) * jnp.asarray(INVERSE_WIDTHS)[lo_index]
 
 
 def stochastic_encode_e2m1(v, key):
     """E2M1 codes (0..15) of float32 `v`, rounded stochastically; sign bit follows v."""
     v = jnp.asarray(v, jnp.float32)
     a = jnp.minimum(jnp.abs(v), jnp.float32(el.E2M1_MAX))
-    grid = jnp.asarray(el.E2M1_GRID)
-    # index of lo = number of grid points above 0 that are <= a  (0..7)
-    lo_index = jnp.sum(a[..., None] >= grid[1:], axis=-1).astype(jnp.uint8)
-    hi_index = jnp.minimum(lo_index + 1, 7)
-    lo, hi = grid[lo_index], grid[hi_index]
-    p_up = jnp.where(hi > lo, ieee.divide(a - lo, hi - lo), jnp.float32(0))
+    lo_index = interval_index(a)
     u = jax.random.uniform(key, a.shape, jnp.float32)
-    magnitude = lo_index + (u < p_up).astype(jnp.uint8)
+    magnitude = lo_index + (u < round_up_probability(a, lo_index)).astype(jnp.uint8)
     return magnitude | (jnp.signbit(v).astype(jnp.uint8) << 3)
 
 

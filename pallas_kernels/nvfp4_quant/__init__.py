@@ -73,9 +73,21 @@ def _entry(backend: str, op: str):
     return fn
 
 
-def quantize(x, config, *, backend: str, interpret: bool = False, amax=None, **options):
-    """NVFP4-quantize x [..., K] with a Pallas kernel; equals `fp4rl.formats.nvfp4.quantize`."""
-    return _entry(backend, "quantize")(x, config, interpret=interpret, amax=amax, **options)
+# the backends whose quantize takes stochastic rounding's draws (`uniform=`)
+STOCHASTIC_BACKENDS = ("triton",)
+
+
+def quantize(x, config, *, backend: str, interpret: bool = False, amax=None, uniform=None, **options):
+    """NVFP4-quantize x [..., K] with a Pallas kernel; equals `fp4rl.formats.nvfp4.quantize`.
+
+    uniform: stochastic rounding's draws (float32, x's shape; `STOCHASTIC_BACKENDS` only): equals
+    `nvfp4.quantize(x, config, sr_key=key)` for uniform = `jax.random.uniform(key, x.shape)`."""
+    if uniform is None:
+        return _entry(backend, "quantize")(x, config, interpret=interpret, amax=amax, **options)
+    if backend not in STOCHASTIC_BACKENDS:
+        raise BackendUnavailableError(f"kernel backend {backend!r} has no stochastic rounding (uniform=); "
+                                      f"backends with it: {STOCHASTIC_BACKENDS}")
+    return _entry(backend, "quantize")(x, config, interpret=interpret, amax=amax, uniform=uniform, **options)
 
 
 def dequantize(t, dtype=jnp.bfloat16, *, backend: str, interpret: bool = False, **options):
@@ -95,6 +107,6 @@ def quantize_experts(w, config, *, backend: str, contraction_axis: int = 1, inte
 
 
 __all__ = [
-    "BACKENDS", "BackendUnavailableError", "NVFP4Config", "NVFP4Tensor", "backend_module", "dequantize", "quantize",
+    "BACKENDS", "STOCHASTIC_BACKENDS", "BackendUnavailableError", "NVFP4Config", "NVFP4Tensor", "backend_module", "dequantize", "quantize",
     "quantize_experts", "reference_dequantize", "reference_quantize",
 ]

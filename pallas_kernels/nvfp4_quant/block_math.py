@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fp4rl.formats import elements as el
 from fp4rl.formats import nvfp4 as ref
 
 BLOCK = ref.BLOCK  # 16 elements per NVFP4 block along K (and 16 rows per 2D tile)
@@ -180,6 +181,25 @@ def e2m1_encode(v):
     return magnitude | lax.shift_left(sign, np.int32(3))
 
 
+def stochastic_e2m1_encode(ar, v, u):
+    """Codes 0..15 of §6: |v| in the grid interval [lo, hi) rounds up to hi iff u < (|v| - lo) /
+    (hi - lo), with the quotient formed exactly as `fp4rl.formats.stochastic.round_up_probability`
+    does (a - lo, then times 1 / (hi - lo), a power of two). No clamp to 6: past it lo = 6 and the
+    factor is 0, so the probability is 0 (NaN for Inf), and nothing rounds up. u < p is compared on
+    the bits (u, p >= 0: no flush-to-zero compare; False for a NaN p, as the float compare). NaN v:
+    every compare is false, code +-0 as the reference's."""
+    a = fabs(v)
+    one, zero = np.int32(1), np.int32(0)
+    lo_index = sum(jnp.where(a >= f32(g), one, zero) for g in el.E2M1_GRID[1:])
+    lo = e2m1_decode(lo_index)
+    width_inverse = jnp.where(lo_index < 4, f32(2.0), jnp.where(lo_index < 6, f32(1.0),
+                                                                 jnp.where(lo_index == 6, f32(0.5), f32(0.0))))
+    p_up = ar.mul(ar.sub(a, lo), width_inverse)
+    magnitude = lo_index + jnp.where(less_nonneg(u, p_up), one, zero)
+    sign = lax.shift_right_logical(lax.bitcast_convert_type(v, jnp.int32), np.int32(31))
+    return magnitude | lax.shift_left(sign, np.int32(3))
+
+
 def e2m1_decode(code):
     """E2M1 code (int32) -> float32: 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives (8 -> -0.0)."""
     m = code & np.int32(7)
@@ -207,12 +227,14 @@ def inverse_scale(ar, sf, s_dec):
     return min_nan(ar.div(f32(1), ar.mul(sf, s_dec)), FLT_MAX)
 
 
-def encode_with_scale(ar, xb, sf, s_dec):
-    """q_i = E2M1(fl(x_i * inv)) with inv = `inverse_scale`.
+def encode_with_scale(ar, xb, sf, s_dec, uniform=None):
+    """q_i = E2M1(fl(x_i * inv)) with inv = `inverse_scale`; with `uniform` (f32 [R, NB, 16] in
+    [0, 1)), the E2M1 rounding is stochastic (§6, `stochastic_e2m1_encode`).
 
     xb [R, NB, 16]; sf [R', NB] (R' in {1, R}); s_dec [R, 1].
     """
-    return e2m1_encode(ar.mul(xb, inverse_scale(ar, sf, s_dec)[..., None]))
+    v = ar.mul(xb, inverse_scale(ar, sf, s_dec)[..., None])
+    return e2m1_encode(v) if uniform is None else stochastic_e2m1_encode(ar, v, uniform)
 
 
 def sequential_sum16(ar, e):
@@ -257,13 +279,16 @@ def candidate_error(ar, xb, q, sf, amax, s_enc, config: ref.NVFP4Config):
     return sequential_sum16(ar, e)
 
 
-def quantize_blocks(ar, xb, amax, config: ref.NVFP4Config):
+def quantize_blocks(ar, xb, amax, config: ref.NVFP4Config, uniform=None):
     """The whole per-block contract on one chunk of rows.
 
     xb: f32 [R, NB, 16] (R rows, NB blocks of 16 along K); for 2D, R is a multiple of 16 (tile rows).
     amax: f32 [R, 1] (the row's global A).
+    uniform: None, or the draws of stochastic rounding (f32 [R, NB, 16]; not with 4/6, as the reference).
     Returns codes int32 [R, NB, 16], scale bytes int32 [R, NB], map4 bool [R, NB].
     """
+    if uniform is not None and config.four_over_six is not None:
+        raise ValueError("stochastic rounding (uniform) is not defined together with four_over_six")
     rows, nb, _ = xb.shape
     s_enc, s_dec = scales_from_amax(ar, amax, config.e4m3_bound)
     bmax = jnp.max(abs_bits(xb), axis=2)  # integer max: NaN-propagating, exact
@@ -272,7 +297,7 @@ def quantize_blocks(ar, xb, amax, config: ref.NVFP4Config):
     b = from_bits(bmax)
     if config.four_over_six is None:
         sf, byte = block_scale(ar, b, s_enc)
-        codes = encode_with_scale(ar, xb, sf, s_dec)
+        codes = encode_with_scale(ar, xb, sf, s_dec, uniform)
         map4 = jnp.zeros((rows, nb), jnp.bool_)
         byte = jnp.broadcast_to(byte, (rows, nb))
         return codes, byte, map4

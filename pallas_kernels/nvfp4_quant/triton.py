@@ -142,17 +142,19 @@ def _store_cols(ref_, g, r0, c0, value, *, rows, m, ncols):
     )
 
 
-def _quant_refs(refs, amax_given):
-    """(x, amax in or None, codes, scales, map4, amax out or None) of a quantize kernel."""
-    if amax_given:
-        x_ref, amax_ref, codes_ref, scales_ref, map4_ref = refs
-        return x_ref, amax_ref, codes_ref, scales_ref, map4_ref, None
-    x_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = refs
-    return x_ref, None, codes_ref, scales_ref, map4_ref, amax_out_ref
+def _quant_refs(refs, amax_given, stochastic=False):
+    """(x, amax in or None, draws or None, codes, scales, map4, amax out or None) of a quantize kernel."""
+    refs = list(refs)
+    x_ref = refs.pop(0)
+    amax_ref = refs.pop(0) if amax_given else None
+    uniform_ref = refs.pop(0) if stochastic else None
+    codes_ref, scales_ref, map4_ref = refs[:3]
+    return x_ref, amax_ref, uniform_ref, codes_ref, scales_ref, map4_ref, (None if amax_given else refs[3])
 
 
-def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, prefetch, interpret):
-    x_ref, amax_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = _quant_refs(refs, amax_given)
+def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, prefetch, interpret, stochastic=False):
+    x_ref, amax_ref, uniform_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = _quant_refs(refs, amax_given,
+                                                                                             stochastic)
     ar = arith(interpret)
     g = pl.program_id(0)
     r0 = pl.program_id(1) * rows
@@ -175,8 +177,12 @@ def _quant_kernel(*refs, m, k, rows, chunk, config, k_major, amax_given, prefetc
     amax = amax[:, None]  # [rows, 1]
 
     def quantize_chunk(i, x):
-        codes, scale_bytes, map4 = bm.quantize_blocks(ar, x.reshape(rows, nb, bm.BLOCK), amax, config)
         k0 = i * chunk
+        uniform = None
+        if stochastic:  # the draws of these elements ([G, M, K] as x; masked tails load 0 and are not stored)
+            uniform = _load_rows(uniform_ref, g, r0, k0, rows=rows, chunk=chunk, m=m, k=k, k_major=False)
+            uniform = uniform.reshape(rows, nb, bm.BLOCK)
+        codes, scale_bytes, map4 = bm.quantize_blocks(ar, x.reshape(rows, nb, bm.BLOCK), amax, config, uniform)
         _store_cols(codes_ref, g, r0, k0 // 2, bm.pack_codes(codes.reshape(rows, chunk)),
                     rows=rows, m=m, ncols=k // 2)
         _store_cols(scales_ref, g, r0, k0 // bm.BLOCK, scale_bytes.astype(jnp.uint8),
@@ -199,7 +205,7 @@ def _planar_quant_kernel(*refs, m, k, rows, nbc, groups, dtype, config, amax_giv
     Codes are written as uint32 [G, M, K/16, 2] (two words per block), scales/map4 one byte per
     block. `groups` > 1 only when a row is one chunk (see `TritonQuantTunables.row_groups`).
     """
-    x_ref, amax_ref, codes_ref, scales_ref, map4_ref, amax_out_ref = _quant_refs(refs, amax_given)
+    x_ref, amax_ref, _, codes_ref, scales_ref, map4_ref, amax_out_ref = _quant_refs(refs, amax_given)
     ar = arith(interpret)
     g = pl.program_id(0)
     nblocks = k // bm.BLOCK
@@ -373,10 +379,11 @@ def _row_amax_call(x_g, *, m, k, k_major, tunables, interpret):
     )(x_g)
 
 
-def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
+def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret, uniform_g=None):
     groups = x_g.shape[0]
-    planar_layout = tunables.layout == "planar" and not k_major and not config.block_2d
-    kmajor_planar = tunables.layout == "planar" and k_major and amax_rows is not None
+    stochastic = uniform_g is not None  # stochastic rounding: the tiled kernel, which reads the draws as it reads x
+    planar_layout = tunables.layout == "planar" and not k_major and not config.block_2d and not stochastic
+    kmajor_planar = tunables.layout == "planar" and k_major and amax_rows is not None and not stochastic
     row_groups = 1
     if kmajor_planar:  # element planes read along K; codes written as uint32 word pairs, as below
         rows = tunables.rows_2d
@@ -398,7 +405,7 @@ def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
         rows = tunables.rows(config)
         kernel = functools.partial(_quant_kernel, m=m, k=k, rows=rows, chunk=tunables.chunk(k, config), config=config,
                                    k_major=k_major, amax_given=amax_rows is not None, prefetch=tunables.prefetch,
-                                   interpret=interpret)
+                                   interpret=interpret, stochastic=stochastic)
         codes_shape, x_in = jax.ShapeDtypeStruct((groups, m, k // 2), jnp.uint8), x_g
     out_shape = [
         codes_shape,
@@ -407,7 +414,7 @@ def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
     ]
     if amax_rows is None:
         out_shape.append(jax.ShapeDtypeStruct((groups, m), jnp.float32))
-    args = (x_in,) if amax_rows is None else (x_in, amax_rows)
+    args = (x_in,) + (() if amax_rows is None else (amax_rows,)) + ((uniform_g,) if stochastic else ())
     outs = list(pl.pallas_call(
         kernel,
         out_shape=tuple(out_shape),
@@ -421,13 +428,14 @@ def _quant_call(x_g, amax_rows, *, m, k, k_major, config, tunables, interpret):
     return tuple(outs) if amax_rows is None else (*outs, None)
 
 
-def _quantize_groups(x_g, amax, config, *, m, k, k_major, tunables, interpret):
-    """x_g [G, M, K] (or [G, K, M] when k_major) -> raw outputs and the amax to report."""
+def _quantize_groups(x_g, amax, config, *, m, k, k_major, tunables, interpret, uniform_g=None):
+    """x_g [G, M, K] (or [G, K, M] when k_major) -> raw outputs and the amax to report.
+    uniform_g: None, or stochastic rounding's draws f32 [G, M, K] (row-major x only)."""
     groups = x_g.shape[0]
     if config.scale == "token" and amax is None:
         codes, sbytes, map4, row_amax = _quant_call(
-            x_g, None, m=m, k=k, k_major=k_major, config=config, tunables=tunables, interpret=interpret
-        )
+            x_g, None, m=m, k=k, k_major=k_major, config=config, tunables=tunables, interpret=interpret,
+            uniform_g=uniform_g)
         return codes, sbytes, map4, row_amax
     if amax is None:  # per tensor: row maxima in Pallas, then a max over rows per group
         # A group's max is over all its elements, whatever axis its blocks run along, so the rows
@@ -442,8 +450,8 @@ def _quantize_groups(x_g, amax, config, *, m, k, k_major, tunables, interpret):
     else:
         amax_r = amax
     codes, sbytes, map4, _ = _quant_call(
-        x_g, amax_r, m=m, k=k, k_major=k_major, config=config, tunables=tunables, interpret=interpret
-    )
+        x_g, amax_r, m=m, k=k, k_major=k_major, config=config, tunables=tunables, interpret=interpret,
+        uniform_g=uniform_g)
     return codes, sbytes, map4, (amax_r if config.scale == "token" else amax_r[:, 0])
 
 
@@ -461,30 +469,35 @@ def _validate(x, config, tunables):
 
 
 def quantize_triton(x, config: ref.NVFP4Config = ref.NVFP4Config(), *, interpret: bool = False,
-                    amax=None, tunables: TritonQuantTunables | None = None) -> ref.NVFP4Tensor:
+                    amax=None, tunables: TritonQuantTunables | None = None, uniform=None) -> ref.NVFP4Tensor:
     """`fp4rl.formats.nvfp4.quantize(x, config, amax=amax)`, fused in Pallas Triton kernels.
 
     x: float32/bfloat16/float16 [..., K], K a multiple of 16 (2D: rows a multiple of 16).
     amax: optional global amax, `()` per tensor or `[..., 1]` per token (as the reference).
     interpret: run the kernels in Pallas interpret mode (CPU); otherwise a GPU is required.
     tunables: launch shape; None = `default_tunables(config, K)`.
+    uniform: stochastic rounding's draws, f32 in [0, 1) of x's shape: the result is then the
+      reference's `quantize(x, config, sr_key=key)` for the draws `jax.random.uniform(key, x.shape)`
+      (docs/numerics.md §6; not with 4/6). Read by the tiled kernel (the planar layout is not used).
     """
     _validate(x, config, DEFAULT_TUNABLES if tunables is None else tunables)
+    wrappers.check_uniform(x, config, uniform)
     if tunables is None:
         tunables = default_tunables(config, jnp.shape(x)[-1])
     wrappers.require_gpu(interpret, QUANT_NAME)
-    return _quantize_jit(x, None if amax is None else jnp.asarray(amax, jnp.float32), config, interpret, tunables)
+    return _quantize_jit(x, None if amax is None else jnp.asarray(amax, jnp.float32), uniform, config, interpret,
+                         tunables)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def _quantize_jit(x, amax, config, interpret, tunables):
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _quantize_jit(x, amax, uniform, config, interpret, tunables):
     *lead, k = x.shape
     m = math.prod(lead)
     x_g = x.reshape(1, m, k)
     amax_r = None if amax is None else wrappers.amax_rows(amax, config, tuple(lead), 1)
     codes, sbytes, map4, amax_out = _quantize_groups(
-        x_g, amax_r, config, m=m, k=k, k_major=False, tunables=tunables, interpret=interpret
-    )
+        x_g, amax_r, config, m=m, k=k, k_major=False, tunables=tunables, interpret=interpret,
+        uniform_g=None if uniform is None else uniform.reshape(1, m, k))
     if amax is not None:
         amax_out = amax
     elif config.scale == "token":

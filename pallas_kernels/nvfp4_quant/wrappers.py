@@ -53,6 +53,17 @@ def check_input(x, config: ref.NVFP4Config) -> None:
             raise ValueError(f"{rows=} must be a multiple of {tile=} for 2D (16x16) blocks")
 
 
+def check_uniform(x, config: ref.NVFP4Config, uniform) -> None:
+    """Stochastic rounding's draws (None: round to nearest even): float32 of x's shape; not with 4/6."""
+    if uniform is None:
+        return
+    if config.four_over_six is not None:
+        raise ValueError("stochastic rounding (uniform) is not defined together with four_over_six")
+    if jnp.shape(uniform) != jnp.shape(x) or jnp.result_type(uniform) != jnp.dtype(jnp.float32):
+        raise ValueError(f"uniform must be float32 draws of x's shape {jnp.shape(x)}, got "
+                         f"{jnp.result_type(uniform)} {jnp.shape(uniform)}")
+
+
 def amax_rows(amax, config: ref.NVFP4Config, lead_shape, groups: int):
     """A given global amax -> float32 [groups, rows_per_group], one value per quantized row.
 

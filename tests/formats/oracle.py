@@ -65,6 +65,22 @@ def e2m1_decode(codes) -> np.ndarray:
     return E2M1_DECODE[np.asarray(codes, np.uint8)]
 
 
+def stochastic_e2m1_codes(v, u) -> np.ndarray:
+    """E2M1 codes of float32 values rounded stochastically (docs/numerics.md §6) with the given
+    uniform draws u in [0, 1): |v| (saturated at 6) in the grid interval [lo, hi) rounds up to hi
+    iff u < (|v| - lo) / (hi - lo), computed in float64 (exact here); sign bit of v; NaN -> +-0."""
+    v, u = _f32(v), _f32(u)
+    with np.errstate(invalid="ignore"):
+        a = np.minimum(np.abs(v), E2M1_MAX).astype(np.float64)
+        lo_index = np.sum(a[..., None] >= E2M1_GRID[1:].astype(np.float64), axis=-1)
+        lo = E2M1_GRID[lo_index].astype(np.float64)
+        hi = E2M1_GRID[np.minimum(lo_index + 1, 7)].astype(np.float64)
+        p_up = np.where(hi > lo, (a - lo) / np.where(hi > lo, hi - lo, 1.0), 0.0)
+        up = u.astype(np.float64) < p_up  # False for NaN
+    magnitude = (lo_index + up).astype(np.uint8)
+    return magnitude | (np.signbit(v).astype(np.uint8) << np.uint8(3))
+
+
 def e4m3(v) -> np.ndarray:
     """float8_e4m3fn of float32 values: RNE with subnormals, saturating at +-448, NaN stays."""
     v = _f32(v)
@@ -182,13 +198,17 @@ def quantize_nvfp4(
     fast_error: bool = False,
     batch_dims: int = 0,
     amax=None,
+    uniform=None,
 ) -> NVFP4Ref:
     """NVFP4 quantization of float32 ``x`` [..., K] (2D: [..., M, K]) per docs/numerics.md §2, §3.
 
     batch_dims: the first ``batch_dims`` axes hold independent tensors (as under jax.vmap):
     a per-tensor amax is then taken per batch entry (returned with the batch shape).
     amax: a given global amax (``()`` per tensor, ``[..., 1]`` per token) instead of max|x|.
+    uniform: float32 draws of x's shape: the elements rounded stochastically with them (§6,
+    `stochastic_e2m1_codes`; the scales are unchanged); not with Four-Over-Six.
     """
+    assert uniform is None or four_over_six is None, "stochastic rounding is not defined with 4/6"
     x = np.asarray(x)
     assert x.dtype == np.float32, "the oracle takes float32 input"
     k = x.shape[-1]
@@ -225,7 +245,9 @@ def quantize_nvfp4(
             sf = e4m3(np.minimum(_f32(b * kk), E4M3_MAX))
             sf32 = _f32(sf.astype(np.float32))
             inv = _inv_scale(sf32, s_dec_b)
-            q = e2m1_codes(_f32(xb * inv[..., None])).reshape(x.shape)
+            v = _f32(xb * inv[..., None])
+            q = e2m1_codes(v) if uniform is None else stochastic_e2m1_codes(v, _f32(uniform).reshape(v.shape))
+            q = q.reshape(x.shape)
             return NVFP4Ref(
                 codes=pack(q),
                 scales=sf.view(np.uint8),

@@ -154,3 +154,22 @@ def test_native_division_for_cpu_wins_over_forced_integer_division():
             native = lowered()
     assert "stablehlo.divide" in native and "shift_right" not in native
     assert "shift_right" in integer
+
+
+def test_a_gpu_with_ieee_division_divides_natively(monkeypatch):
+    """Traced for a GPU, `divide` is the integer long division unless XLA_FLAGS makes XLA:GPU's f32
+    division IEEE (`xla_flags.IEEE_GPU_DIVISION`, also among other backend options); forcing the
+    integer division still wins (the tests run the GPU path on the CPU that way)."""
+    from fp4rl import xla_flags
+
+    def lowered():
+        return jax.jit(lambda a, b: ieee.divide(a, b)).lower(np.float32(1), np.float32(3)).as_text()
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=true")
+    assert "shift_right" in lowered() and "stablehlo.divide" not in lowered()
+    for flags in (xla_flags.IEEE_GPU_DIVISION, "--xla_backend_extra_options=-nvptx-sched4reg,-nvptx-prec-divf32=3"):
+        monkeypatch.setenv("XLA_FLAGS", flags)
+        assert "stablehlo.divide" in lowered() and "shift_right" not in lowered(), flags
+        with ieee.integer_division_everywhere():
+            assert "shift_right" in lowered()

@@ -59,6 +59,55 @@ def test_unbiased_and_only_the_two_neighbours():
     assert (err <= 6 * sigma + 1e-7).all(), (vals[err > 6 * sigma + 1e-7], err.max())
 
 
+def _normal_and_special_values():
+    """Every 97th float32 in [0, 6.5] by bit pattern from the smallest normal up, each grid point with
+    its two float neighbours, +-Inf, NaN, zeros, both signs (f32 subnormals aside: XLA:CPU flushes them)."""
+    bits = np.arange(np.float32(2.0**-126).view(np.int32), np.float32(6.5).view(np.int32), 97, dtype=np.int32)
+    grid = oracle.E2M1_GRID[1:]
+    edges = np.concatenate([grid, np.nextafter(grid, np.float32(0)), np.nextafter(grid, np.float32(7))])
+    v = np.concatenate([bits.view(np.float32), edges, np.float32([0.0, np.inf, np.nan])]).astype(np.float32)
+    return np.concatenate([v, -v])
+
+
+def test_round_up_probability_is_the_exact_quotient():
+    """(|v| - lo) / (hi - lo) as a product with 1 / (hi - lo), a power of two: bit for bit the
+    float64 quotient (exact in float32) on every sampled value of every interval."""
+    a = np.abs(_normal_and_special_values())
+    a = a[np.isfinite(a) & (a <= 6)]
+    index = jax.jit(stochastic.interval_index)(a)
+    p = np.asarray(jax.jit(stochastic.round_up_probability)(a, index))
+    lo = oracle.E2M1_GRID[np.asarray(index)].astype(np.float64)
+    hi = oracle.E2M1_GRID[np.minimum(np.asarray(index) + 1, 7)].astype(np.float64)
+    exact = np.where(hi > lo, (a - lo) / np.where(hi > lo, hi - lo, 1.0), 0.0)
+    assert (exact.astype(np.float32).astype(np.float64) == exact).all()  # representable: the claim's premise
+    np.testing.assert_array_equal(p.view(np.uint32), exact.astype(np.float32).view(np.uint32))
+
+
+def test_codes_equal_the_oracle_given_the_same_draws():
+    """The codes of `stochastic_encode_e2m1(v, key)` are the NumPy oracle's for the draws
+    `jax.random.uniform(key, v.shape)` (the bits the reference and the kernels consume)."""
+    v = _normal_and_special_values()
+    for seed in range(3):
+        key = jax.random.key(seed)
+        codes = np.asarray(jax.jit(stochastic.stochastic_encode_e2m1)(v, key))
+        u = np.asarray(jax.random.uniform(key, v.shape, np.float32))
+        np.testing.assert_array_equal(codes, oracle.stochastic_e2m1_codes(v, u))
+
+
+@pytest.mark.parametrize("kw", [dict(scale="tensor"), dict(scale="token"), dict(scale="tensor", block_2d=True)],
+                         ids=["tensor", "token", "2d"])
+def test_nvfp4_sr_equals_the_oracle_given_the_same_draws(kw):
+    """`nvfp4.quantize(x, config, sr_key=key)`: every byte the NumPy oracle's for the draws
+    `jax.random.uniform(key, x.shape)` (whatever the blocked view the reference draws them in)."""
+    x = (np.random.default_rng(5).standard_normal((32, 64)) * np.random.default_rng(6).lognormal(0, 2, (32, 64)))
+    x = x.astype(np.float32)
+    key = jax.random.key(9)
+    t = jax.jit(lambda v: nvfp4.quantize(v, nvfp4.NVFP4Config(**kw), sr_key=key))(x)
+    ref = oracle.quantize_nvfp4(x, **kw, uniform=np.asarray(jax.random.uniform(key, x.shape, np.float32)))
+    np.testing.assert_array_equal(np.asarray(t.codes), ref.codes)
+    np.testing.assert_array_equal(np.asarray(t.scales).view(np.uint8), ref.scales)
+
+
 def test_keys_make_it_reproducible_and_different():
     v = np.random.default_rng(1).uniform(-6, 6, 4096).astype(np.float32)
     a = _sr(v, jax.random.key(1))

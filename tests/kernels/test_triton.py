@@ -92,11 +92,16 @@ def test_lowers_to_triton_ir_for_h200(monkeypatch, config):
     # asserted here, so a JAX that drops it or the backend shows up in this test.
     with pytest.warns(DeprecationWarning, match="Pallas Triton backend is deprecated"):
         for tun in (tq.DEFAULT_TUNABLES, tq.TritonQuantTunables(rows_1d=2, block_k=64, block_k_2d=32, rows_2d=32)):
-            text = jax.jit(lambda x: tq._quantize_jit(x, None, config, False, tun)).trace(x).lower(
+            text = jax.jit(lambda x: tq._quantize_jit(x, None, None, config, False, tun)).trace(x).lower(
                 lowering_platforms=("cuda",)).as_text()
             assert f'name = "{tq.QUANT_NAME}"' in text
             # The inline PTX that pins each fl() is in the serialized Triton module.
             assert "div.rn.f32" in text and "mul.rn.f32" in text
+            if config.four_over_six is None:  # stochastic rounding's kernel (its a - lo is sub.rn.f32)
+                uniform = jnp.zeros(x.shape, jnp.float32)
+                text = jax.jit(lambda x: tq._quantize_jit(x, None, uniform, config, False, tun)).trace(x).lower(
+                    lowering_platforms=("cuda",)).as_text()
+                assert f'name = "{tq.QUANT_NAME}"' in text and "sub.rn.f32" in text
         w = jnp.zeros((2, 48, 32), jnp.float32)
         for tun in (tq.DEFAULT_TUNABLES, tq.TritonQuantTunables(rows_2d=32)):
             text = jax.jit(lambda w: tq._quantize_experts_jit(w, None, config, True, False, tun)).trace(
@@ -148,7 +153,10 @@ _TRITON_UNSAFE = {"neg", "max", "min", "reduce_max", "reduce_min", "div"}
 def test_compiled_kernel_bodies_avoid_triton_unsafe_float_ops(config):
     x = jnp.zeros((32, 272), jnp.bfloat16)
     tun = tq.DEFAULT_TUNABLES
-    ops = _kernel_float_ops(jax.make_jaxpr(lambda x: tq._quantize_jit(x, None, config, False, tun))(x))
+    ops = _kernel_float_ops(jax.make_jaxpr(lambda x: tq._quantize_jit(x, None, None, config, False, tun))(x))
+    if config.four_over_six is None:  # stochastic rounding's kernel body too
+        uniform = jnp.zeros(x.shape, jnp.float32)
+        ops += _kernel_float_ops(jax.make_jaxpr(lambda x: tq._quantize_jit(x, None, uniform, config, False, tun))(x))
     w = jnp.zeros((2, 48, 32), jnp.float32)
     ops += _kernel_float_ops(jax.make_jaxpr(
         lambda w: tq._quantize_experts_jit(w, None, config, True, False, tun))(w))
