@@ -107,7 +107,7 @@ def gpu_update_program_size(preset: str, arm: str, seeds: int, gemm: str) -> dic
     integer_divide = ieee.integer_divide
 
     def counted(a, b, *args, **kw):
-        divisions[str(tuple(jnp.shape(a)))] += 1
+        divisions[tuple(jnp.shape(a))] += 1
         return integer_divide(a, b, *args, **kw)
 
     model_config = sft.model_config(configs.SFT_PRESETS[preset])
