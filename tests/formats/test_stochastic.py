@@ -60,9 +60,10 @@ def test_unbiased_and_only_the_two_neighbours():
 
 
 def _normal_and_special_values():
-    """Every 97th float32 in [0, 6.5] by bit pattern from the smallest normal up, each grid point with
-    its two float neighbours, +-Inf, NaN, zeros, both signs (f32 subnormals aside: XLA:CPU flushes them)."""
-    bits = np.arange(np.float32(2.0**-126).view(np.int32), np.float32(6.5).view(np.int32), 97, dtype=np.int32)
+    """Every 1009th float32 in [0, 6.5] by bit pattern from the smallest normal up (every exponent), each
+    grid point with its two float neighbours, +-Inf, NaN, zeros, both signs (f32 subnormals aside:
+    XLA:CPU flushes them)."""
+    bits = np.arange(np.float32(2.0**-126).view(np.int32), np.float32(6.5).view(np.int32), 1009, dtype=np.int32)
     grid = oracle.E2M1_GRID[1:]
     edges = np.concatenate([grid, np.nextafter(grid, np.float32(0)), np.nextafter(grid, np.float32(7))])
     v = np.concatenate([bits.view(np.float32), edges, np.float32([0.0, np.inf, np.nan])]).astype(np.float32)
@@ -87,7 +88,7 @@ def test_codes_equal_the_oracle_given_the_same_draws():
     """The codes of `stochastic_encode_e2m1(v, key)` are the NumPy oracle's for the draws
     `jax.random.uniform(key, v.shape)` (the bits the reference and the kernels consume)."""
     v = _normal_and_special_values()
-    for seed in range(3):
+    for seed in range(2):
         key = jax.random.key(seed)
         codes = np.asarray(jax.jit(stochastic.stochastic_encode_e2m1)(v, key))
         u = np.asarray(jax.random.uniform(key, v.shape, np.float32))
