@@ -16,7 +16,7 @@ compile_time = load_tool("compile_time")
 
 def test_the_pretraining_backward_divides_no_element_on_the_gpu(monkeypatch):
     monkeypatch.delenv("XLA_FLAGS", raising=False)
-    program = compile_time.gpu_update_program_size("smoke", "nvfp4-pt", 1, "xla")
+    program = compile_time.gpu_program_size("smoke", "nvfp4-pt", 1, "xla")
     shapes = list(program["integer_divisions"])
     assert shapes and all(shape == () or shape[-1] == 1 for shape in shapes), program["integer_divisions"]
     assert sum(n for target, n in program["custom_calls"].items() if target.startswith("__gpu")) > 0  # the kernels
@@ -24,5 +24,5 @@ def test_the_pretraining_backward_divides_no_element_on_the_gpu(monkeypatch):
 
 def test_ieee_gpu_division_leaves_no_integer_division(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", xla_flags.IEEE_GPU_DIVISION)
-    program = compile_time.gpu_update_program_size("smoke", "nvfp4-pt", 1, "xla")
+    program = compile_time.gpu_program_size("smoke", "nvfp4-pt", 1, "xla")
     assert program["integer_divisions"] == {} and program["ops"] > 0

@@ -10,7 +10,8 @@ batch, per recipe, scanned vs unrolled layers. `update`: the RL trainer's vmappe
 on randomly initialised parameters (no warm-up needed): compile seconds, and the compiled
 program's argument, output and temporary buffer sizes (XLA's memory analysis; on CPU they show
 what a program would ask of a GPU's memory). Compile times are machine-dependent; compare lines of one run.
-`size`: the same update program lowered for CUDA on this machine, which needs no GPU (the calls that
+`size`: the same update program (or the sampler's and weight sync's, a 5th argument
+"sync,sample,update") lowered for CUDA on this machine, which needs no GPU (the calls that
 ask for one are answered as an H200 would: `as_if_on_an_h200`): its StableHLO op count, custom calls
 and integer divisions (`ieee.integer_divide`, by operand shape), the program's size before XLA
 compiles it. Not a compile time: what XLA:GPU makes of it is measured on the GPU (`update`).
@@ -98,9 +99,10 @@ def as_if_on_an_h200():
         yield
 
 
-def gpu_update_program_size(preset: str, arm: str, seeds: int, gemm: str) -> dict:
-    """The RL update program of `arm` lowered for CUDA (`as_if_on_an_h200`): {"ops": StableHLO ops,
-    "custom_calls": {target: count}, "integer_divisions": {operand shape: count}}."""
+def gpu_program_size(preset: str, arm: str, seeds: int, gemm: str, program: str = "update") -> dict:
+    """An RL program of `arm` ("sync", "sample" or "update", `Trainer.lowerings`) lowered for CUDA
+    (`as_if_on_an_h200`): {"ops": StableHLO ops, "custom_calls": {target: count},
+    "integer_divisions": {operand shape: count}}."""
     from fp4rl.formats import ieee
 
     divisions = collections.Counter()
@@ -114,26 +116,30 @@ def gpu_update_program_size(preset: str, arm: str, seeds: int, gemm: str) -> dic
     graphdef, params = init(model_config, 0)
     warmup = (graphdef, params, {"model_config": dataclasses.asdict(model_config)})
     config = dataclasses.replace(configs.RL_PRESETS[preset], arm=arm, seeds=seeds, expert_gemm=gemm, out=tempfile.mkdtemp())
+    jax.clear_caches()  # arms that share a program (the forward) would reuse its trace, uncounted
     with as_if_on_an_h200(), mock.patch.object(ieee, "integer_divide", counted):
         run = trainer.Trainer(config, progress=False, warmup=warmup)
-        update = run._update
-        with mock.patch.object(run, "_update", types.SimpleNamespace(
-                lower=lambda *args: update.trace(*args).lower(lowering_platforms=("cuda",)))):
-            [lower] = [lower for name, _, lower in run.lowerings() if name == "update"]
+        jitted = {"sync": "_sync", "sample": "_sample", "update": "_update"}[program]
+        fn = getattr(run, jitted)
+        with mock.patch.object(run, jitted, types.SimpleNamespace(
+                lower=lambda *args: fn.trace(*args).lower(lowering_platforms=("cuda",)))):
+            [lower] = [lower for name, _, lower in run.lowerings() if name == program]
             text = lower().as_text()
     return {"ops": len(re.findall(r"= \"?[a-z_]+\.[a-z_.]+", text)),
             "custom_calls": dict(collections.Counter(re.findall(r"custom_call @([A-Za-z_0-9]+)", text))),
             "integer_divisions": dict(divisions)}
 
 
-def size(preset: str = "h200", arms: str = "nvfp4", seeds: str = "4", gemms: str = "packed") -> None:
+def size(preset: str = "h200", arms: str = "nvfp4", seeds: str = "4", gemms: str = "packed",
+         programs: str = "update") -> None:
     flags = os.environ.get("XLA_FLAGS", "") or "default XLA_FLAGS"
     for arm in arms.split(","):
         for gemm in gemms.split(","):
-            program = gpu_update_program_size(preset, arm, int(seeds), gemm)
-            print(f"{preset} {arm:6s} seeds {seeds} gemm {gemm:8s} lowered for CUDA: {program['ops']} StableHLO ops, "
-                  f"integer divisions {sum(program['integer_divisions'].values())} {program['integer_divisions']}, "
-                  f"custom calls {program['custom_calls']} ({flags})", flush=True)
+            for name in programs.split(","):
+                size = gpu_program_size(preset, arm, int(seeds), gemm, name)
+                print(f"{preset} {arm:6s} seeds {seeds} gemm {gemm:8s} {name} lowered for CUDA: {size['ops']} StableHLO "
+                      f"ops, integer divisions {sum(size['integer_divisions'].values())} {size['integer_divisions']}, "
+                      f"custom calls {size['custom_calls']} ({flags})", flush=True)
 
 
 if __name__ == "__main__":
