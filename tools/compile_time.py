@@ -5,7 +5,7 @@
     JAX_PLATFORMS=cpu python tools/compile_time.py size h200 nvfp4,nvfp4-pt 4 packed
 
 `grad`: trace and compile seconds of `jax.jit(jax.grad(mean(forward(...))))` on an [8, 64] token
-batch, per recipe, scanned vs unrolled layers. `update`: the RL trainer's vmapped update program
+batch, per recipe, scanned vs unrolled layers. `update`: the RL trainer's vmapped update program (a 5th argument "sample,update" adds the sampler's)
 (`fp4rl.rl.trainer.Trainer`, the preset's batch shapes, N seeds) per arm and grouped-GEMM backend,
 on randomly initialised parameters (no warm-up needed): compile seconds, and the compiled
 program's argument, output and temporary buffer sizes (XLA's memory analysis; on CPU they show
@@ -58,7 +58,8 @@ def grad(model: str = "h200", recipes: str = "bf16,nvfp4,full") -> None:
             print(f"{model} {name:6s} {layers:8s} trace+lower {t1 - t0:5.1f} s  compile {t2 - t1:5.1f} s", flush=True)
 
 
-def update(preset: str = "h200", arms: str = "bf16", seeds: str = "4", gemms: str = "xla,blocked") -> None:
+def update(preset: str = "h200", arms: str = "bf16", seeds: str = "4", gemms: str = "xla,blocked",
+           programs: str = "update") -> None:
     model_config = sft.model_config(configs.SFT_PRESETS[preset])
     graphdef, params = init(model_config, 0)
     warmup = (graphdef, params, {"model_config": dataclasses.asdict(model_config)})
@@ -67,16 +68,18 @@ def update(preset: str = "h200", arms: str = "bf16", seeds: str = "4", gemms: st
             config = dataclasses.replace(configs.RL_PRESETS[preset], arm=arm, seeds=int(seeds), expert_gemm=gemm,
                                          out=tempfile.mkdtemp())
             run = trainer.Trainer(config, progress=False, warmup=warmup)
-            (_, task), = [(key, task) for key, task in run.compile_tasks() if key[0] is run._update]
-            t0 = time.perf_counter()
-            memory = task().memory_analysis()
-            seconds = time.perf_counter() - t0
-            flags = os.environ.get("XLA_FLAGS", "") or "default XLA_FLAGS"
-            gib = "n/a" if memory is None else " ".join(
-                f"{name} {getattr(memory, f'{name}_size_in_bytes') / 2**30:.1f}" for name in ("argument", "output", "temp"))
-            print(f"{preset} {arm:6s} seeds {seeds} gemm {run.model_config.expert_gemm:8s} compile {seconds:6.1f} s, GiB: {gib} ({flags}) "
-                  f"threefry kernel {int(jax.config.jax_threefry_gpu_kernel_lowering)}",
-                  flush=True)
+            for program, _, lower in run.lowerings():
+                if program not in programs.split(","):
+                    continue
+                t0 = time.perf_counter()
+                memory = lower().compile().memory_analysis()
+                seconds = time.perf_counter() - t0
+                flags = os.environ.get("XLA_FLAGS", "") or "default XLA_FLAGS"
+                gib = "n/a" if memory is None else " ".join(
+                    f"{name} {getattr(memory, f'{name}_size_in_bytes') / 2**30:.1f}" for name in ("argument", "output", "temp"))
+                label = "" if program == "update" else f"{program} "  # the update's line as `compile` mode parses it
+                print(f"{preset} {arm:6s} seeds {seeds} gemm {run.model_config.expert_gemm:8s} {label}compile {seconds:6.1f} s, "
+                      f"GiB: {gib} ({flags}) threefry kernel {int(jax.config.jax_threefry_gpu_kernel_lowering)}", flush=True)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@
 #                                       # update program's compile time with and without it (COMPILE_ARMS: nvfp4-pt)
 #   bash tools/gpu_session.sh division  # XLA:GPU's f32 division made IEEE (fp4rl.xla_flags.IEEE_GPU_DIVISION): the
 #                                       # reference against the NumPy oracle and the compiled SR tests with it, then the
-#                                       # update program's compile time without and with it (COMPILE_ARMS)
+#                                       # update and sampler programs' compile times without and with it (COMPILE_ARMS)
 #   bash tools/gpu_session.sh rlstep    # warm-up + RL step time per arm (ARMS) x expert GEMM backend (GEMMS)
 #                                       # (RLSTEP_PRESET: h200 by default)
 #   bash tools/gpu_session.sh warmup    # a warm-up alone (WARMUP_PRESET, h200 by default)
@@ -480,15 +480,15 @@ PY
     # division (~half of a quantized arm's update program). Decisive: every oracle row at 0 mismatches with the
     # flag, and the compiled tests passing with it; then the compile times say what it buys.
     ieee=--xla_backend_extra_options=-nvptx-prec-divf32=3
-    step reference_check 90 python tools/check_gpu_reference.py
     XLA_FLAGS=$ieee step reference_check_ieee_division 90 python tools/check_gpu_reference.py
-    XLA_FLAGS=$ieee step gpu_tests_ieee_division 180 python -m pytest -v -rf --tb=short -m gpu \
+    XLA_FLAGS=$ieee step gpu_tests_ieee_division 150 python -m pytest -v -rf --tb=short -m gpu \
       tests/kernels/test_stochastic_quant.py tests/formats/test_stochastic.py -p no:cacheprovider
     [ -n "${DIVISION_MODEL_TESTS:-}" ] && XLA_FLAGS=$ieee model_tests "${MODEL_SECONDS:-300}"
     for flags in "" "$ieee"; do
       JAX_ENABLE_COMPILATION_CACHE=false XLA_FLAGS="$flags" XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 \
-        step "compile ${flags:-default}" "${COMPILE_SECONDS:-240}" \
-        python tools/compile_time.py update h200 "${COMPILE_ARMS:-nvfp4-pt,nvfp4}" "${SEEDS:-4}" "${COMPILE_GEMMS:-packed}" &
+        step "compile ${flags:-default}" "${COMPILE_SECONDS:-300}" \
+        python tools/compile_time.py update h200 "${COMPILE_ARMS:-nvfp4-pt,full}" "${SEEDS:-4}" "${COMPILE_GEMMS:-packed}" \
+        "${COMPILE_PROGRAMS:-update,sample}" &
       sleep 1
     done
     wait
