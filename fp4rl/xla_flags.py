@@ -16,8 +16,10 @@ IEEE_GPU_DIVISION: XLA:GPU asks LLVM for `div.full.f32` (an approximation, up to
 f32 division; this LLVM option of its backend makes it `div.rn.f32`, the IEEE division without
 flush-to-zero. Under it `fp4rl.formats.ieee.divide` divides natively on the GPU instead of by
 integer long division (25 unrolled steps per division, ~560 HLO ops for each per-tensor scale,
-the bulk of a quantized backward's program). An experiment until the GPU checks
-(`tools/check_gpu_reference.py` against the NumPy oracle) pass with it: no entry point sets it.
+the bulk of a quantized backward's program). An experiment until the GPU checks pass with it
+(`tools/check_gpu_reference.py` against the NumPy oracle, and no division in a fusion XLA emits
+through Triton, whose f32 division stays `div.full.f32`: `tools/compile_time.py update` counts
+them): no entry point sets it.
 """
 
 from __future__ import annotations

@@ -72,14 +72,34 @@ def update(preset: str = "h200", arms: str = "bf16", seeds: str = "4", gemms: st
                 if program not in programs.split(","):
                     continue
                 t0 = time.perf_counter()
-                memory = lower().compile().memory_analysis()
+                compiled = lower().compile()
                 seconds = time.perf_counter() - t0
+                memory = compiled.memory_analysis()
                 flags = os.environ.get("XLA_FLAGS", "") or "default XLA_FLAGS"
                 gib = "n/a" if memory is None else " ".join(
                     f"{name} {getattr(memory, f'{name}_size_in_bytes') / 2**30:.1f}" for name in ("argument", "output", "temp"))
                 label = "" if program == "update" else f"{program} "  # the update's line as `compile` mode parses it
                 print(f"{preset} {arm:6s} seeds {seeds} gemm {run.model_config.expert_gemm:8s} {label}compile {seconds:6.1f} s, "
-                      f"GiB: {gib} ({flags}) threefry kernel {int(jax.config.jax_threefry_gpu_kernel_lowering)}", flush=True)
+                      f"GiB: {gib} ({flags}) threefry kernel {int(jax.config.jax_threefry_gpu_kernel_lowering)}, "
+                      f"divisions in Triton fusions {triton_fusion_divisions(compiled.as_text())}", flush=True)
+
+
+def triton_fusion_divisions(hlo_text: str) -> int:
+    """`divide` instructions that XLA:GPU emits through Triton, in a compiled program's HLO: inside the
+    computations of fusions whose backend config is a Triton kind ("__triton...") and what those
+    call. Triton lowers an f32 division as `div.full.f32` whatever LLVM is told, so under
+    `xla_flags.IEEE_GPU_DIVISION` these would be approximate: the flag keeps the contract only
+    while this is 0 (on CPU, and with the integer long division, it is 0 anyway)."""
+    bodies = {m[1]: m[2] for m in re.finditer(r"^(?:ENTRY )?%([\w.\-]+) \(.*?\) -> [^\n]*\{\n(.*?)^\}", hlo_text,
+                                              re.M | re.S)}
+    pending = [c for line in hlo_text.splitlines() if '"__triton' in line for c in re.findall(r"calls=%([\w.\-]+)", line)]
+    seen = set()
+    while pending:
+        name = pending.pop()
+        if name not in seen:
+            seen.add(name)
+            pending += re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", bodies.get(name, ""))
+    return sum(len(re.findall(r" divide\(", bodies.get(name, ""))) for name in seen)
 
 
 @contextlib.contextmanager
