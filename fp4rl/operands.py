@@ -52,7 +52,7 @@ def nvfp4_quantize(x, config: nvfp4.NVFP4Config, impl: str, *, sr_key=None) -> n
     """NVFP4-quantize `x` [..., K] with the chosen implementation (bit-identical by contract).
 
     Stochastic rounding (`sr_key`, the quantized backward's gradients) runs in the kernel of the
-    backends that have it (`pallas_kernels.nvfp4_quant.STOCHASTIC_BACKENDS`: Triton, which "auto"
+    backends that have it (`pallas_kernels.STOCHASTIC_BACKENDS`: Triton, which "auto"
     picks on a GPU), from the draws `jax.random.uniform(sr_key, x.shape)`, the reference's bits;
     with another `impl` it is the jnp reference's (the same bytes).
     2D-block weights must come one matrix at a time (vmap over experts), so that every
@@ -61,7 +61,7 @@ def nvfp4_quantize(x, config: nvfp4.NVFP4Config, impl: str, *, sr_key=None) -> n
     impl = resolve_impl(impl)
     import pallas_kernels  # the kernels depend on fp4rl.formats only; imported on demand
 
-    if impl == "reference" or (sr_key is not None and impl not in pallas_kernels.nvfp4_quant.STOCHASTIC_BACKENDS):
+    if impl == "reference" or (sr_key is not None and impl not in pallas_kernels.STOCHASTIC_BACKENDS):
         return _reference_quantize(x, config, sr_key, ieee.forced_division())
     uniform = None if sr_key is None else jax.random.uniform(sr_key, x.shape, jnp.float32)
     if config.block_2d:

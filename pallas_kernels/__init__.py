@@ -9,6 +9,7 @@ as `fp4rl.operands` calls them.
 
 from pallas_kernels.nvfp4_quant import (
     BACKENDS,
+    STOCHASTIC_BACKENDS,
     BackendUnavailableError,
     backend_module,
     dequantize,
@@ -16,4 +17,5 @@ from pallas_kernels.nvfp4_quant import (
     quantize_experts,
 )
 
-__all__ = ["BACKENDS", "BackendUnavailableError", "backend_module", "dequantize", "quantize", "quantize_experts"]
+__all__ = ["BACKENDS", "STOCHASTIC_BACKENDS", "BackendUnavailableError", "backend_module", "dequantize", "quantize",
+           "quantize_experts"]

@@ -17,8 +17,8 @@ A fourth, on XLA:GPU only: its f32 division is PTX `div.full.f32`, an approximat
 (benchmarks/logs/check_gpu_reference_native_division.log). `divide` therefore computes the
 correctly rounded quotient with integer arithmetic on every platform but the CPU, whose
 division is IEEE (docs/numerics.md §9), or where XLA_FLAGS makes XLA:GPU's division IEEE
-(`fp4rl.xla_flags.IEEE_GPU_DIVISION`; `divide` is then native there too). The same integer division (and `integer_square`)
-serves the compiled Mosaic GPU quantizer, whose float divisions (even through float64) and
+(`fp4rl.xla_flags.IEEE_GPU_DIVISION`; `divide` is then native there too). The same integer
+division (and `integer_square`) serves the compiled Mosaic GPU quantizer, whose float divisions (even through float64) and
 MSE squares are off by an ulp in some blocks on an H200 (`tools/mosaic_probe.py`;
 benchmarks/logs/mosaic_probe_float_division.log, mosaic_probe_float_square.log).
 """

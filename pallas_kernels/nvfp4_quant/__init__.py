@@ -107,6 +107,6 @@ def quantize_experts(w, config, *, backend: str, contraction_axis: int = 1, inte
 
 
 __all__ = [
-    "BACKENDS", "STOCHASTIC_BACKENDS", "BackendUnavailableError", "NVFP4Config", "NVFP4Tensor", "backend_module", "dequantize", "quantize",
-    "quantize_experts", "reference_dequantize", "reference_quantize",
+    "BACKENDS", "STOCHASTIC_BACKENDS", "BackendUnavailableError", "NVFP4Config", "NVFP4Tensor", "backend_module",
+    "dequantize", "quantize", "quantize_experts", "reference_dequantize", "reference_quantize",
 ]

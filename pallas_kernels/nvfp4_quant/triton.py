@@ -28,6 +28,9 @@ sizes (see `TritonQuantTunables`).
 * Neither M nor K needs to be a multiple of the row block or chunk: the tails are MASKED
   (loads fill 0, stores are masked), never padded, so no extra HBM copy is made. A masked
   row or column only ever produces zero blocks that are not stored.
+* Stochastic rounding (`uniform=`, docs/numerics.md §6): the tiled kernel reads the draws as it
+  reads x (f32, the same tile) and rounds each element up iff its draw is below its exact
+  round-up probability (`block_math.stochastic_e2m1_encode`); the planar layout is not used.
 * Per-token amax (`scale="token"`) is computed inside the quantize kernel (an integer max
   over the row's bits, one extra pass over the row when K spans several chunks). A
   per-tensor amax is either given (`amax=`) or computed by a small row-amax kernel followed
