@@ -5,7 +5,9 @@
     JAX_PLATFORMS=cpu python tools/compile_time.py size h200 nvfp4,nvfp4-pt 4 packed
 
 `grad`: trace and compile seconds of `jax.jit(jax.grad(mean(forward(...))))` on an [8, 64] token
-batch, per recipe, scanned vs unrolled layers. `update`: the RL trainer's vmapped update program (a 5th argument "sample,update" adds the sampler's)
+batch, per recipe, scanned vs unrolled layers. `update`: the RL trainer's vmapped update program
+(a 5th argument "update,sample" adds the sampler's; each line also counts the divisions XLA put
+in Triton fusions, `triton_fusion_divisions`)
 (`fp4rl.rl.trainer.Trainer`, the preset's batch shapes, N seeds) per arm and grouped-GEMM backend,
 on randomly initialised parameters (no warm-up needed): compile seconds, and the compiled
 program's argument, output and temporary buffer sizes (XLA's memory analysis; on CPU they show
@@ -34,7 +36,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fp4rl import configs  # noqa: E402
-from fp4rl.formats import stochastic  # noqa: E402
+from fp4rl.formats import ieee, stochastic  # noqa: E402
 from fp4rl.model import ModelConfig, forward, init  # noqa: E402
 from fp4rl.recipe import PrecisionRecipe  # noqa: E402
 from fp4rl.rl import sft, trainer  # noqa: E402
@@ -126,8 +128,6 @@ def gpu_program_size(preset: str, arm: str, seeds: int, gemm: str, program: str 
     """An RL program of `arm` ("sync", "sample" or "update", `Trainer.lowerings`) lowered for CUDA
     (`as_if_on_an_h200`): {"ops": StableHLO ops, "custom_calls": {target: count},
     "integer_divisions": {operand shape: count}}."""
-    from fp4rl.formats import ieee
-
     divisions = collections.Counter()
     integer_divide = ieee.integer_divide
 
@@ -159,10 +159,11 @@ def size(preset: str = "h200", arms: str = "nvfp4", seeds: str = "4", gemms: str
     for arm in arms.split(","):
         for gemm in gemms.split(","):
             for name in programs.split(","):
-                size = gpu_program_size(preset, arm, int(seeds), gemm, name)
-                print(f"{preset} {arm:6s} seeds {seeds} gemm {gemm:8s} {name} lowered for CUDA: {size['ops']} StableHLO "
-                      f"ops, integer divisions {sum(size['integer_divisions'].values())} {size['integer_divisions']}, "
-                      f"custom calls {size['custom_calls']} ({flags})", flush=True)
+                program = gpu_program_size(preset, arm, int(seeds), gemm, name)
+                divisions = program["integer_divisions"]
+                print(f"{preset} {arm:6s} seeds {seeds} gemm {gemm:8s} {name} lowered for CUDA: {program['ops']} StableHLO "
+                      f"ops, integer divisions {sum(divisions.values())} {divisions}, "
+                      f"custom calls {program['custom_calls']} ({flags})", flush=True)
 
 
 if __name__ == "__main__":
