@@ -6,12 +6,12 @@
 
 `grad`: trace and compile seconds of `jax.jit(jax.grad(mean(forward(...))))` on an [8, 64] token
 batch, per recipe, scanned vs unrolled layers. `update`: the RL trainer's vmapped update program
-(a 5th argument "update,sample" adds the sampler's; each line also counts the divisions XLA put
-in Triton fusions, `triton_fusion_divisions`)
-(`fp4rl.rl.trainer.Trainer`, the preset's batch shapes, N seeds) per arm and grouped-GEMM backend,
-on randomly initialised parameters (no warm-up needed): compile seconds, and the compiled
-program's argument, output and temporary buffer sizes (XLA's memory analysis; on CPU they show
-what a program would ask of a GPU's memory). Compile times are machine-dependent; compare lines of one run.
+(`fp4rl.rl.trainer.Trainer`, the preset's batch shapes, N seeds; a 5th argument "update,sample"
+adds the sampler's) per arm and grouped-GEMM backend, on randomly initialised parameters (no
+warm-up needed): compile seconds, the divisions XLA put in Triton fusions
+(`triton_fusion_divisions`), and the compiled program's argument, output and temporary buffer
+sizes (XLA's memory analysis; on CPU they show what a program would ask of a GPU's memory).
+Compile times are machine-dependent; compare lines of one run.
 `size`: the same update program (or the sampler's and weight sync's, a 5th argument
 "sync,sample,update") lowered for CUDA on this machine, which needs no GPU (the calls that
 ask for one are answered as an H200 would: `as_if_on_an_h200`): its StableHLO op count, custom calls
@@ -62,6 +62,7 @@ def grad(model: str = "h200", recipes: str = "bf16,nvfp4,full") -> None:
 
 def update(preset: str = "h200", arms: str = "bf16", seeds: str = "4", gemms: str = "xla,blocked",
            programs: str = "update") -> None:
+    flags = os.environ.get("XLA_FLAGS", "") or "default XLA_FLAGS"
     model_config = sft.model_config(configs.SFT_PRESETS[preset])
     graphdef, params = init(model_config, 0)
     warmup = (graphdef, params, {"model_config": dataclasses.asdict(model_config)})
@@ -77,7 +78,6 @@ def update(preset: str = "h200", arms: str = "bf16", seeds: str = "4", gemms: st
                 compiled = lower().compile()
                 seconds = time.perf_counter() - t0
                 memory = compiled.memory_analysis()
-                flags = os.environ.get("XLA_FLAGS", "") or "default XLA_FLAGS"
                 gib = "n/a" if memory is None else " ".join(
                     f"{name} {getattr(memory, f'{name}_size_in_bytes') / 2**30:.1f}" for name in ("argument", "output", "temp"))
                 label = "" if program == "update" else f"{program} "  # the update's line as `compile` mode parses it

@@ -65,17 +65,24 @@ def e2m1_decode(codes) -> np.ndarray:
     return E2M1_DECODE[np.asarray(codes, np.uint8)]
 
 
-def stochastic_e2m1_codes(v, u) -> np.ndarray:
-    """E2M1 codes of float32 values rounded stochastically (docs/numerics.md §6) with the given
-    uniform draws u in [0, 1): |v| (saturated at 6) in the grid interval [lo, hi) rounds up to hi
-    iff u < (|v| - lo) / (hi - lo), computed in float64 (exact here); sign bit of v; NaN -> +-0."""
-    v, u = _f32(v), _f32(u)
+def round_up_probability(a):
+    """(grid index of lo, (a - lo) / (hi - lo) in float64) for magnitudes a <= 6 (or NaN) in the E2M1
+    grid interval [lo, hi): the probability of stochastic rounding (§6); 0 at 6, NaN for NaN."""
+    a = np.asarray(a, np.float64)
     with np.errstate(invalid="ignore"):
-        a = np.minimum(np.abs(v), E2M1_MAX).astype(np.float64)
         lo_index = np.sum(a[..., None] >= E2M1_GRID[1:].astype(np.float64), axis=-1)
         lo = E2M1_GRID[lo_index].astype(np.float64)
         hi = E2M1_GRID[np.minimum(lo_index + 1, 7)].astype(np.float64)
-        p_up = np.where(hi > lo, (a - lo) / np.where(hi > lo, hi - lo, 1.0), 0.0)
+        return lo_index, np.where(hi > lo, (a - lo) / np.where(hi > lo, hi - lo, 1.0), 0.0)
+
+
+def stochastic_e2m1_codes(v, u) -> np.ndarray:
+    """E2M1 codes of float32 values rounded stochastically (docs/numerics.md §6) with the given
+    uniform draws u in [0, 1): |v| (saturated at 6) rounds up to the next grid point iff
+    u < `round_up_probability` (float64, exact here); sign bit of v; NaN -> +-0."""
+    v, u = _f32(v), _f32(u)
+    with np.errstate(invalid="ignore"):
+        lo_index, p_up = round_up_probability(np.minimum(np.abs(v), E2M1_MAX))
         up = u.astype(np.float64) < p_up  # False for NaN
     magnitude = (lo_index + up).astype(np.uint8)
     return magnitude | (np.signbit(v).astype(np.uint8) << np.uint8(3))

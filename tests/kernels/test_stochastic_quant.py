@@ -21,7 +21,7 @@ from fp4rl import qlinear
 from fp4rl.formats import nvfp4
 from fp4rl.recipe import SiteConfig
 from pallas_kernels.nvfp4_quant import triton as tq
-from tests.kernels.quant_suite import assert_tensor_equal, gpu_present
+from tests.kernels.quant_suite import assert_tensor_equal
 
 # rows_1d=4 and block_k=32 leave a masked row tail and a masked chunk tail at these sizes; the
 # default launch shape runs a row of 2048 in several chunks.
@@ -35,14 +35,15 @@ CASES = [  # (id, shape, config, tunables)
 
 
 def _inputs(shape, dtype, seed=0):
-    """Heavy-tailed values (blocks far apart in scale), a +NaN block and an Inf block per token
-    scale (the GPU's NaN results are canonical +NaN: positive NaNs keep every platform's codes equal)."""
+    """Heavy-tailed values: blocks far apart in scale."""
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(shape) * rng.lognormal(0, 2, shape)).astype(np.float32)
     return jnp.asarray(x, dtype)
 
 
 def _with_special_blocks(x):
+    """A +NaN block and an Inf block (per-token scales: the other rows stay finite). The GPU's NaN
+    results are the canonical +NaN: positive NaNs keep every platform's codes equal."""
     x = np.array(x)
     x[1, 3] = np.nan
     x[2, 17] = np.inf
@@ -74,8 +75,7 @@ def test_nan_and_inf_blocks_equal_the_reference():
     _check((19, 48), nvfp4.NVFP4Config(scale="token"), SMALL, jnp.float32, interpret=True, special=True)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not gpu_present(), reason="needs a CUDA GPU")
+@pytest.mark.gpu  # tests/kernels/conftest.py skips it where there is no GPU
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_compiled_kernel_equals_the_reference_bytes(case):
     _, shape, config, tunables = case
