@@ -45,17 +45,27 @@ class StabilityCriteria:
         `reward_drop` below its running best and does not come back to within `reward_drop`
         of that best within `recovery_steps` steps.
 
-    Declared pass thresholds:
-    max_spikes_per_100: every judged seed has at most this many spiking steps (severe ones
-        included) per 100 judged steps.
-    max_severe_spikes: at most this many steps with a severe spike per arm (judged seeds
-        together).
-    reward_gap_tolerance: the arm's mean population-reward gap to BF16, paired by seed (seed
-        k minus BF16's seed k at each step: the arms share each seed's prompt stream, so the
-        prompts' difficulty cancels), is >= -reward_gap_tolerance, judged on its bootstrap
-        interval: PASS when the whole interval is above -tolerance, FAIL when it is entirely
-        below, else UNDECIDED. Reward is +1/-1 (docs/rl.md "Task"), so 0.1 of reward is 5
-        points of accuracy.
+    Declared decision rule (every criterion judges the arm against the run's BF16 arm: the claim
+    is "as stable as BF16", so no absolute threshold decides):
+    spike_margin_per_100: the spike criterion's non-inferiority margin, in spiking steps per 100
+        judged steps above BF16's rate. PASS when the one-sided `spike_level` upper bound of the
+        arm's rate minus BF16's (`statistics.rate_difference`: seeds are the units, since spikes
+        cluster inside a seed) is below it; otherwise FAIL when the lower bound of that
+        difference is above 0 (more spikes than BF16) or the lower bound of the severe-spike
+        rate's difference is (more severe spikes than BF16: judged against BF16 too, so an arm
+        exactly as stable as BF16, whose own severe spikes are rare but not absent, is not
+        failed by them); otherwise UNDECIDED. The margin was chosen with the rule's simulation
+        (`fp4rl.analysis.power`) so that an arm as stable as BF16 passes at 8 seeds x 300 steps.
+    spike_level: the one-sided level of those bounds (each a one-sided test at 1 - level).
+    reward_margin_fraction: "tracks BF16" is a paired population-reward gap (seed k minus BF16's
+        seed k at each step: the arms share each seed's prompts) no worse than this fraction of
+        what RL gains in BF16's own run: the margin is fraction x BF16's reward rise (mean over
+        its seeds of the last `reward_rise_steps` steps' mean reward minus the first's). PASS
+        when the `ci_level` Student t interval over the seeds' mean gaps lies above -margin,
+        FAIL when it lies below, UNDECIDED when it straddles (or BF16 does not learn: no rise).
+        Seeds are the units of that interval; the two-level bootstrap (seeds, then blocks of
+        steps) is reported beside it, but with 2-4 seeds it is far narrower than what they can say.
+    reward_rise_steps: the window at either end of BF16's run that its rise is measured over.
 
     Power (below it a criterion is UNDECIDED, never FAIL; a non-finite value needs none):
     min_judged_steps: a seed is judged only with at least this many judged steps: steps
@@ -73,13 +83,6 @@ class StabilityCriteria:
     saturated_accuracy: a seed is degenerate (no learning signal) when its population
         accuracy is <= this at every logged step, or >= 1 - this at every logged step.
 
-    Calibration against the run's BF16 arm (the claim is "as stable as BF16"):
-    reference_spike_alpha: when BF16 itself fails the absolute spike threshold, an arm that
-        fails it too FAILs the spike criterion only when it spikes more often than BF16, a
-        one-sided Fisher exact test on spiking / judged steps pooled over judged seeds at this
-        level (or has severe spikes where BF16 has none); otherwise it is UNDECIDED.
-    reference_spike_power: the report states the spike rate that comparison detects at this power.
-
     Statistics:
     ci_level, bootstrap_samples: the confidence level and the number of bootstrap
         resamples of every interval (accuracy, accuracy change, reward gap).
@@ -94,11 +97,10 @@ class StabilityCriteria:
     collapse_grad_factor: float = 100.0
     reward_drop: float = 0.5
     recovery_steps: int = 50
-    max_spikes_per_100: float = 1.0
-    max_severe_spikes: int = 0
-    reward_gap_tolerance: float = 0.1
-    reference_spike_alpha: float = 0.05
-    reference_spike_power: float = 0.8
+    spike_margin_per_100: float = 0.5
+    spike_level: float = 0.95
+    reward_margin_fraction: float = 0.1
+    reward_rise_steps: int = 20
     min_judged_steps: int = 50
     min_seeds: int = 2
     few_seeds: int = 4
@@ -118,15 +120,16 @@ class StabilityCriteria:
             raise ValueError(f"{self.warmup_steps=} must be >= 0 and {self.recovery_steps=} >= 1")
         if self.collapse_grad_factor <= 1.0 or self.reward_drop <= 0.0:
             raise ValueError(f"{self.collapse_grad_factor=} must be > 1 and {self.reward_drop=} > 0")
-        if self.max_spikes_per_100 < 0 or self.max_severe_spikes < 0 or self.reward_gap_tolerance < 0:
-            raise ValueError("pass thresholds (max_spikes_per_100, max_severe_spikes, reward_gap_tolerance) must be >= 0")
+        if self.spike_margin_per_100 <= 0 or not 0.0 < self.reward_margin_fraction < 1.0 or self.reward_rise_steps < 1:
+            raise ValueError(f"need {self.spike_margin_per_100=} > 0, 0 < {self.reward_margin_fraction=} < 1 and "
+                             f"{self.reward_rise_steps=} >= 1")
         if self.min_judged_steps < 1 or self.min_seeds < 1 or self.few_seeds < 1:
             raise ValueError(f"{self.min_judged_steps=}, {self.min_seeds=} and {self.few_seeds=} must be >= 1")
         if self.idle_grad_norm < 0 or not 0.0 <= self.max_idle_frac < 1.0 or not 0.0 <= self.saturated_accuracy < 0.5:
             raise ValueError(f"need {self.idle_grad_norm=} >= 0, 0 <= {self.max_idle_frac=} < 1, "
                              f"0 <= {self.saturated_accuracy=} < 0.5")
-        if not 0.0 < self.reference_spike_alpha < 1.0 or not 0.0 < self.reference_spike_power < 1.0:
-            raise ValueError(f"need 0 < {self.reference_spike_alpha=} < 1 and 0 < {self.reference_spike_power=} < 1")
+        if not 0.5 < self.spike_level < 1.0:
+            raise ValueError(f"need 0.5 < {self.spike_level=} < 1")
         if not 0.0 < self.ci_level < 1.0 or self.bootstrap_samples < 1 or self.reward_block_steps < 1:
             raise ValueError(f"need 0 < {self.ci_level=} < 1, {self.bootstrap_samples=} >= 1, "
                              f"{self.reward_block_steps=} >= 1")
@@ -141,12 +144,12 @@ class StabilityCriteria:
             "update (updates.jsonl; a seed without it falls back to the per-step mean grad_norm/global, noted below). "
             "Empty mini-batches are not measurements. A step spikes when any of its updates does; spikes are "
             "counted in steps (the updates of one step share their rollouts).",
-            f"spike criterion passes: <= {c.max_spikes_per_100:g} spiking steps per 100 judged steps in every judged "
-            f"seed and <= {c.max_severe_spikes} steps with a severe spike in the arm's judged seeds. Calibration: when "
-            "the run's BF16 arm fails this threshold itself, an arm that fails it FAILs only if it spikes more often "
-            "than BF16 (one-sided Fisher exact test on spiking / judged steps, pooled over judged seeds, "
-            f"p < {c.reference_spike_alpha:g}) or has severe spikes where BF16 has none; otherwise UNDECIDED "
-            f"(with the rate the test detects at {c.reference_spike_power:.0%} power).",
+            f"spike criterion, against BF16 (seeds are the units: spiking steps / judged steps per seed, the rate "
+            f"difference's one-sided {c.spike_level:.0%} bounds with a between-seed variance, never below the "
+            "binomial one, and Student t quantiles): PASS when the upper bound of the arm's spiking-step rate minus "
+            f"BF16's is below {c.spike_margin_per_100:g} per 100 judged steps (non-inferiority margin); otherwise FAIL "
+            "when the lower bound is above 0 (more spikes than BF16) or the severe-spike rate's lower bound is "
+            "(more severe spikes than BF16); otherwise UNDECIDED.",
             f"collapse: any non-finite logged value; a grad norm > {c.collapse_grad_factor:g}x the early median "
             f"(median of the finite measurements at steps < {c.warmup_steps}); or population reward more than "
             f"{c.reward_drop:g} below its running best, not back within {c.reward_drop:g} of it within "
@@ -154,10 +157,12 @@ class StabilityCriteria:
             "Passes when no seed collapses.",
             f"reward: mean over seeds of the per-seed mean gap of population/reward_mean (every sampled "
             "response) to BF16's, paired by seed (seed k minus BF16's seed k at each step: the arms share each "
-            f"seed's prompts), with a {c.ci_level:.0%} two-level bootstrap interval (seeds, then blocks of "
-            f"{c.reward_block_steps} steps); passes when the interval is above -{c.reward_gap_tolerance:g}, "
-            "fails when it is below, undecided when it straddles it. A Student t interval over the seeds' mean "
-            "gaps is reported beside it.",
+            f"seed's prompts). Margin: {c.reward_margin_fraction:g} x BF16's reward rise (the mean over its seeds of "
+            f"the last {c.reward_rise_steps} steps' mean reward minus the first {c.reward_rise_steps}'s): the arm "
+            f"tracks BF16 when it loses at most {c.reward_margin_fraction:.0%} of what RL gains. PASS when the "
+            f"{c.ci_level:.0%} Student t interval over the seeds' mean gaps lies above -margin, FAIL when below, "
+            "UNDECIDED when it straddles it (or BF16's reward does not rise). A two-level bootstrap interval (seeds, "
+            f"then blocks of {c.reward_block_steps} steps) is reported beside it.",
             f"power: a seed is judged when it has >= {c.min_judged_steps} judged steps (steps >= {c.warmup_steps} "
             f"with a grad-norm measurement) and is not degenerate: more than {c.max_idle_frac:.0%} of its steps "
             f">= {c.warmup_steps} applying no update or with grad norm <= {c.idle_grad_norm:g} (every group "

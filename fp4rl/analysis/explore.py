@@ -307,8 +307,8 @@ def sensitivity_table(run: RunData, criteria: StabilityCriteria, factors: Sequen
 
 def sensitivity_note(criteria: StabilityCriteria) -> str:
     return (f"Severe spikes stay at > {criteria.severe_factor:g}x (or the spike factor if larger); "
-            f"pass threshold {criteria.max_spikes_per_100:g} spiking steps per 100 judged steps per seed "
-            "(a step spikes when any of its updates does).")
+            f"each arm judged against BF16 with a non-inferiority margin of {criteria.spike_margin_per_100:g} spiking "
+            "steps per 100 judged steps (a step spikes when any of its updates does).")
 
 
 def spike_rate_curve(seeds: Iterable[SeedRun], criteria: StabilityCriteria, factors: Sequence[float]) -> np.ndarray:

@@ -190,7 +190,6 @@ def spike_sensitivity_figure(run: RunData, criteria: StabilityCriteria,
     ax.axvline(criteria.spike_factor, color="0.3", linestyle=":", label=f"declared spike {criteria.spike_factor:g}x")
     ax.axvline(criteria.severe_factor, color="#d62728", linestyle=":",
                label=f"declared severe {criteria.severe_factor:g}x")
-    ax.axhline(criteria.max_spikes_per_100, color="0.3", linestyle="--", linewidth=1, label="pass threshold")
     log_axis(ax, "x")
     ax.set_yscale("symlog", linthresh=1.0)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))

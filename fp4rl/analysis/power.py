@@ -1,32 +1,40 @@
-"""The decision rule and the power of each test of a planned ablation matrix, stated before it runs.
+"""The claim rule's operating characteristics, by simulation, stated before a matrix runs.
 
-Given the seeds per arm, the steps per seed, the updates per step, BF16's spike rate and the
-seed-to-seed spread of the paired reward gap, it says what each test of docs/rl.md "Stability
-criteria" can detect:
+docs/rl.md "Stability criteria": the claim is REPRODUCED when `full` passes the spike, collapse
+and reward criteria and each leave-one-out arm (full-dq, full-46, full-hp) fails one; NOT
+REPRODUCED on a decided failure; UNDECIDED otherwise. Whether that rule can decide anything at a
+given number of seeds is a property of the rule and of the noise, so this module simulates the
+whole rule: per replicate it draws every arm's per-seed spike counts, severe spikes and paired
+reward gaps, and BF16's reward rise, from a noise model measured on the committed chain matrix,
+then judges them with the same functions the report uses (`verdicts.spike_decision`,
+`verdicts.reward_decision`, `verdicts.claim_reproduced`). The result is P(REPRODUCED),
+P(NOT REPRODUCED) and P(UNDECIDED) per scenario and seed count.
 
-- spikes: the spiking-step rate of an arm that the one-sided Fisher exact test against BF16
-  (spiking / judged steps pooled over seeds, p < alpha) detects with the given power, both arms'
-  counts binomial (`statistics.detectable_rate_at`). The units are judged steps (steps >=
-  warm-up), not updates: a step spikes when any of its updates does, since the updates of one
-  step share their rollouts and their spikes cluster;
-- reward: the true mean paired gap (arm seed k minus BF16 seed k) that a two-sided Student t
-  interval over seeds excludes 0 with the given power (noncentral t, n - 1 degrees of freedom),
-  from a per-seed sd of the seeds' mean gaps. By symmetry it is also the smallest tolerance at
-  which an arm with no true gap has its interval above -tolerance with that power.
+Noise model (`NoiseModel`): a seed's spike rate is BF16's rate x the arm's ratio x a Gamma(1/phi,
+phi) seed effect (mean 1; phi > 0 makes spikes cluster inside seeds, as measured); its spiking
+steps are binomial over its judged steps, each one severe with a fixed probability; its mean
+paired reward gap is normal around the arm's gap. Collapses are not drawn: the committed runs have
+none, so the collapse criterion passes in every simulated arm (it is judged as the report judges
+it, on the number of judged seeds).
 
-The defaults are measured on results/matrix_h200 (2 seeds x 100 steps, 2 updates per step, the
-`h200` preset, arithmetic task) under the declared criteria; `--from-run DIR` measures them on
-another run directory instead.
+    python -m fp4rl.analysis.power --seeds 2,4,8 --steps 300 --replicates 2000
+    python -m fp4rl.analysis.power --out results/rule_power   # also writes README.md's table there
 
-    python -m fp4rl.analysis.power --seeds 8,4 --steps 300
+The Student t power of the paired reward gap (`paired_t_power`, `detectable_paired_gap`) is
+analytic and printed beside the simulation.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import math
-from collections.abc import Sequence
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 from scipy.integrate import quad
@@ -35,62 +43,166 @@ from scipy.stats import chi, norm
 from scipy.stats import t as student_t
 
 from fp4rl.analysis.criteria import StabilityCriteria
-from fp4rl.analysis.statistics import detectable_rate_at
+from fp4rl.analysis.runs import FULL_ARM, LEAVE_ONE_OUT_ARMS, REFERENCE_ARM
+from fp4rl.analysis.verdicts import ArmVerdict, CriterionResult, claim_reproduced, reward_decision, spike_decision
 
-# results/matrix_h200 under the declared criteria (`measured_defaults("results/matrix_h200")`,
-# pinned by tests/analysis/test_power.py): BF16 spiked in 1 of its 160 judged steps, and the
-# per-seed mean paired reward gaps of the ten other arms have a pooled sd of 0.0020 (10 degrees
-# of freedom: 2 seeds per arm). Both come from short runs on a task that saturates by step 20;
-# a long-horizon task may spike more often and spread its seeds more.
-MATRIX_H200_BF16_SPIKING_STEPS = (1, 160)
-MATRIX_H200_GAP_SD = 0.0020
+# results/long_h200/chain/matrix under the declared criteria (`measured_defaults`, pinned by
+# tests/analysis/test_power.py): BF16 spiked in 3 of its 2240 judged steps (8 seeds x 280), one
+# of them severe, and 1 of the 5 spiking steps of bf16, full and full-dq together was severe; the
+# per-seed mean paired reward gaps of full (4 seeds) and full-dq (2) have a pooled sd of 0.0025;
+# BF16's population reward rises by 0.307 over 300 steps (sd 0.037 over its seeds). The seed
+# effect's dispersion is BF16's counts' method-of-moments estimate (var = m + phi m^2: 1.3),
+# rounded to 1: 8 seeds with 3 spikes barely estimate it (`--dispersion` varies it).
+CHAIN_BF16_SPIKING_STEPS = (3, 2240)
+CHAIN_SEVERE_FRACTION = 0.2
+CHAIN_GAP_SD = 0.0025
+CHAIN_REWARD_RISE = (0.307, 0.037)
+CHAIN_DISPERSION = 1.0
+CHAIN_GAPS = {"full": -0.013, "loo": -0.014}  # full's and full-dq's measured mean paired gaps
+OUTCOMES = ("REPRODUCED", "NOT REPRODUCED", "UNDECIDED")
+ARMS = (REFERENCE_ARM, FULL_ARM, *LEAVE_ONE_OUT_ARMS)
 
 
 @dataclasses.dataclass(frozen=True)
-class PlannedMatrix:
-    """One planned matrix: `seeds` per arm (and per BF16 arm unless `reference_seeds`),
-    `steps` per seed, `updates_per_step` mini-batch updates each, judged from `warmup_steps`."""
+class NoiseModel:
+    """What varies from seed to seed (module docstring); defaults measured on the chain matrix."""
 
-    seeds: int
-    steps: int
-    updates_per_step: int = 2
-    warmup_steps: int = StabilityCriteria().warmup_steps
-    reference_seeds: int | None = None
+    bf16_step_rate: float = CHAIN_BF16_SPIKING_STEPS[0] / CHAIN_BF16_SPIKING_STEPS[1]
+    severe_fraction: float = CHAIN_SEVERE_FRACTION
+    dispersion: float = CHAIN_DISPERSION
+    gap_sd: float = CHAIN_GAP_SD
+    reward_rise: float = CHAIN_REWARD_RISE[0]
+    rise_sd: float = CHAIN_REWARD_RISE[1]
 
     def __post_init__(self) -> None:
-        if self.seeds < 1 or self.steps <= self.warmup_steps or self.updates_per_step < 1 or self.warmup_steps < 0:
-            raise ValueError(f"need seeds >= 1, steps > warmup_steps >= 0 and updates_per_step >= 1, not {self}")
-        if self.reference_seeds is not None and self.reference_seeds < 1:
-            raise ValueError(f"{self.reference_seeds=} must be >= 1")
-
-    @property
-    def judged_steps(self) -> int:
-        """Judged steps of one arm, pooled over its seeds."""
-        return self.seeds * (self.steps - self.warmup_steps)
-
-    @property
-    def reference_judged_steps(self) -> int:
-        return (self.reference_seeds or self.seeds) * (self.steps - self.warmup_steps)
+        if not 0.0 <= self.bf16_step_rate < 1.0 or not 0.0 <= self.severe_fraction <= 1.0:
+            raise ValueError(f"need 0 <= {self.bf16_step_rate=} < 1 and 0 <= {self.severe_fraction=} <= 1")
+        if self.dispersion < 0 or self.gap_sd <= 0 or self.rise_sd < 0:
+            raise ValueError(f"need {self.dispersion=} >= 0, {self.gap_sd=} > 0 and {self.rise_sd=} >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
-class Power:
-    """What the tests of one planned matrix detect (see the module docstring)."""
+class Scenario:
+    """One truth: every arm's spike rate as a multiple of BF16's and its mean paired reward gap."""
 
-    plan: PlannedMatrix
-    baseline_step_rate: float
-    detectable_step_rate: float
-    gap_sd: float
-    detectable_gap: float
-    t_half_width: float
+    name: str
+    spike_ratio: Mapping[str, float]
+    gap: Mapping[str, float]
+
+    def truth(self, noise: NoiseModel, c: StabilityCriteria) -> str:
+        """What the rule should read here, by its own margins: the claim holds when full's true
+        spike excess is below the margin and its gap above -margin, and every leave-one-out arm's
+        excess is above the margin or its gap below -margin."""
+        margin = c.spike_margin_per_100 / 100.0
+        gap_margin = c.reward_margin_fraction * noise.reward_rise
+
+        def stable(arm: str) -> bool:
+            excess = (self.spike_ratio[arm] - 1.0) * noise.bf16_step_rate
+            return excess < margin and self.gap[arm] > -gap_margin
+
+        holds = stable(FULL_ARM) and not any(stable(arm) for arm in LEAVE_ONE_OUT_ARMS)
+        return "REPRODUCED" if holds else "NOT REPRODUCED"
 
 
-def step_rate_from_update_rate(update_rate: float, updates_per_step: int) -> float:
-    """A step's spike probability when each of its updates spikes independently at `update_rate`:
-    1 - (1 - p)^u. An upper bound: the updates of one step spike together more often than that."""
-    if not 0.0 <= update_rate < 1.0 or updates_per_step < 1:
-        raise ValueError(f"need 0 <= {update_rate=} < 1 and {updates_per_step=} >= 1")
-    return 1.0 - (1.0 - update_rate) ** updates_per_step
+def scenario(name: str, full_ratio: float, loo_ratio: float, full_gap: float = CHAIN_GAPS["full"],
+             loo_gap: float = CHAIN_GAPS["loo"]) -> Scenario:
+    ratios = {REFERENCE_ARM: 1.0, FULL_ARM: full_ratio, **{a: loo_ratio for a in LEAVE_ONE_OUT_ARMS}}
+    gaps = {REFERENCE_ARM: 0.0, FULL_ARM: full_gap, **{a: loo_gap for a in LEAVE_ONE_OUT_ARMS}}
+    return Scenario(name, ratios, gaps)
+
+
+def default_scenarios(c: StabilityCriteria = StabilityCriteria(), noise: NoiseModel = NoiseModel()) -> list[Scenario]:
+    """The issue's truths: the leave-one-out arms spike k x BF16's rate (k = 2, 4, 10) with full
+    as stable as BF16; and the claim false three ways (no intervention needed; full spiking;
+    full lagging in reward by twice the margin)."""
+    lag = -2 * c.reward_margin_fraction * noise.reward_rise
+    return [
+        scenario("leave-one-out arms spike 2x BF16's rate", 1.0, 2.0),
+        scenario("leave-one-out arms spike 4x BF16's rate", 1.0, 4.0),
+        scenario("leave-one-out arms spike 10x BF16's rate", 1.0, 10.0),
+        scenario("every arm as stable as BF16 (no intervention needed)", 1.0, 1.0),
+        scenario("full spikes 10x BF16's rate (leave-one-out arms 10x too)", 10.0, 10.0),
+        scenario(f"full lags BF16 by {-lag:.3f} in reward (leave-one-out arms spike 10x)", 1.0, 10.0, full_gap=lag),
+    ]
+
+
+def _draw_counts(rng, rate: float, seeds: int, steps: int, noise: NoiseModel) -> list[tuple[int, int, int]]:
+    if noise.dispersion > 0:
+        effect = rng.gamma(1.0 / noise.dispersion, noise.dispersion, size=seeds)
+    else:
+        effect = np.ones(seeds)
+    spikes = rng.binomial(steps, np.minimum(rate * effect, 1.0))
+    severe = rng.binomial(spikes, noise.severe_fraction)
+    return [(int(k), steps, int(s)) for k, s in zip(spikes, severe)]
+
+
+def _collapse_result(seeds: int, c: StabilityCriteria) -> CriterionResult:
+    """No simulated seed collapses: PASS with `min_seeds` judged seeds, as `collapse_criterion`."""
+    threshold = f"no seed collapses; >= {c.min_seeds} seeds"
+    if seeds >= c.min_seeds:
+        return CriterionResult("collapse", True, "none", threshold)
+    return CriterionResult("collapse", None, "none observed", threshold, f"{seeds} judged seed(s)")
+
+
+def simulate_once(rng, truth: Scenario, seeds: int, judged_steps: int, noise: NoiseModel,
+                  c: StabilityCriteria) -> dict[str, ArmVerdict]:
+    """One replicate: every arm's verdict under `truth` with `seeds` judged seeds each."""
+    rates = {arm: noise.bf16_step_rate * truth.spike_ratio[arm] for arm in ARMS}
+    counts = {arm: _draw_counts(rng, rates[arm], seeds, judged_steps, noise) for arm in ARMS}
+    rise = float(np.mean(rng.normal(noise.reward_rise, noise.rise_sd, size=seeds)))
+    verdicts = {}
+    for arm in ARMS[1:]:
+        gaps = list(rng.normal(truth.gap[arm], noise.gap_sd, size=seeds))
+        verdicts[arm] = ArmVerdict(arm, spike_decision(counts[arm], counts[REFERENCE_ARM], c),
+                                   _collapse_result(seeds, c), reward_decision(gaps, rise, c))
+    return verdicts
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatingPoint:
+    """The rule's outcome frequencies for one scenario at one number of seeds per arm."""
+
+    scenario: Scenario
+    seeds: int
+    steps: int
+    replicates: int
+    outcomes: Mapping[str, float]  # P(REPRODUCED), P(NOT REPRODUCED), P(UNDECIDED)
+    full_spike_pass: float  # P(full passes the spike criterion)
+    loo_spike_fail: float  # P(a given leave-one-out arm fails it), averaged over the three
+
+
+def operating_point(truth: Scenario, seeds: int, steps: int, replicates: int, noise: NoiseModel = NoiseModel(),
+                    c: StabilityCriteria = StabilityCriteria(), seed: int = 0) -> OperatingPoint:
+    """Simulate `replicates` matrices of `seeds` seeds x `steps` steps under `truth`."""
+    if seeds < 1 or steps <= c.warmup_steps or replicates < 1:
+        raise ValueError(f"need seeds >= 1, steps > {c.warmup_steps} (the warm-up) and replicates >= 1")
+    rng = np.random.default_rng(seed)
+    tally = dict.fromkeys(OUTCOMES, 0)
+    full_pass = loo_fail = 0
+    for _ in range(replicates):
+        verdicts = simulate_once(rng, truth, seeds, steps - c.warmup_steps, noise, c)
+        reproduced = claim_reproduced(verdicts).reproduced
+        tally[{True: OUTCOMES[0], False: OUTCOMES[1], None: OUTCOMES[2]}[reproduced]] += 1
+        full_pass += verdicts[FULL_ARM].spike.passed is True
+        loo_fail += sum(verdicts[a].spike.passed is False for a in LEAVE_ONE_OUT_ARMS)
+    return OperatingPoint(truth, seeds, steps, replicates, {k: v / replicates for k, v in tally.items()},
+                          full_pass / replicates, loo_fail / (replicates * len(LEAVE_ONE_OUT_ARMS)))
+
+
+def false_spike_failure_rate(seeds: int, steps: int, replicates: int, noise: NoiseModel = NoiseModel(),
+                             c: StabilityCriteria = StabilityCriteria(), seed: int = 1) -> float:
+    """P(an arm exactly as stable as BF16 FAILs the spike criterion): the test's size under the
+    noise model's clustering (the one-sided level promises 1 - spike_level)."""
+    rng = np.random.default_rng(seed)
+    fails = 0
+    for _ in range(replicates):
+        arm = _draw_counts(rng, noise.bf16_step_rate, seeds, steps - c.warmup_steps, noise)
+        ref = _draw_counts(rng, noise.bf16_step_rate, seeds, steps - c.warmup_steps, noise)
+        fails += spike_decision(arm, ref, c).passed is False
+    return fails / replicates
+
+
+# ----------------------------------------------------------------------------- reward power (analytic)
 
 
 def paired_t_power(gap: float, sd: float, seeds: int, ci: float = 0.95) -> float:
@@ -126,115 +238,142 @@ def t_half_width(sd: float, seeds: int, ci: float = 0.95) -> float:
     return math.inf if seeds < 2 else float(student_t.ppf((1.0 + ci) / 2.0, seeds - 1) * sd / math.sqrt(seeds))
 
 
-def plan_power(plan: PlannedMatrix, baseline_step_rate: float, gap_sd: float,
-               criteria: StabilityCriteria = StabilityCriteria()) -> Power:
-    """Both tests' power for `plan`, at the declared alpha, power and interval level of `criteria`."""
-    rate = detectable_rate_at(plan.judged_steps, plan.reference_judged_steps, baseline_step_rate,
-                              criteria.reference_spike_alpha, criteria.reference_spike_power)
-    return Power(plan, baseline_step_rate, rate, gap_sd,
-                 detectable_paired_gap(gap_sd, plan.seeds, criteria.ci_level, criteria.reference_spike_power),
-                 t_half_width(gap_sd, plan.seeds, criteria.ci_level))
+# ----------------------------------------------------------------------------- measured inputs and the table
 
 
-def measured_defaults(run_dir, criteria: StabilityCriteria = StabilityCriteria()) -> tuple[tuple[int, int], float]:
-    """((BF16's spiking steps, its judged steps), pooled sd of the other arms' per-seed mean paired
-    reward gaps) of a run directory under `criteria`: the two inputs of `plan_power`."""
-    from fp4rl.analysis.runs import REFERENCE_ARM, load_run
-    from fp4rl.analysis.summary import summarize_run
-    from fp4rl.analysis.verdicts import spike_counts
+def measured_defaults(run_dir, criteria: StabilityCriteria = StabilityCriteria()) -> dict[str, float]:
+    """The noise model's inputs measured on a run directory under `criteria`: BF16's spiking and
+    judged steps, the severe share of every arm's spiking steps, the method-of-moments dispersion
+    of BF16's per-seed counts, the pooled within-arm sd of the other arms' per-seed mean paired
+    gaps, and BF16's reward rise (mean and sd over its seeds)."""
+    from fp4rl.analysis.runs import load_run
+    from fp4rl.analysis.summary import reward_rise, summarize_run
+    from fp4rl.analysis.verdicts import seed_spike_counts
 
-    summaries = summarize_run(load_run(run_dir), criteria)
+    run = load_run(run_dir)
+    summaries = summarize_run(run, criteria)
     if REFERENCE_ARM not in summaries:
         raise ValueError(f"{run_dir} has no {REFERENCE_ARM} arm")
-    k, n, _ = spike_counts(summaries[REFERENCE_ARM])
-    # Pooled within-arm variance: each arm's seeds vary around that arm's own mean gap.
+    ref = np.array(seed_spike_counts(summaries[REFERENCE_ARM]), np.float64).reshape(-1, 3)
+    every = np.concatenate([np.array(seed_spike_counts(s), np.float64).reshape(-1, 3) for s in summaries.values()])
+    mean = ref[:, 0].mean() if ref.size else math.nan
+    dispersion = max(0.0, (ref[:, 0].var(ddof=1) - mean) / mean**2) if len(ref) > 1 and mean > 0 else math.nan
     variances, dofs = [], []
     for arm, s in summaries.items():
         gaps = np.array([x.reward_gap for x in s.judged_seeds if np.isfinite(x.reward_gap)])
         if arm != REFERENCE_ARM and gaps.size >= 2:
             variances.append(gaps.var(ddof=1) * (gaps.size - 1))
             dofs.append(gaps.size - 1)
-    sd = math.sqrt(sum(variances) / sum(dofs)) if dofs else math.nan
-    return (k, n), sd
+    rises = [reward_rise({k: r}, criteria.reward_rise_steps) for k, r in run.arms[REFERENCE_ARM].items()]
+    return {"bf16_spiking_steps": float(ref[:, 0].sum()), "bf16_judged_steps": float(ref[:, 1].sum()),
+            "severe_fraction": float(every[:, 2].sum() / every[:, 0].sum()) if every[:, 0].sum() else math.nan,
+            "dispersion": dispersion, "gap_sd": math.sqrt(sum(variances) / sum(dofs)) if dofs else math.nan,
+            "reward_rise": float(np.nanmean(rises)), "rise_sd": float(np.nanstd(rises, ddof=1))}
 
 
-def markdown(powers: Sequence[Power], criteria: StabilityCriteria = StabilityCriteria(), source: str = "") -> str:
-    """The decision rule and each planned matrix's power, as a markdown table."""
-    c = criteria
+def _measured_noise(run_dir, c: StabilityCriteria) -> tuple[NoiseModel, str]:
+    """The noise model measured on `run_dir`; what it cannot measure (no other arm with 2 seeds, no
+    spike to split into severe ones, BF16 too short for a rise) stays the chain's, and says so."""
+    m = measured_defaults(run_dir, c)
+    if m["bf16_judged_steps"] == 0:
+        raise ValueError(f"{run_dir}: BF16 has no judged step (runs shorter than the criteria need)")
+    chain = NoiseModel()
+    fields = {"severe_fraction": m["severe_fraction"], "dispersion": m["dispersion"], "gap_sd": m["gap_sd"],
+              "reward_rise": m["reward_rise"], "rise_sd": m["rise_sd"]}
+    kept = [k for k, v in fields.items() if not (math.isfinite(v) and (v > 0 or k == "dispersion"))]
+    fields.update({k: getattr(chain, k) for k in kept})
+    noise = NoiseModel(m["bf16_spiking_steps"] / m["bf16_judged_steps"], **fields)
+    source = f"measured on {run_dir}: BF16 {m['bf16_spiking_steps']:.0f}/{m['bf16_judged_steps']:.0f} spiking steps"
+    if kept:
+        source += f"; not measurable there, so the chain matrix's: {', '.join(kept)}"
+    return noise, source
+
+
+def markdown(points: Sequence[OperatingPoint], sizes: Mapping[int, float], noise: NoiseModel,
+             c: StabilityCriteria = StabilityCriteria(), source: str = "") -> str:
+    """The decision rule, the noise model and the operating characteristics, as markdown."""
+    margin = c.reward_margin_fraction * noise.reward_rise
     lines = [
-        "Decision rule, stated before the runs (docs/rl.md \"Stability criteria\"):",
+        "Decision rule, stated before the runs (docs/rl.md \"Stability criteria\"): " + " ".join(c.describe()[1:2]),
         "",
-        f"- spike vs BF16: an arm FAILs when it spikes more often than BF16, one-sided Fisher exact test on spiking / "
-        f"judged steps (steps >= {c.warmup_steps}; a step spikes when any of its updates is > {c.spike_factor:g}x the "
-        f"median of the previous {c.window} measurements) pooled over seeds, p < {c.reference_spike_alpha:g};",
-        f"- reward: PASS when the {c.ci_level:.0%} interval of the mean paired gap to BF16 (seed k minus BF16 seed k) "
-        f"lies above -{c.reward_gap_tolerance:g}, FAIL when below; the t interval over seeds is reported beside the "
-        "bootstrap, and verdicts on fewer than "
-        f"{c.few_seeds} seeds are marked (few seeds).",
+        "Reward: " + c.describe()[3],
         "",
-        f"Power at {c.reference_spike_power:.0%}{f' ({source})' if source else ''}:",
+        f"Claim: REPRODUCED when {FULL_ARM} passes spike, collapse and reward and each of "
+        f"{', '.join(LEAVE_ONE_OUT_ARMS)} fails one; NOT REPRODUCED on a decided failure; otherwise UNDECIDED.",
         "",
-        "| seeds per arm | steps | updates per step | judged steps per arm (BF16) | BF16 spiking-step rate (assumed) | "
-        f"spike rate detected (Fisher, p < {c.reference_spike_alpha:g}) | x BF16's | per-seed sd of the mean paired "
-        f"gap (assumed) | paired reward gap detected (t, {c.ci_level:.0%}) | t interval half-width |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"Noise model{f' ({source})' if source else ''}: BF16 spiking-step rate {100 * noise.bf16_step_rate:.3f}/100, "
+        f"severe share {noise.severe_fraction:g}, seed dispersion phi {noise.dispersion:g}, per-seed sd of the mean "
+        f"paired gap {noise.gap_sd:g}, BF16's reward rise {noise.reward_rise:g} (sd {noise.rise_sd:g}) so the reward "
+        f"margin is {margin:.4f}; spike margin {c.spike_margin_per_100:g}/100 steps.",
+        "",
+        "| truth | what the margins make of it | seeds per arm | steps | P(REPRODUCED) | P(NOT REPRODUCED) | "
+        "P(UNDECIDED) | P(full passes spike) | P(a leave-one-out arm fails spike) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for p in powers:
-        q = p.plan
-        ratio = p.detectable_step_rate / p.baseline_step_rate if p.baseline_step_rate > 0 else math.inf
-        lines.append(
-            f"| {q.seeds} | {q.steps} | {q.updates_per_step} | {q.judged_steps} ({q.reference_judged_steps}) | "
-            f"{p.baseline_step_rate:.2%} | {p.detectable_step_rate:.2%} | {ratio:.1f}x | {p.gap_sd:.4f} | "
-            f"{p.detectable_gap:.4f} | {p.t_half_width:.4f} |")
+    for p in points:
+        o = p.outcomes
+        se = max(math.sqrt(v * (1 - v) / p.replicates) for v in o.values())
+        lines.append(f"| {p.scenario.name} | {p.scenario.truth(noise, c)} | {p.seeds} | {p.steps} | "
+                     f"{o['REPRODUCED']:.3f} | {o['NOT REPRODUCED']:.3f} | {o['UNDECIDED']:.3f} | "
+                     f"{p.full_spike_pass:.3f} | {p.loo_spike_fail:.3f} |")
+    lines += ["", f"{points[0].replicates if points else 0} replicates per row (Monte Carlo standard error <= "
+              f"{0.5 / math.sqrt(points[0].replicates) if points else math.nan:.3f}).", "",
+              "Size of the spike test (P(FAIL) of an arm exactly as stable as BF16, one-sided level "
+              f"{1 - c.spike_level:.2f}): " + ", ".join(f"{s} seeds {v:.3f}" for s, v in sizes.items()) + ".", "",
+              "Reward, analytic (Student t over seeds): " + ", ".join(
+                  f"{s} seeds: half-width {t_half_width(noise.gap_sd, s, c.ci_level):.4f}" for s in sizes) + "."]
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Print the decision rule and the power of each planned matrix as a markdown table."""
-    bf16_k, bf16_n = MATRIX_H200_BF16_SPIKING_STEPS
+    """Simulate the rule over the default scenarios and print (and with --out write) the table."""
     parser = argparse.ArgumentParser(
         prog="python -m fp4rl.analysis.power", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="8,4", help="seeds per arm; a comma list gives one row each (default 8,4)")
+    parser.add_argument("--seeds", default="2,4,8", help="seeds per arm (BF16's too); a comma list (default 2,4,8)")
     parser.add_argument("--steps", type=int, default=300, help="RL steps per seed (default 300)")
-    parser.add_argument("--updates-per-step", type=int, default=2, help="mini-batch updates per step (default 2)")
-    parser.add_argument("--warmup-steps", type=int, default=StabilityCriteria().warmup_steps,
-                        help="steps before the spike criterion judges (default: the declared one)")
-    parser.add_argument("--reference-seeds", type=int, default=None, help="BF16 seeds (default: as --seeds)")
-    rate = parser.add_mutually_exclusive_group()
-    rate.add_argument("--baseline-step-rate", type=float, default=None,
-                      help=f"BF16's spiking-step rate (default {bf16_k}/{bf16_n}, results/matrix_h200)")
-    rate.add_argument("--baseline-update-rate", type=float, default=None,
-                      help="BF16's per-update spike rate, converted to steps as if updates were independent (an upper bound)")
-    parser.add_argument("--gap-sd", type=float, default=None,
-                        help=f"per-seed sd of the mean paired reward gap (default {MATRIX_H200_GAP_SD}, results/matrix_h200)")
-    parser.add_argument("--from-run", default=None, help="measure BF16's rate and the gap sd on this run directory")
+    parser.add_argument("--replicates", type=int, default=2000, help="simulated matrices per row (default 2000)")
+    parser.add_argument("--spike-margin", type=float, default=StabilityCriteria().spike_margin_per_100,
+                        help="non-inferiority margin, spiking steps per 100 judged steps (default: the declared one)")
+    parser.add_argument("--dispersion", type=float, default=CHAIN_DISPERSION, help="seed effect's phi (default 1)")
+    parser.add_argument("--bf16-step-rate", type=float, default=None, help="BF16's spiking-step rate (default 3/2240)")
+    parser.add_argument("--gap-sd", type=float, default=CHAIN_GAP_SD, help="per-seed sd of the mean paired gap")
+    parser.add_argument("--from-run", default=None, help="measure the noise model on this run directory instead")
+    parser.add_argument("--out", default=None, help="also write README.md (the table and the command) in this folder")
     args = parser.parse_args(argv)
-
-    source = f"BF16 rate and gap sd measured on results/matrix_h200: {bf16_k}/{bf16_n} steps, sd {MATRIX_H200_GAP_SD}"
-    baseline, gap_sd = bf16_k / bf16_n, MATRIX_H200_GAP_SD
-    if args.from_run:
-        (k, n), measured_sd = measured_defaults(args.from_run)
-        if n == 0:
-            parser.error(f"{args.from_run}: BF16 has no judged step (runs shorter than the criteria need)")
-        baseline, source = k / n, f"BF16 rate measured on {args.from_run}: {k}/{n} steps"
-        if math.isfinite(measured_sd):
-            gap_sd, source = measured_sd, f"{source}, gap sd {measured_sd:.4f}"
-        elif args.gap_sd is None:  # a BF16-only run has no paired gap: say whose sd the table assumes
-            source = f"{source}; no other arm with 2+ seeds there, so the gap sd is results/matrix_h200's {gap_sd}"
-    if args.baseline_step_rate is not None:
-        baseline, source = args.baseline_step_rate, "BF16 rate given"
-    elif args.baseline_update_rate is not None:
-        baseline = step_rate_from_update_rate(args.baseline_update_rate, args.updates_per_step)
-        source = f"BF16 rate from {args.baseline_update_rate:g} per update, as if independent"
-    if args.gap_sd is not None:
-        gap_sd, source = args.gap_sd, f"{source}; gap sd given"
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-        plans = [PlannedMatrix(s, args.steps, args.updates_per_step, args.warmup_steps, args.reference_seeds)
-                 for s in seeds]
+        c = StabilityCriteria(spike_margin_per_100=args.spike_margin)
+        noise = NoiseModel(dispersion=args.dispersion, gap_sd=args.gap_sd)
+        source = "measured on results/long_h200/chain/matrix"
+        if args.from_run:
+            noise, source = _measured_noise(args.from_run, c)
+        if args.bf16_step_rate is not None:
+            noise = dataclasses.replace(noise, bf16_step_rate=args.bf16_step_rate)
     except ValueError as e:
         parser.error(str(e))
-    print(markdown([plan_power(p, baseline, gap_sd) for p in plans], source=source))
+    start = time.time()
+    points = [operating_point(truth, s, args.steps, args.replicates, noise, c, seed=i)
+              for i, truth in enumerate(default_scenarios(c, noise)) for s in seeds]
+    sizes = {s: false_spike_failure_rate(s, args.steps, args.replicates, noise, c) for s in seeds}
+    table = markdown(points, sizes, noise, c, source)
+    print(table)
+    print(f"\n({time.time() - start:.0f} s)")
+    if args.out:
+        command = "python -m fp4rl.analysis.power " + " ".join(sys.argv[1:] if argv is None else argv)
+        _write(Path(args.out), command.strip(), table)
+
+
+def _write(out: Path, command: str, table: str) -> None:
+    """`out`/README.md (a section per dispersion: a rerun with another --dispersion adds or replaces
+    its own section), with the command, the date and the commit."""
+    out.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    section = f"## `{command}`\n\n{datetime.date.today()}, commit {commit or 'unknown'}.\n\n{table}\n"
+    readme = out / "README.md"
+    head = "# The claim rule's operating characteristics (simulated)\n\n"
+    sections = readme.read_text().split("\n## ")[1:] if readme.exists() else []
+    kept = ["## " + x.rstrip() + "\n" for x in sections if not x.startswith(f"`{command}`")]
+    readme.write_text(head + "\n".join([*kept, section]))
 
 
 if __name__ == "__main__":

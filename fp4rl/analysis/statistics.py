@@ -12,20 +12,19 @@
   Jeffreys posterior Beta(k + 1/2, n_eval - k + 1/2), so a few seeds evaluated on few problems get
   an interval that carries both errors;
 - `mismatch_summary`: trainer/sampler mismatch over a run;
-- `fisher_exact_greater` / `detectable_rate`: the one-sided comparison of two spike rates that
-  calibrates the spike criterion against BF16, and the rate it detects at a given power (the
-  units are judged steps: a step spikes when any of its updates does, since the updates of one
-  step share their rollouts and their spikes are not independent).
+- `rate_difference`: an arm's spike rate minus BF16's with one-sided bounds at the seed level
+  (seeds are the independent units: spikes cluster inside a seed), which the spike criterion
+  judges against zero (more spikes than BF16) and against its non-inferiority margin.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from scipy.stats import binom, hypergeom
 from scipy.stats import t as student_t
 
 Series = tuple[np.ndarray, np.ndarray]  # (steps [T], values [T])
@@ -57,6 +56,12 @@ class BootstrapCI:
         return self.high - self.low
 
 
+@functools.lru_cache(maxsize=256)
+def t_quantile(q: float, df: int) -> float:
+    """Student t quantile, cached: the rule's simulation asks for the same few thousands of times."""
+    return float(student_t.ppf(q, df))
+
+
 def student_t_interval(values, ci: float = 0.95) -> tuple[float, float] | None:
     """The two-sided Student t interval of the mean of `values` (one per seed; n - 1 degrees of
     freedom): mean +- t_{(1+ci)/2, n-1} x sd / sqrt(n). None for fewer than 2 values.
@@ -68,7 +73,7 @@ def student_t_interval(values, ci: float = 0.95) -> tuple[float, float] | None:
         raise ValueError(f"student_t_interval needs finite values, got {x}")
     if x.size < 2:
         return None
-    half = float(student_t.ppf((1.0 + ci) / 2.0, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    half = t_quantile((1.0 + ci) / 2.0, x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
     return float(x.mean()) - half, float(x.mean()) + half
 
 
@@ -303,49 +308,58 @@ def mismatch_summary(metrics: Mapping[str, np.ndarray]) -> MismatchSummary:
     )
 
 
-def fisher_exact_greater(k: int, n: int, k_ref: int, n_ref: int) -> float:
-    """One-sided Fisher exact p-value that a rate k/n exceeds k_ref/n_ref: P(X >= k) for X the
-    count of the first sample under the hypergeometric law of the pooled table."""
-    if not (0 <= k <= n and 0 <= k_ref <= n_ref) or n + n_ref == 0:
-        raise ValueError(f"need 0 <= k <= n and 0 <= k_ref <= n_ref, not {k=} {n=} {k_ref=} {n_ref=}")
-    return float(hypergeom.sf(k - 1, n + n_ref, k + k_ref, n))
+@dataclasses.dataclass(frozen=True)
+class RateDifference:
+    """An arm's event rate (per judged step) minus the reference's, with one-sided bounds.
+
+    difference: pooled rate of the arm minus pooled rate of the reference; low / high: the
+    one-sided `level` lower and upper bounds (each alone a one-sided test at 1 - level); se: the
+    standard error they use; df: the Student t degrees of freedom (seeds of both arms minus 2).
+    Rates are per judged step, so `difference * 100` is events per 100 steps.
+    """
+
+    difference: float
+    low: float
+    high: float
+    se: float
+    df: int
+    level: float
 
 
-def _binomial_support(n: int, p: float, tail: float = 1e-10) -> np.ndarray:
-    """The counts of Binomial(n, p) outside which less than `tail` of the mass lies on each side."""
-    return np.arange(int(binom.ppf(tail, n, p)), int(binom.isf(tail, n, p)) + 1)
+def _pooled_rate_variance(counts: Sequence[tuple[int, int]]) -> tuple[float, float]:
+    """(pooled rate K/N, variance of it) over seeds of (events, judged steps).
+
+    The variance is the cluster-robust (between-seed) one, m/(m-1) sum_i (k_i - p n_i)^2 / N^2:
+    seeds are the independent units, and events cluster inside a seed (a seed that spikes once
+    spikes again more often), which a binomial variance over pooled steps ignores. It is never
+    taken below the binomial variance at the Jeffreys rate (K + 1/2) / (N + 1): with few events
+    (or none) the between-seed spread is a poor estimate of the error, often zero."""
+    k = np.array([c[0] for c in counts], np.float64)
+    n = np.array([c[1] for c in counts], np.float64)
+    if k.size < 2 or np.any(n <= 0) or np.any(k < 0) or np.any(k > n):
+        raise ValueError(f"need >= 2 seeds with 0 <= events <= judged steps > 0, not {list(counts)}")
+    total = n.sum()
+    rate = k.sum() / total
+    between = k.size / (k.size - 1) * float(np.sum((k - rate * n) ** 2)) / total**2
+    jeffreys = (k.sum() + 0.5) / (total + 1.0)
+    return float(rate), max(between, jeffreys * (1.0 - jeffreys) / total)
 
 
-def fisher_power(n: int, rate: float, n_ref: int, rate_ref: float, alpha: float) -> float:
-    """P(one-sided Fisher p < alpha) when n units spike at `rate` and n_ref at `rate_ref`
-    (exact sum over both binomial counts, tails below 1e-10 left out). The units must be
-    independent: judged steps, not the updates of one step."""
-    k = _binomial_support(n, rate)[:, None]
-    k_ref = _binomial_support(n_ref, rate_ref)[None, :]
-    weight = binom.pmf(k, n, rate) * binom.pmf(k_ref, n_ref, rate_ref)
-    p = hypergeom.sf(k - 1, n + n_ref, k + k_ref, n)  # `fisher_exact_greater` of every cell
-    return float((weight * (p < alpha)).sum())
+def rate_difference(counts: Sequence[tuple[int, int]], reference: Sequence[tuple[int, int]],
+                    level: float = 0.95) -> RateDifference:
+    """The arm's event rate minus the reference's at the seed level (`RateDifference`).
 
-
-def detectable_rate(n: int, k_ref: int, n_ref: int, alpha: float = 0.05, power: float = 0.8) -> float:
-    """The smallest spike rate (per judged unit) of an arm with n units that the one-sided
-    Fisher test against a reference with k_ref of n_ref detects at `power` (the reference's
-    rate taken as measured)."""
-    if n < 1 or not 0 <= k_ref <= n_ref or n_ref < 1:
-        raise ValueError(f"need n >= 1 and 0 <= k_ref <= n_ref >= 1, not {n=} {k_ref=} {n_ref=}")
-    return detectable_rate_at(n, n_ref, k_ref / n_ref, alpha, power)
-
-
-def detectable_rate_at(n: int, n_ref: int, rate_ref: float, alpha: float = 0.05, power: float = 0.8) -> float:
-    """The smallest rate of an arm with n units that the one-sided Fisher test against a
-    reference of n_ref units spiking at `rate_ref` detects at `power`; bisection to 1e-4. inf
-    when even a rate of 1 is not detected at that power (too few units)."""
-    if n < 1 or n_ref < 1 or not 0.0 <= rate_ref < 1.0:
-        raise ValueError(f"need n >= 1, n_ref >= 1 and 0 <= rate_ref < 1, not {n=} {n_ref=} {rate_ref=}")
-    low, high = rate_ref, 1.0
-    if fisher_power(n, high, n_ref, rate_ref, alpha) < power:
-        return math.inf  # too few units to detect even a rate of 1
-    while high - low > 1e-4:
-        mid = (low + high) / 2
-        low, high = (low, mid) if fisher_power(n, mid, n_ref, rate_ref, alpha) >= power else (mid, high)
-    return high
+    counts / reference: (events, judged steps) per judged seed, each side at least 2 seeds.
+    Bounds: difference -/+ t_{level, m + m_ref - 2} x sqrt(var + var_ref), the variances of
+    `_pooled_rate_variance`. A one-sided test of "more events than the reference" rejects at
+    1 - level when `low` > 0; non-inferiority within a margin d holds when `high` < d. The t
+    quantile (not the normal's) widens the bounds where few seeds estimate the variance."""
+    if not 0.5 < level < 1.0:
+        raise ValueError(f"need 0.5 < {level=} < 1")
+    rate, var = _pooled_rate_variance(counts)
+    rate_ref, var_ref = _pooled_rate_variance(reference)
+    df = len(counts) + len(reference) - 2
+    se = math.sqrt(var + var_ref)
+    half = t_quantile(level, df) * se
+    d = rate - rate_ref
+    return RateDifference(d, d - half, d + half, se, df, level)

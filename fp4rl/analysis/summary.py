@@ -96,7 +96,9 @@ class ArmSummary:
 
     reward_gap_mean: mean of every seed's gap, paired by seed (NaN when `has_reference` is False);
     reward_gap_ci: the interval over the judged seeds (None when no judged seed has a gap).
-    reference_judged: judged seeds of the reference arm. final_accuracy (greedy),
+    reference_judged: judged seeds of the reference arm. reference_reward_rise: what RL gains in
+    the reference arm's population reward (`reward_rise`; NaN without one), which sets the
+    reward criterion's margin. final_accuracy (greedy),
     final_sampled_accuracy, sampled_accuracy_change: intervals over seeds (None when no seed
     logged the evaluation; the change needs two evaluations in a seed). notes: what the
     intervals leave out.
@@ -113,6 +115,7 @@ class ArmSummary:
     final_sampled_accuracy: BootstrapCI | None = None
     sampled_accuracy_change: BootstrapCI | None = None
     notes: tuple[str, ...] = ()
+    reference_reward_rise: float = float("nan")
 
     @property
     def judged_seeds(self) -> tuple[SeedSummary, ...]:
@@ -199,6 +202,18 @@ def _reward_series(runs: Mapping[int, SeedRun]) -> dict:
     return {s: r.logged(POPULATION_REWARD) for s, r in runs.items() if POPULATION_REWARD in r.metrics}
 
 
+def reward_rise(runs: Mapping[int, SeedRun], window: int) -> float:
+    """Mean over seeds of (mean population reward of the last `window` logged steps minus that of
+    the first `window`): what RL gained over the run. NaN when no seed logged 2 x window steps."""
+    rises = []
+    for steps, values in _reward_series(runs).values():
+        v = np.asarray(values, np.float64)[np.argsort(steps, kind="stable")]
+        v = v[np.isfinite(v)]
+        if v.size >= 2 * window:
+            rises.append(v[-window:].mean() - v[:window].mean())
+    return float(np.mean(rises)) if rises else float("nan")
+
+
 def _accuracy_interval(points: list[EvalPoint | None], n_seeds: int, what: str, c: StabilityCriteria,
                        notes: list[str]) -> BootstrapCI | None:
     have = [p for p in points if p is not None]
@@ -224,8 +239,9 @@ def summarize_arm(
     c = criteria
     notes: list[str] = []
     gaps: Mapping[int, float] = {}
-    gap_mean, series = float("nan"), {}
+    gap_mean, series, rise = float("nan"), {}, float("nan")
     if reference_runs:
+        rise = reward_rise(reference_runs, c.reward_rise_steps)
         rg = reward_gap_to_reference(_reward_series(runs), _reward_series(reference_runs))
         gaps, gap_mean, series = rg.per_seed, rg.mean, rg.series
         if rg.unpaired:
@@ -262,7 +278,7 @@ def summarize_arm(
     return ArmSummary(arm=arm, seeds=seeds, has_reference=bool(reference_runs), reward_gap_mean=gap_mean,
                       final_accuracy=greedy, mismatch=mismatch, reward_gap_ci=gap_ci,
                       reference_judged=reference_judged or 0, final_sampled_accuracy=sampled,
-                      sampled_accuracy_change=change, notes=tuple(notes))
+                      sampled_accuracy_change=change, notes=tuple(notes), reference_reward_rise=rise)
 
 
 def summarize_run(

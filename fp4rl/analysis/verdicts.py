@@ -7,20 +7,20 @@ a criterion without it is UNDECIDED with its reason, never FAIL, so the claim is
 REPRODUCED only on a decided failure (the full recipe failing a criterion, or a leave-one-out
 arm passing every one), and UNDECIDED when the runs cannot tell.
 
-- spike: judged on the judged seeds only (enough judged steps, not degenerate). Any judged
-  seed above the rate, or severe spikes in judged seeds above the count, is a FAIL; a PASS
-  needs `min_seeds` judged seeds. Calibration: the claim is "as stable as BF16", so when the
-  run's BF16 arm fails the same absolute threshold, the threshold cannot separate an arm from
-  BF16; a failing arm then FAILs only if it spikes more often than BF16 (one-sided Fisher exact
-  test on spiking / judged steps, pooled over judged seeds, p < reference_spike_alpha),
-  or has severe spikes where BF16 has none, and is UNDECIDED otherwise.
+- spike: judged against the run's BF16 arm, always ("as stable as BF16"), at the seed level:
+  each judged seed gives (spiking steps, judged steps), and `statistics.rate_difference` bounds
+  the arm's pooled rate minus BF16's with a between-seed variance (spikes cluster inside a seed,
+  so pooled steps are not independent). PASS when the upper bound is below the declared
+  non-inferiority margin and the arm has no significant excess of severe spikes; FAIL when the
+  rate's or the severe rate's lower bound is above 0 (more spikes than BF16); UNDECIDED
+  otherwise, or without 2 judged seeds on either side.
 - collapse: a collapse event is decided in any seed (a non-finite value needs no power, the
   reward rule is only confirmed after `recovery_steps` observed steps, the grad-norm rule is
   an event against a non-zero early median); a PASS needs `min_seeds` judged seeds without
   an unconfirmed reward drop.
-- reward: the bootstrap interval of the mean population-reward gap, paired by seed, over the
-  judged seeds, against -reward_gap_tolerance; both PASS and FAIL need `min_seeds` judged seeds
-  and a judged BF16 seed.
+- reward: the Student t interval over the judged seeds' mean population-reward gaps, paired by
+  seed, against -margin, the margin a declared fraction of BF16's own reward rise; both PASS and
+  FAIL need `min_seeds` judged seeds (at least 2: the interval is over seeds).
 
 A decided verdict that more seeds could overturn (a pass, a comparison with BF16, an interval)
 and that rests on fewer than `few_seeds` judged seeds carries `few_seeds` (the report marks it).
@@ -31,9 +31,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+import numpy as np
+
 from fp4rl.analysis.criteria import StabilityCriteria
 from fp4rl.analysis.runs import FULL_ARM, LEAVE_ONE_OUT_ARMS, REFERENCE_ARM
-from fp4rl.analysis.statistics import detectable_rate, fisher_exact_greater
+from fp4rl.analysis.statistics import RateDifference, rate_difference, student_t_interval
 from fp4rl.analysis.summary import ArmSummary, SeedSummary
 
 
@@ -94,62 +96,74 @@ def _not_judged(seeds: tuple[SeedSummary, ...]) -> list[str]:
     return [f"seed{x.seed}: {x.power.reason}" for x in seeds if not x.power.judged]
 
 
-def _too_few(n: int, c: StabilityCriteria, seeds: tuple[SeedSummary, ...]) -> str:
-    return "; ".join([f"{n} judged seed(s), {c.min_seeds} needed", *_not_judged(seeds)])
+SeedSpikes = tuple[int, int, int]  # (spiking steps, judged steps, steps with a severe spike) of one seed
+
+
+def seed_spike_counts(s: ArmSummary) -> list[SeedSpikes]:
+    """(spiking steps, judged steps, severe spiking steps) of each judged seed of the arm.
+
+    Steps, not updates: the updates of one step share their rollouts, so a spike in one makes one
+    in the other likelier; seeds, not pooled steps, are the independent units of the comparison."""
+    return [(x.spikes.spiking_steps, x.spikes.judged_steps, x.spikes.severe_spiking_steps) for x in s.judged_seeds]
 
 
 def spike_counts(s: ArmSummary) -> tuple[int, int, int]:
-    """(spiking steps, judged steps, steps with a severe spike) over the arm's judged seeds.
+    """(spiking steps, judged steps, steps with a severe spike) summed over the arm's judged seeds."""
+    counts = seed_spike_counts(s)
+    return tuple(sum(x[i] for x in counts) for i in range(3))
 
-    Steps, not updates: the updates of one step share their rollouts, so a spike in one makes
-    one in the other likelier, and the Fisher test and its power assume independent units."""
-    judged = s.judged_seeds
-    return (sum(x.spikes.spiking_steps for x in judged), sum(x.spikes.judged_steps for x in judged),
-            sum(x.spikes.severe_spiking_steps for x in judged))
+
+def _per_100(d: RateDifference) -> str:
+    return f"{100 * d.difference:+.2f} [{100 * d.low:+.2f}, {100 * d.high:+.2f}]"
+
+
+def spike_decision(counts: list[SeedSpikes], reference: list[SeedSpikes] | None,
+                   c: StabilityCriteria = StabilityCriteria()) -> CriterionResult:
+    """The spike criterion on per-seed counts of the arm and of BF16 (module docstring)."""
+    margin = c.spike_margin_per_100 / 100.0
+    threshold = (f"vs BF16, per 100 judged steps: PASS when the {c.spike_level:.0%} upper bound of the rate difference "
+                 f"< {c.spike_margin_per_100:g} and no severe excess; FAIL when a lower bound (all or severe) > 0; "
+                 f">= {max(2, c.min_seeds)} judged seeds each")
+    k, n, severe = (sum(x[i] for x in counts) for i in range(3))
+    value = f"{k}/{n} spiking steps ({100 * k / n:.2f}/100), {severe} severe" if n else "no judged step"
+    need = max(2, c.min_seeds)
+    if reference is None:
+        return CriterionResult("spike", None, value, threshold, "no BF16 reference arm")
+    if len(counts) < need or len(reference) < need:
+        return CriterionResult("spike", None, value, threshold,
+                               f"{len(counts)} judged seed(s) here and {len(reference)} in BF16; {need} needed on "
+                               "each side (seeds are the units of the comparison)")
+    k_ref, n_ref, severe_ref = (sum(x[i] for x in reference) for i in range(3))
+    every = rate_difference([(x[0], x[1]) for x in counts], [(x[0], x[1]) for x in reference], c.spike_level)
+    big = rate_difference([(x[2], x[1]) for x in counts], [(x[2], x[1]) for x in reference], c.spike_level)
+    value += (f" vs BF16 {k_ref}/{n_ref} ({100 * k_ref / n_ref:.2f}/100), {severe_ref} severe; difference per 100 "
+              f"steps {_per_100(every)}, severe {_per_100(big)} (one-sided {c.spike_level:.0%} bounds, "
+              f"{len(counts)} + {len(reference)} seeds)")
+    seeds = min(len(counts), len(reference))
+    if every.high < margin and big.low <= 0:
+        return _rests_on(CriterionResult("spike", True, value, threshold), seeds, c)
+    if every.low > 0 or big.low > 0:
+        return _rests_on(CriterionResult("spike", False, value, threshold), seeds, c)
+    return CriterionResult("spike", None, value, threshold,
+                           f"the upper bound {100 * every.high:+.2f}/100 is not below the margin "
+                           f"{c.spike_margin_per_100:g}/100, and no lower bound is above 0")
 
 
 def spike_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria(),
                     reference: ArmSummary | None = None) -> CriterionResult:
-    """The absolute rule; where it fails and the BF16 `reference` fails it too, the comparison
-    with the reference decides (module docstring)."""
-    absolute = _absolute_spike_criterion(s, c)
-    if absolute.passed is not False or reference is None or _absolute_spike_criterion(reference, c).passed is not False:
-        return absolute
-    k, n, severe = spike_counts(s)
-    k_ref, n_ref, severe_ref = spike_counts(reference)
-    why = (f"the BF16 reference fails the same absolute threshold ({k_ref} spiking step(s) in {n_ref} judged steps, "
-           f"{severe_ref} severe), so it cannot separate an arm from BF16")
-    if s.arm == reference.arm:
-        return dataclasses.replace(absolute, passed=None, reason=why)
-    p = fisher_exact_greater(k, n, k_ref, n_ref)
-    detectable = detectable_rate(n, k_ref, n_ref, c.reference_spike_alpha, c.reference_spike_power)
-    value = (f"{absolute.value}; vs BF16: {k}/{n} vs {k_ref}/{n_ref} spiking steps, one-sided Fisher p = {p:.3g}; "
-             f"at {c.reference_spike_power:.0%} power this test detects a rate >= {detectable:.1%} (BF16 {k_ref / n_ref:.1%})")
-    threshold = f"{absolute.threshold}; BF16 fails it too: more spikes than BF16 at p < {c.reference_spike_alpha:g}"
-    if p < c.reference_spike_alpha or (severe > c.max_severe_spikes and severe_ref <= c.max_severe_spikes):
-        # A comparison with BF16: more seeds of either arm could overturn it.
-        return _rests_on(CriterionResult("spike", False, value, threshold), min(len(s.judged_seeds),
-                                                                                len(reference.judged_seeds)), c)
-    return CriterionResult("spike", None, value, threshold,
-                           f"{why}; this arm does not spike more often than BF16 (p = {p:.3g} >= {c.reference_spike_alpha:g})")
+    """The arm's spikes against BF16's (`spike_decision`); the BF16 arm itself is the yardstick,
+    not judged."""
+    result = spike_decision(seed_spike_counts(s), None if reference is None else seed_spike_counts(reference), c)
+    not_judged = _not_judged(s.seeds)
+    if not_judged and result.passed is None:
+        result = dataclasses.replace(result, reason="; ".join([result.reason, *not_judged]))
+    return result
 
 
-def _absolute_spike_criterion(s: ArmSummary, c: StabilityCriteria) -> CriterionResult:
-    """Spikes per 100 judged steps in every judged seed, and severe spikes in the arm."""
-    threshold = f"<= {c.max_spikes_per_100:g}/100 steps per seed; <= {c.max_severe_spikes} severe; >= {c.min_seeds} seeds"
-    judged = s.judged_seeds
-    others = sum(x.spikes.spiking_steps for x in s.seeds if not x.power.judged)
-    extra = f"; {others} spiking step(s) in seeds not judged" if others else ""
-    if not judged:
-        return CriterionResult("spike", None, "no judged seed" + extra, threshold, _too_few(0, c, s.seeds))
-    max_rate = max(x.spikes.per_100_steps for x in judged)
-    n_severe = sum(x.spikes.severe_spiking_steps for x in judged)
-    value = f"max {max_rate:.2f} spiking steps/100 over {len(judged)} judged seed(s); {n_severe} severe" + extra
-    if max_rate > c.max_spikes_per_100 or n_severe > c.max_severe_spikes:
-        return CriterionResult("spike", False, value, threshold)
-    if len(judged) < c.min_seeds:
-        return CriterionResult("spike", None, value, threshold, _too_few(len(judged), c, s.seeds))
-    return _rests_on(CriterionResult("spike", True, value, threshold), len(judged), c)
+def _as_reference(result: CriterionResult) -> CriterionResult:
+    """The BF16 arm's own comparison with itself: reported, never a verdict."""
+    return dataclasses.replace(result, passed=None, few_seeds=None,
+                               reason="the BF16 reference: every other arm is judged against it")
 
 
 def collapse_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria()) -> CriterionResult:
@@ -168,28 +182,44 @@ def collapse_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria()
     return CriterionResult("collapse", None, "none observed", threshold, reason)
 
 
+def reward_decision(gaps: list[float], rise: float, c: StabilityCriteria = StabilityCriteria(),
+                    bootstrap: str = "") -> CriterionResult:
+    """The reward criterion on the judged seeds' mean paired gaps to BF16 and BF16's reward rise
+    (module docstring); `bootstrap`: the two-level bootstrap interval's text, reported beside."""
+    margin = c.reward_margin_fraction * rise
+    threshold = (f"{c.ci_level:.0%} t interval over seeds >= -{c.reward_margin_fraction:g} x BF16's reward rise; "
+                 f">= {max(2, c.min_seeds)} seeds")
+    if not np.isfinite(rise) or rise <= 0:
+        return CriterionResult("reward", None, "n/a", threshold,
+                               f"BF16's population reward does not rise over the run (rise {rise:+.3f}), so there is "
+                               "no learning to track and no margin")
+    threshold = threshold.replace("BF16's reward rise", f"BF16's reward rise {rise:.3f} = {margin:.4f}")
+    if len(gaps) < max(2, c.min_seeds):
+        return CriterionResult("reward", None, f"{np.mean(gaps):+.4f} over {len(gaps)} seed(s)" if gaps else "n/a",
+                               threshold, f"{len(gaps)} judged seed(s) with a paired gap, {max(2, c.min_seeds)} needed")
+    low, high = student_t_interval(gaps, c.ci_level)
+    value = f"{np.mean(gaps):+.4f}, t [{low:+.4f}, {high:+.4f}] over {len(gaps)} judged seeds" + bootstrap
+    if low >= -margin:
+        return _rests_on(CriterionResult("reward", True, value, threshold), len(gaps), c)
+    if high < -margin:
+        return _rests_on(CriterionResult("reward", False, value, threshold), len(gaps), c)
+    return CriterionResult("reward", None, value, threshold, f"the {c.ci_level:.0%} t interval straddles -{margin:.4f}")
+
+
 def reward_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria()) -> CriterionResult:
-    """The interval of the mean population-reward gap to BF16 against -reward_gap_tolerance."""
-    threshold = f"interval >= -{c.reward_gap_tolerance:g}; >= {c.min_seeds} seeds"
+    """The paired reward gap to BF16 against the margin (`reward_decision`)."""
+    threshold = f"t interval >= -{c.reward_margin_fraction:g} x BF16's reward rise"
     if not s.has_reference:
         return CriterionResult("reward", None, "n/a", threshold, "no BF16 reference arm")
     if s.reference_judged == 0:
         return CriterionResult("reward", None, "n/a", threshold, "no judged seed in the BF16 reference arm")
+    gaps = [x.reward_gap for x in s.judged_seeds if np.isfinite(x.reward_gap)]
     ci = s.reward_gap_ci
-    if ci is None:
-        return CriterionResult("reward", None, "n/a", threshold, "; ".join(
-            ["no judged seed with a population reward on steps the BF16 reference logged", *_not_judged(s.seeds)]))
-    value = f"{ci.mean:+.3f} [{ci.low:+.3f}, {ci.high:+.3f}] over {ci.n} judged seed(s)"
-    if ci.t_interval is not None:
-        value += f"; t interval [{ci.t_interval[0]:+.3f}, {ci.t_interval[1]:+.3f}]"
-    if ci.n < c.min_seeds:
-        return CriterionResult("reward", None, value, threshold, _too_few(ci.n, c, s.seeds))
-    if ci.low >= -c.reward_gap_tolerance:
-        return _rests_on(CriterionResult("reward", True, value, threshold), ci.n, c)
-    if ci.high < -c.reward_gap_tolerance:
-        return _rests_on(CriterionResult("reward", False, value, threshold), ci.n, c)
-    return CriterionResult("reward", None, value, threshold,
-                           f"the {ci.ci:.0%} interval straddles -{c.reward_gap_tolerance:g}")
+    boot = "" if ci is None or ci.n < 2 else f"; bootstrap (seeds+steps) [{ci.low:+.4f}, {ci.high:+.4f}]"
+    result = reward_decision(gaps, s.reference_reward_rise, c, boot)
+    if result.passed is None and len(gaps) < max(2, c.min_seeds):
+        result = dataclasses.replace(result, reason="; ".join([result.reason, *_not_judged(s.seeds)]))
+    return result
 
 
 def verdict(arm_summary: ArmSummary, criteria: StabilityCriteria = StabilityCriteria(),
@@ -197,8 +227,10 @@ def verdict(arm_summary: ArmSummary, criteria: StabilityCriteria = StabilityCrit
     """Judge one arm against the declared thresholds (see `StabilityCriteria`); `reference` is
     the run's BF16 arm, which calibrates the spike threshold."""
     s, c = arm_summary, criteria
-    return ArmVerdict(arm=s.arm, spike=spike_criterion(s, c, reference), collapse=collapse_criterion(s, c),
-                      reward=reward_criterion(s, c))
+    spike, reward = spike_criterion(s, c, reference), reward_criterion(s, c)
+    if reference is not None and s.arm == reference.arm:
+        spike, reward = _as_reference(spike), _as_reference(reward)
+    return ArmVerdict(arm=s.arm, spike=spike, collapse=collapse_criterion(s, c), reward=reward)
 
 
 def run_verdicts(summaries: Mapping[str, ArmSummary], criteria: StabilityCriteria = StabilityCriteria(),

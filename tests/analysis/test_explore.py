@@ -154,9 +154,10 @@ def test_sensitivity_table(judged):
     head, rows = explore.sensitivity_table(run, C, (3.0, 20.0))
     assert head == ["arm"] + [f"{f}x: spikes/100 mean (count); spike; verdict" for f in (3, 20)]
     by_arm = {r[0]: r for r in rows}
-    assert by_arm["`full-dq`"][1].startswith(f"{100 * 2 / (STEPS - C.warmup_steps):.2f} (4); **FAIL**")
-    assert by_arm["`full-dq`"][2].startswith("0.00 (0); PASS")  # no spike above 20x
-    assert by_arm["`bf16`"][1].startswith("0.00 (0); PASS")
+    # 2 seeds x 2 spikes against none: too few seeds to decide the spike comparison (its reward fails)
+    assert by_arm["`full-dq`"][1] == f"{100 * 2 / (STEPS - C.warmup_steps):.2f} (4); UNDECIDED; **FAIL**"
+    assert by_arm["`full-dq`"][2] == "0.00 (0); UNDECIDED; **FAIL**"  # no spike above 20x
+    assert by_arm["`bf16`"][1] == "0.00 (0); UNDECIDED; UNDECIDED"  # the reference is not judged
     assert rows[-1][0] == "**claim**" and len(rows[-1]) == 3
     assert "10x" in explore.sensitivity_note(C)
 

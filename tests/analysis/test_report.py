@@ -11,7 +11,7 @@ from fp4rl.analysis.runs import RunLoadWarning, load_run
 from fp4rl.analysis.statistics import reward_gap_to_reference
 from fp4rl.analysis.summary import summarize_run
 from fp4rl.analysis.synthetic import injected_spikes, make_synthetic_run
-from fp4rl.analysis.verdicts import claim_reproduced, verdict
+from fp4rl.analysis.verdicts import claim_reproduced, run_verdicts
 
 ARMS4 = ("bf16", "full", "full-dq", "+46")
 LOO = ("bf16", "full", "full-dq", "full-46", "full-hp")
@@ -25,7 +25,7 @@ def table_rows(text):
 
 def judge(run_dir, criteria=StabilityCriteria()):
     summaries = summarize_run(load_run(run_dir), criteria)
-    return summaries, {arm: verdict(s, criteria) for arm, s in summaries.items()}
+    return summaries, run_verdicts(summaries, criteria)  # every arm against the run's BF16, as the report judges
 
 
 def rewrite(path, fn):
@@ -35,9 +35,11 @@ def rewrite(path, fn):
 
 
 def test_write_report_produces_all_files(tmp_path):
-    run_dir = make_synthetic_run(tmp_path / "run", ARMS4, seeds=2, steps=80, spiky_arms=("full-dq",))
+    # 4 seeds x 140 judged steps: enough for full to pass the spike margin and for full-dq's
+    # 2 spikes per seed to fail it (with 2 seeds of 60 steps neither is decided).
+    run_dir = make_synthetic_run(tmp_path / "run", ARMS4, seeds=4, steps=160, spiky_arms=("full-dq",))
     with open(run_dir / "full" / "seed1" / "metrics.jsonl", "a") as f:
-        f.write('{"step": 80, "grad_n')  # a run killed mid-line
+        f.write('{"step": 160, "grad_n')  # a run killed mid-line
     with pytest.warns(RunLoadWarning):
         paths = write_report(run_dir, config_text="rl.lr=3e-6\npreset=smoke", commands=["python -m experiments.ablation"])
     assert [p.name for p in paths] == ["report.md", "grad_norm.png", "seeds.png", "summary.png"]
@@ -53,7 +55,7 @@ def test_write_report_produces_all_files(tmp_path):
     assert "**FAIL**" not in rows["full"] and "UNDECIDED" not in rows["full"]
     assert "all layers BF16" in rows["bf16"] and "1 of 8 layers kept in BF16 (12.5%)" in rows["full"]
     assert "0 of 8 layers kept in BF16 (0.0%)" in rows["+46"]
-    assert "| 2 (2) | 80 | 60 (120) |" in rows["full"]  # seeds (judged), steps, judged steps (updates)
+    assert "| 4 (4) | 160 | 140 (280) |" in rows["full"]  # seeds (judged), steps, judged steps (updates)
     assert "(seeds+binomial)" in rows["full"] and "(seeds+steps)" in rows["full"]
     assert "Status: UNDECIDED" in text  # full-46 and full-hp were not run
     assert "rl.lr=3e-6" in text and "python -m experiments.ablation" in text
@@ -70,11 +72,11 @@ def test_write_report_out_dir_one_seed(tmp_path):
     assert "no `bf16` arm" in text
     assert "(binomial)" in table_rows(text)["full"]  # one seed: the evaluation's binomial error
     assert "one seed: the interval is the evaluation's binomial error only" in text
-    assert "`full` spike: 0 judged seed(s), 2 needed; seed0: 20 judged steps" in text
+    assert "`full` spike: no BF16 reference arm; seed0: 20 judged steps" in text
 
 
 def test_claim_on_synthetic_run(tmp_path):
-    _, verdicts = judge(make_synthetic_run(tmp_path, LOO, seeds=2, steps=80, spiky_arms=LOO[2:]))
+    _, verdicts = judge(make_synthetic_run(tmp_path, LOO, seeds=4, steps=160, spiky_arms=LOO[2:]))
     assert verdicts["full"].passed is True
     assert all(verdicts[a].failed() == ("spike", "reward") for a in LOO[2:])
     assert claim_reproduced(verdicts).reproduced is True
@@ -115,15 +117,19 @@ def test_too_few_steps_give_undecided_not_fail(tmp_path):
     run_dir = make_synthetic_run(tmp_path / "run", LOO, seeds=2, steps=40, spiky_arms=LOO[2:])
     summaries, verdicts = judge(run_dir)
     assert all(not v.failed() for v in verdicts.values())
-    assert all(v.spike.passed is None and "20 judged steps" in v.spike.reason for v in verdicts.values())
+    assert all(v.spike.passed is None and "20 judged steps" in v.spike.reason for a, v in verdicts.items() if a != "bf16")
     assert claim_reproduced(verdicts).reproduced is None
     text = write_report(run_dir).report_md.read_text()
     assert "Status: UNDECIDED" in text and "**FAIL**" not in text
-    assert "- `full-dq` spike: 0 judged seed(s), 2 needed; seed0: 20 judged steps" in text
-    # The same runs, judged with a declared minimum they meet, are decided.
+    assert "- `full-dq` spike: 0 judged seed(s) here and 0 in BF16; 2 needed on each side" in text
+    assert "seed0: 20 judged steps" in text
+    # The same runs, judged with a declared minimum they meet: the leave-one-out arms fail their
+    # reward, but 2 x 20 judged steps without a spike cannot show full within the spike margin.
     short = StabilityCriteria(min_judged_steps=20)
     _, verdicts = judge(run_dir, short)
-    assert claim_reproduced(verdicts).reproduced is True
+    assert all(verdicts[a].reward.passed is False for a in LOO[2:])
+    assert verdicts["full"].spike.passed is None and "not below the margin" in verdicts["full"].spike.reason
+    assert claim_reproduced(verdicts).reproduced is None
 
 
 def test_all_groups_dropped_gives_undecided(tmp_path):
@@ -215,7 +221,7 @@ def test_report_marks_verdicts_on_few_seeds_and_gives_the_t_intervals(tmp_path):
     assert "PASS (few seeds: 2)" in rows["full"] and rows["full"].count("; t [") == 4  # gap, 2 accuracies, change
     assert "**FAIL** (few seeds: 2)" in rows["full-dq"]  # its reward interval; its spike failure is an event
     assert "Few seeds: these decided verdicts rest on fewer than 4 judged seeds" in text
-    assert "`full` spike, collapse, reward" in text
+    assert "`full` collapse, reward" in text  # its spike margin is not decided on 2 x 60 steps
     four = make_synthetic_run(tmp_path / "four", LOO, seeds=4, steps=80)
     text = write_report(four).report_md.read_text()
     assert "few seeds" not in table_rows(text)["full"] and "Few seeds:" not in text

@@ -6,11 +6,11 @@ import pytest
 from fp4rl.analysis.criteria import StabilityCriteria
 from fp4rl.analysis.detectors import CollapseResult, SeedPower, SpikeResult
 from fp4rl.analysis.statistics import (
-    BootstrapCI, MismatchSummary, accuracy_change_ci, accuracy_ci, bootstrap_ci, detectable_rate, fisher_exact_greater,
-    fisher_power, mismatch_summary, reward_gap_ci, reward_gap_to_reference, student_t_interval,
+    BootstrapCI, MismatchSummary, accuracy_change_ci, accuracy_ci, bootstrap_ci, mismatch_summary, rate_difference,
+    reward_gap_ci, reward_gap_to_reference, student_t_interval,
 )
 from fp4rl.analysis.summary import ArmSummary, SeedSummary
-from fp4rl.analysis.verdicts import claim_reproduced, run_verdicts, verdict
+from fp4rl.analysis.verdicts import claim_reproduced, run_verdicts, spike_decision, verdict
 
 C = StabilityCriteria()
 NAN = float("nan")
@@ -18,10 +18,9 @@ MISMATCH = MismatchSummary(1e-4, 1e-4, 0.5, 0.01)
 NONFINITE = CollapseResult(True, "non-finite grad_norm/global (nan) at step 40", 40, kind="non-finite")
 
 
-def seed(arm, k, rate=0.0, severe=0, collapse=None, judged=200, degenerate=None, unconfirmed=False):
-    """A seed with `rate` spikes per 100 of its `judged` steps (`severe` of them severe)."""
-    n = round(rate * judged / 100)
-    spikes = SpikeResult(spike_steps=tuple(range(30, 30 + n)), spike_updates=(0,) * n,
+def seed(arm, k, spikes=0, severe=0, collapse=None, judged=280, degenerate=None, unconfirmed=False, gap=0.0):
+    """A seed with `spikes` spiking steps in its `judged` steps, `severe` of them severe."""
+    spikes = SpikeResult(spike_steps=tuple(range(30, 30 + spikes)), spike_updates=(0,) * spikes,
                          severe_steps=tuple(range(30, 30 + severe)), severe_updates=(0,) * severe,
                          judged_steps=judged, judged_updates=2 * judged, per_update=True)
     under = f"{judged} judged steps, {C.min_judged_steps} needed" if judged < C.min_judged_steps else None
@@ -30,21 +29,33 @@ def seed(arm, k, rate=0.0, severe=0, collapse=None, judged=200, degenerate=None,
         collapse = CollapseResult(False, None, None, note="reward fell ... not confirmed" if unconfirmed else None,
                                   reward_drop_unconfirmed=unconfirmed)
     return SeedSummary(arm=arm, seed=k, n_steps=judged + 20, last_step=judged + 19, spikes=spikes, power=power,
-                       collapse=collapse, reward_gap=0.0, final_greedy=None, final_sampled=None, first_sampled=None,
+                       collapse=collapse, reward_gap=gap, final_greedy=None, final_sampled=None, first_sampled=None,
                        mismatch=MISMATCH, skipped_updates=0, empty_updates=0)
 
 
-def arm(name, rates=(0.0, 0.0), severe=0, collapsed=(), gap=(0.0, -0.02, 0.02), reference=True, judged=200,
-        degenerate=(), unconfirmed=(), reference_judged=2):
-    seeds = tuple(seed(name, k, rate, severe if k == 0 else 0, NONFINITE if k in collapsed else None, judged,
-                       "no learning signal" if k in degenerate else None, k in unconfirmed)
-                  for k, rate in enumerate(rates))
-    n_judged = sum(s.power.judged for s in seeds)
-    gap_ci = BootstrapCI(gap[0], gap[1], gap[2], n_judged, 0.95, False, kind="seeds+steps") \
-        if reference and n_judged else None
-    return ArmSummary(arm=name, seeds=seeds, has_reference=reference, reward_gap_mean=gap[0] if reference else NAN,
-                      final_accuracy=None, mismatch=MISMATCH, reward_gap_ci=gap_ci,
-                      reference_judged=reference_judged if reference else 0)
+# BF16 of the chain matrix: 3 spiking steps in 8 x 280 judged steps, one of them severe.
+BF16_SPIKES = (0, 0, 0, 1, 0, 0, 2, 0)
+BF16_SEVERE = (0, 0, 0, 1, 0, 0, 0, 0)
+
+
+def arm(name, spikes=(0, 0), severe=None, collapsed=(), gaps=None, reference=True, judged=280,
+        degenerate=(), unconfirmed=(), reference_judged=8, rise=0.3):
+    """An arm of per-seed spiking steps, severe spiking steps and mean paired gaps to BF16; BF16's
+    reward rises by `rise` (the reward margin is 0.1 x rise)."""
+    severe = severe or (0,) * len(spikes)
+    gaps = gaps if gaps is not None else (0.0,) * len(spikes)
+    seeds = tuple(seed(name, k, n, severe[k], NONFINITE if k in collapsed else None, judged,
+                       "no learning signal" if k in degenerate else None, k in unconfirmed, gaps[k] if reference else NAN)
+                  for k, n in enumerate(spikes))
+    judged_gaps = [s.reward_gap for s in seeds if s.power.judged]
+    gap_ci = bootstrap_ci(judged_gaps) if reference and judged_gaps else None
+    return ArmSummary(arm=name, seeds=seeds, has_reference=reference,
+                      reward_gap_mean=float(np.mean(gaps)) if reference else NAN, final_accuracy=None,
+                      mismatch=MISMATCH, reward_gap_ci=gap_ci, reference_judged=reference_judged if reference else 0,
+                      reference_reward_rise=rise if reference else NAN)
+
+
+BF16 = arm("bf16", BF16_SPIKES, BF16_SEVERE)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -189,102 +200,170 @@ def test_mismatch_summary():
     assert np.isnan(m.kl_k1) and np.isnan(m.routing_flip)  # not logged
 
 
+# --------------------------------------------------------------------------- the spike rate difference
+
+
+def test_rate_difference_by_hand():
+    # 8 seeds of 2 spikes in 280 steps against BF16's chain counts.
+    d = rate_difference([(2, 280)] * 8, [(k, 280) for k in BF16_SPIKES])
+    assert d.difference == pytest.approx(13 / 2240)
+    # arm: no between-seed spread, so the Jeffreys binomial floor; BF16: the between-seed variance
+    floor = 16.5 / 2241 * (1 - 16.5 / 2241) / 2240
+    between = 8 / 7 * sum((k - 3 / 8) ** 2 for k in BF16_SPIKES) / 2240**2
+    assert d.se == pytest.approx(np.sqrt(floor + between))
+    from scipy.stats import t
+
+    assert d.high - d.difference == pytest.approx(t.ppf(0.95, 14) * d.se) and d.df == 14
+    with pytest.raises(ValueError):
+        rate_difference([(1, 280)], [(0, 280), (0, 280)])  # one seed has no between-seed variance
+
+
+def test_rate_difference_treats_seeds_not_steps_as_units():
+    # The same 8 spikes in 2240 steps: spread over the seeds, or all in one seed.
+    spread = rate_difference([(1, 280)] * 8, [(0, 280)] * 8)
+    clustered = rate_difference([(8, 280)] + [(0, 280)] * 7, [(0, 280)] * 8)
+    assert spread.difference == clustered.difference and clustered.se > 2 * spread.se
+    assert spread.low > 0 > clustered.low
+
+
 # --------------------------------------------------------------------------- verdicts
 
 
-def test_verdict_passing_arm():
-    v = verdict(arm("full", rates=(1.0, 0.5), gap=(-0.05, -0.1, 0.0)), C)  # both thresholds are inclusive
+def judged(summary, reference=BF16):
+    return verdict(summary, C, reference)
+
+
+def test_an_arm_as_stable_as_bf16_passes_every_criterion():
+    v = judged(arm("full", BF16_SPIKES, BF16_SEVERE, gaps=(-0.013, -0.01, -0.016, -0.012) * 2))
     assert (v.spike.passed, v.collapse.passed, v.reward.passed, v.passed) == (True, True, True, True)
+    assert "3/2240 spiking steps" in v.spike.value and "vs BF16 3/2240" in v.spike.value
+
+
+def test_the_spike_criterion_always_compares_with_bf16():
+    # Reproduction of the defect: BF16's counts with its spikes removed and two 4x spikes per seed
+    # added pass an absolute <= 1/100 per seed threshold (2/280 = 0.71/100) with no severe spike, but
+    # spike 16/2240 against BF16's 3/2240: not as stable as BF16.
+    v = judged(arm("x", (2,) * 8))
+    assert v.spike.passed is False and "16/2240" in v.spike.value
+    assert judged(arm("x", (2,) * 8), reference=None).spike.passed is None  # without BF16 no spike verdict
+
+
+def test_one_severe_spike_like_bf16s_does_not_fail_the_arm():
+    # BF16 itself has a severe spike in 2240 judged steps: an arm exactly like it passes.
+    assert judged(arm("x", BF16_SPIKES, BF16_SEVERE)).spike.passed is True
+    assert judged(arm("x", (0, 1, 0, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0, 0, 0))).spike.passed is True
+    # Severe spikes significantly more often than BF16 fail, whatever the margin says.
+    many = judged(arm("x", (1,) * 8, (1,) * 8))
+    assert many.spike.passed is False and "severe" in many.spike.value
+
+
+def test_spikes_clustered_in_one_seed_are_not_evidence_of_an_arm():
+    clustered = judged(arm("x", (8, 0, 0, 0, 0, 0, 0, 0)), arm("bf16", (0,) * 8))
+    spread = judged(arm("x", (1,) * 8), arm("bf16", (0,) * 8))
+    assert clustered.spike.passed is None and "not below the margin" in clustered.spike.reason
+    assert spread.spike.passed is False
+
+
+def test_the_reference_arm_is_the_yardstick_not_judged():
+    v = run_verdicts({"bf16": BF16, "full": arm("full", BF16_SPIKES)}, C)
+    assert v["bf16"].spike.passed is None and v["bf16"].reward.passed is None
+    assert "the BF16 reference" in v["bf16"].spike.reason and v["full"].spike.passed is True
 
 
 @pytest.mark.parametrize(
     "summary, failed",
     [
-        (arm("x", rates=(0.0, 1.5)), ("spike",)),  # one seed above 1 spike / 100 steps
-        (arm("x", severe=1, rates=(0.5, 0.0)), ("spike",)),  # a severe spike
-        (arm("x", collapsed=(1,)), ("collapse",)),
-        (arm("x", gap=(-0.15, -0.2, -0.11)), ("reward",)),
-        (arm("x", rates=(3.0, 0.0), collapsed=(0,), gap=(-0.5, -0.6, -0.4)), ("spike", "collapse", "reward")),
+        (arm("x", (3,) * 8), ("spike",)),
+        (arm("x", (0,) * 8, collapsed=(1,)), ("collapse",)),
+        (arm("x", (0,) * 8, gaps=(-0.06, -0.05, -0.07, -0.055) * 2), ("reward",)),
+        (arm("x", (4,) * 8, collapsed=(0,), gaps=(-0.5, -0.6, -0.4, -0.55) * 2), ("spike", "collapse", "reward")),
     ],
 )
 def test_verdict_failures(summary, failed):
-    v = verdict(summary, C)
+    v = judged(summary)
     assert v.failed() == failed and v.passed is False
+
+
+def test_the_reward_margin_is_a_fraction_of_bf16s_rise():
+    gaps = (-0.02, -0.025, -0.022, -0.024)
+    assert judged(arm("x", (0,) * 4, gaps=gaps, rise=0.3)).reward.passed is True  # margin 0.03
+    assert judged(arm("x", (0,) * 4, gaps=gaps, rise=0.1)).reward.passed is False  # margin 0.01
+    v = judged(arm("x", (0,) * 4, gaps=gaps, rise=-0.05))
+    assert v.reward.passed is None and "does not rise" in v.reward.reason
+    loose = StabilityCriteria(reward_margin_fraction=0.5)
+    assert verdict(arm("x", (0,) * 4, gaps=gaps, rise=0.1), loose, BF16).reward.passed is True
+
+
+def test_the_reward_decision_uses_the_t_interval_over_seeds():
+    # Two seeds: their bootstrap interval is their [min, max], above the margin -0.03; the t
+    # interval (1 degree of freedom) is 9x wider and straddles it.
+    x = arm("x", (0, 0), gaps=(-0.005, -0.025))
+    assert x.reward_gap_ci.low >= -0.03
+    v = judged(x)
+    assert v.reward.passed is None and "straddles -0.0300" in v.reward.reason and "t [-0.142" in v.reward.value
 
 
 def test_verdict_without_reference_is_undecided():
     v = verdict(arm("full", reference=False), C)
     assert v.reward.passed is None and v.passed is None and v.reward.reason == "no BF16 reference arm"
-    v = verdict(arm("full", reference_judged=0), C)
+    assert v.spike.passed is None and v.spike.reason == "no BF16 reference arm"
+    v = judged(arm("full", reference_judged=0))
     assert v.reward.passed is None and "no judged seed in the BF16 reference" in v.reward.reason
 
 
 def test_too_few_judged_steps_is_undecided_not_fail():
-    v = verdict(arm("x", rates=(5.0, 5.0), severe=1, judged=40, gap=(-0.5, -0.6, -0.4)), C)
+    v = judged(arm("x", (5, 5), severe=(1, 0), judged=40, gaps=(-0.5, -0.6)))
     assert v.failed() == () and v.passed is None
     assert v.undecided() == ("spike", "collapse", "reward")
-    assert "0 judged seed(s), 2 needed" in v.spike.reason and "40 judged steps, 50 needed" in v.spike.reason
-    assert "4 spiking step(s) in seeds not judged" in v.spike.value
+    assert "0 judged seed(s) here" in v.spike.reason and "40 judged steps, 50 needed" in v.spike.reason
 
 
 def test_a_nonfinite_collapse_needs_no_power():
-    v = verdict(arm("x", judged=10, collapsed=(0,)), C)
+    v = judged(arm("x", judged=10, collapsed=(0,)))
     assert v.collapse.passed is False and v.spike.passed is None
 
 
 def test_degenerate_seeds_are_not_judged():
-    v = verdict(arm("x", rates=(9.0, 9.0), degenerate=(0, 1)), C)
+    v = judged(arm("x", (9, 9), degenerate=(0, 1)))
     assert v.spike.passed is None and "no learning signal" in v.spike.reason
     assert v.collapse.passed is None and v.reward.passed is None
 
 
-def test_one_judged_seed_fails_spikes_but_cannot_pass_or_judge_the_reward():
-    failing = verdict(arm("x", rates=(3.0,)), C)
-    assert failing.spike.passed is False  # a judged seed above the rate fails "every seed"
-    quiet = verdict(arm("x", rates=(0.0,), gap=(-0.5, -0.6, -0.4)), C)
-    assert quiet.spike.passed is None and "1 judged seed(s), 2 needed" in quiet.spike.reason
-    assert quiet.reward.passed is None and quiet.collapse.passed is None
-
-
-def test_reward_interval_straddling_the_tolerance_is_undecided():
-    v = verdict(arm("x", gap=(-0.1, -0.15, -0.05)), C)
-    assert v.reward.passed is None and "straddles -0.1" in v.reward.reason
+def test_one_judged_seed_decides_no_comparison():
+    v = judged(arm("x", (30,), gaps=(-0.5,)))
+    assert v.spike.passed is None and "1 judged seed(s) here" in v.spike.reason
+    assert v.reward.passed is None and v.collapse.passed is None
 
 
 def test_unconfirmed_reward_drop_keeps_collapse_undecided():
-    v = verdict(arm("x", unconfirmed=(1,)), C)
+    v = judged(arm("x", unconfirmed=(1,)))
     assert v.collapse.passed is None and "not confirmed" in v.collapse.reason
-    assert verdict(arm("x", rates=(0, 0, 0), unconfirmed=(1,)), C).collapse.passed is True  # 2 clear seeds remain
-
-
-def test_declared_thresholds_are_used():
-    loose = StabilityCriteria(max_spikes_per_100=2.0, reward_gap_tolerance=0.2)
-    assert verdict(arm("x", rates=(1.5, 0.0), gap=(-0.15, -0.19, -0.11)), loose).passed is True
-    assert verdict(arm("x", rates=(0.0,)), StabilityCriteria(min_seeds=1)).passed is True
+    assert judged(arm("x", (0, 0, 0), unconfirmed=(1,))).collapse.passed is True  # 2 clear seeds remain
 
 
 def loo_verdicts(**overrides):
-    summaries = {"full": arm("full"), "full-dq": arm("full-dq", rates=(2.0, 0.0)),
-                 "full-46": arm("full-46", collapsed=(0,)), "full-hp": arm("full-hp", gap=(-0.3, -0.4, -0.2))}
+    summaries = {"bf16": BF16, "full": arm("full", BF16_SPIKES), "full-dq": arm("full-dq", (4,) * 8),
+                 "full-46": arm("full-46", (0,) * 8, collapsed=(0,)),
+                 "full-hp": arm("full-hp", (0,) * 8, gaps=(-0.3, -0.4, -0.2, -0.35) * 2)}
     summaries.update(overrides)
-    return {name: verdict(s, C) for name, s in summaries.items() if s is not None}
+    return run_verdicts({name: s for name, s in summaries.items() if s is not None}, C)
 
 
 def test_claim_reproduced():
     claim = claim_reproduced(loo_verdicts())
     assert claim.reproduced is True
-    assert "fails collapse" in claim.details["full-46"]
+    assert "fails collapse" in claim.details["full-46"] and "fails spike" in claim.details["full-dq"]
 
 
 def test_claim_not_reproduced_when_a_leave_one_out_arm_passes():
-    claim = claim_reproduced(loo_verdicts(**{"full-46": arm("full-46")}))
+    claim = claim_reproduced(loo_verdicts(**{"full-46": arm("full-46", BF16_SPIKES)}))
     assert claim.reproduced is False
     assert "passes every criterion" in claim.details["full-46"]
     assert claim.explanation.startswith("Not reproduced")
 
 
 def test_claim_not_reproduced_when_full_fails():
-    claim = claim_reproduced(loo_verdicts(full=arm("full", gap=(-0.2, -0.3, -0.15))))
+    claim = claim_reproduced(loo_verdicts(full=arm("full", BF16_SPIKES, gaps=(-0.2, -0.3, -0.15, -0.25) * 2)))
     assert claim.reproduced is False and "fails reward" in claim.details["full"]
 
 
@@ -295,114 +374,45 @@ def test_claim_undecided_with_a_missing_arm():
 
 def test_claim_undecided_not_refuted_without_power():
     short = {name: arm(name, judged=30) for name in ("full", "full-dq", "full-46", "full-hp")}
-    claim = claim_reproduced({name: verdict(s, C) for name, s in short.items()})
+    claim = claim_reproduced(run_verdicts({"bf16": BF16, **short}, C))
     assert claim.reproduced is None and claim.explanation.startswith("Undecided")
-    assert "spike undecided (0 judged seed(s), 2 needed" in claim.details["full"]
+    assert "spike undecided (0 judged seed(s) here" in claim.details["full"]
     # A leave-one-out arm that passes what it could judge is not a refutation either.
-    claim = claim_reproduced(loo_verdicts(**{"full-46": arm("full-46", rates=(0.0,))}))
+    claim = claim_reproduced(loo_verdicts(**{"full-46": arm("full-46", (0,))}))
     assert claim.reproduced is None and "no criterion failed, but spike undecided" in claim.details["full-46"]
 
 
 def test_claim_counts_a_failure_even_if_another_criterion_is_undecided():
-    no_ref_but_spiky = arm("full-dq", rates=(2.0, 0.0), reference=False)
-    assert claim_reproduced(loo_verdicts(**{"full-dq": no_ref_but_spiky})).reproduced is True
-
-
-# --------------------------------------------------------------------------- calibration by BF16
-
-
-def test_fisher_exact_greater_on_hand_computed_tables():
-    assert fisher_exact_greater(3, 3, 0, 3) == pytest.approx(1 / 20)  # C(3,3) C(3,0) / C(6,3)
-    assert fisher_exact_greater(1, 1, 0, 1) == pytest.approx(1 / 2)
-    assert fisher_exact_greater(0, 50, 7, 50) == 1.0  # no spike in the arm: nothing to test
-    # P(X >= 2), X ~ Hypergeometric(N=10, K=3 spikes, n=5 drawn) = (C(3,2) C(7,3) + C(3,3) C(7,2)) / C(10,5)
-    assert fisher_exact_greater(2, 5, 1, 5) == pytest.approx((3 * 35 + 21) / 252)
-    with pytest.raises(ValueError):
-        fisher_exact_greater(4, 3, 0, 3)
-
-
-@pytest.mark.parametrize("k, n, k_ref, n_ref", [(5, 160, 2, 160), (2, 160, 2, 160), (12, 320, 3, 320), (0, 7, 0, 9)])
-def test_fisher_exact_greater_matches_scipy(k, n, k_ref, n_ref):
-    from scipy.stats import fisher_exact
-
-    expected = fisher_exact([[k, n - k], [k_ref, n_ref - k_ref]], alternative="greater").pvalue
-    assert fisher_exact_greater(k, n, k_ref, n_ref) == pytest.approx(expected, rel=1e-9)
-
-
-def test_fisher_power_and_the_detectable_rate():
-    # The test's size: at the reference's own rate it rejects at most alpha of the time (Fisher is conservative).
-    assert fisher_power(320, 2 / 320, 320, 2 / 320, 0.05) <= 0.05
-    # Power at a rate 6x the reference's, 320 measurements each: a Monte Carlo check of the exact sum.
-    rng = np.random.default_rng(0)
-    k, k_ref = rng.binomial(320, 0.036, 4000), rng.binomial(320, 2 / 320, 4000)
-    simulated = np.mean([fisher_exact_greater(int(a), 320, int(b), 320) < 0.05 for a, b in zip(k, k_ref)])
-    assert fisher_power(320, 0.036, 320, 2 / 320, 0.05) == pytest.approx(simulated, abs=0.03)
-    rate = detectable_rate(320, 2, 320)
-    assert fisher_power(320, rate, 320, 2 / 320, 0.05) >= 0.8 > fisher_power(320, rate - 2e-3, 320, 2 / 320, 0.05)
-    assert detectable_rate(640, 2, 320) < rate  # more measurements detect smaller rates
-    assert detectable_rate(1, 5, 10, alpha=0.001) == float("inf")  # one measurement cannot reach p < 0.001
-    with pytest.raises(ValueError):
-        detectable_rate(0, 1, 10)
-
-
-def test_spike_threshold_failed_by_bf16_is_calibrated_against_it():
-    bf16 = arm("bf16", rates=(1.5, 1.5))  # fails the absolute <= 1/100 threshold itself
-    like_bf16, spiky = arm("x", rates=(1.5, 1.5)), arm("y", rates=(10.0, 10.0))
-    v = run_verdicts({"bf16": bf16, "x": like_bf16, "y": spiky}, C)
-    assert v["bf16"].spike.passed is None and "BF16 reference fails" in v["bf16"].spike.reason
-    assert v["x"].spike.passed is None and "does not spike more often than BF16" in v["x"].spike.reason
-    assert "6/400 vs 6/400 spiking steps" in v["x"].spike.value  # judged steps, not updates
-    assert v["y"].spike.passed is False and "p = " in v["y"].spike.value
-    assert "at 80% power this test detects a rate >= " in v["x"].spike.value
-    # Without a failing reference the absolute threshold stands.
-    assert verdict(like_bf16, C, arm("bf16")).spike.passed is False
-    assert verdict(like_bf16, C).spike.passed is False
-    # A severe spike where BF16 has none still fails.
-    assert verdict(arm("z", rates=(1.5, 1.5), severe=1), C, bf16).spike.passed is False
-
-
-def test_claim_undecided_when_full_spikes_like_a_failing_bf16():
-    bf16 = arm("bf16", rates=(1.5, 1.5))
-    summaries = {"bf16": bf16, "full": arm("full", rates=(1.5, 1.5)), "full-dq": arm("full-dq", rates=(10.0, 10.0)),
-                 "full-46": arm("full-46", collapsed=(0,)), "full-hp": arm("full-hp", gap=(-0.3, -0.4, -0.2))}
-    claim = claim_reproduced(run_verdicts(summaries, C))
-    assert claim.reproduced is None and "spike undecided" in claim.details["full"]
-    assert "fails spike" in claim.details["full-dq"]
-    # The same runs judged by the absolute threshold alone would call it refuted.
-    assert claim_reproduced({k: verdict(s, C) for k, s in summaries.items()}).reproduced is False
-
-
-def with_spikes_in_both_updates(summary, steps_per_seed):
-    """`summary` with each judged seed spiking in both updates of `steps_per_seed` steps."""
-    import dataclasses
-
-    def twice(x):
-        st = tuple(s for s in range(30, 30 + steps_per_seed) for _ in range(2))
-        return dataclasses.replace(x, spikes=dataclasses.replace(x.spikes, spike_steps=st, spike_updates=(0, 1) * steps_per_seed))
-
-    return dataclasses.replace(summary, seeds=tuple(twice(x) for x in summary.seeds))
+    spiky_no_reward = arm("full-dq", (4,) * 8, rise=float("nan"))
+    assert claim_reproduced(loo_verdicts(**{"full-dq": spiky_no_reward})).reproduced is True
 
 
 def test_the_bf16_comparison_counts_a_step_whose_updates_both_spike_once():
-    # 6 steps per seed spike in both of their updates, against BF16's 3 steps per seed in one
-    # update: 12/400 vs 6/400 spiking steps (p = 0.12), not 24/800 vs 6/800 updates (p < 0.001).
-    bf16 = arm("bf16", rates=(1.5, 1.5))
-    clustered = with_spikes_in_both_updates(arm("x"), 6)
-    assert [x.spikes.spiking_steps for x in clustered.seeds] == [6, 6]
-    v = run_verdicts({"bf16": bf16, "x": clustered}, C)["x"].spike
-    assert "12/400 vs 6/400 spiking steps" in v.value and v.passed is None
-    assert "max 3.00 spiking steps/100" in v.value
-    assert fisher_exact_greater(12, 400, 6, 400) > 0.05 > fisher_exact_greater(24, 800, 6, 800)
+    # 3 steps per seed spike in both of their updates: 3 spiking steps per seed, not 6 updates.
+    import dataclasses
+
+    def twice(x):
+        st = tuple(s for s in range(30, 33) for _ in range(2))
+        return dataclasses.replace(x, spikes=dataclasses.replace(x.spikes, spike_steps=st, spike_updates=(0, 1) * 3))
+
+    base = arm("x", (0,) * 8)
+    clustered = dataclasses.replace(base, seeds=tuple(twice(x) for x in base.seeds))
+    assert [x.spikes.spiking_steps for x in clustered.seeds] == [3] * 8
+    assert "24/2240 spiking steps" in judged(clustered).spike.value
 
 
 def test_verdicts_on_fewer_than_4_seeds_are_flagged_few_seeds():
-    two = verdict(arm("full", rates=(0.0, 0.0)), C)
+    two = judged(arm("full", (0, 0), gaps=(-0.01, -0.011)))
     assert (two.spike.few_seeds, two.collapse.few_seeds, two.reward.few_seeds) == (2, 2, 2)
-    four = verdict(arm("full", rates=(0.0,) * 4, gap=(0.0, -0.02, 0.02)), C)
+    four = judged(arm("full", (0,) * 4, gaps=(0.0, -0.01, 0.01, 0.0)))
     assert four.passed is True and all(c.few_seeds is None for c in four.criteria)
-    # An observed event fails at any number of seeds: not flagged.
-    event = verdict(arm("x", rates=(3.0, 0.0), collapsed=(0,)), C)
-    assert event.spike.passed is False and event.spike.few_seeds is None and event.collapse.few_seeds is None
-    undecided = verdict(arm("x", gap=(-0.1, -0.15, -0.05)), C)
-    assert undecided.reward.passed is None and undecided.reward.few_seeds is None
-    assert verdict(arm("full"), StabilityCriteria(few_seeds=2)).spike.few_seeds is None
+    # An observed collapse fails at any number of seeds: not flagged.
+    event = judged(arm("x", (0, 0), collapsed=(0,)))
+    assert event.collapse.passed is False and event.collapse.few_seeds is None
+    assert verdict(arm("full", (0, 0)), StabilityCriteria(few_seeds=2), BF16).spike.few_seeds is None
+
+
+def test_spike_decision_on_counts_is_what_the_summary_judges():
+    counts = [(2, 280, 0)] * 8
+    reference = [(k, 280, s) for k, s in zip(BF16_SPIKES, BF16_SEVERE)]
+    assert spike_decision(counts, reference, C) == judged(arm("x", (2,) * 8)).spike
