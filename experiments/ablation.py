@@ -3,7 +3,8 @@
 Runs (or reuses) the warm-up, the preset's gradient measurements and learning run, the arms of
 docs/rl.md's ablation matrix with N seeds (the seeds of an arm in one program; none by default on
 the `cpu` preset), then the stability analysis and the report (report.md + 3 PNGs).
-Resumable: rerun the same command after an interruption. Default preset: `cpu`.
+Resumable: rerun the same command after an interruption. Default preset: `cpu`. --arms also takes
+the groups baselines, dose (the dose-response arms) and controls (the positive controls).
 
 The CPU presets compile with cheaper code generation: their programs are small and compiling them
 is most of their time. `smoke` uses LLVM's O0 backend, as the test suite does (tests/conftest.py;

@@ -116,13 +116,19 @@ class ScaledWeight:
     dec(q) * sf, `scale` the global decode factor (per expert for a stack). The sampler forms it
     once per rollout instead of once per decode step (XLA does not hoist an op whose output is
     larger than its input, such as this 4-bit -> 16-bit expansion, out of a `while` loop);
-    `qdot` consumes it as it consumes the packed weight, with the same values."""
+    `qdot` consumes it as it consumes the packed weight, with the same values.
+
+    amplification: != 1 for the weight of a dose-response site (`SiteConfig.amplification`):
+    `values` is then w_a in bf16, in w's layout [K, N] / [E, K, N] (not transposed), and `scale`
+    1 (`qlinear.quantize_weight`); `qdot` refuses it
+    at a site of another amplification, as it refuses a packed weight at an amplified site."""
 
     values: jax.Array
     scale: jax.Array
+    amplification: float = 1.0
 
 
-jax.tree_util.register_dataclass(ScaledWeight, data_fields=["values", "scale"], meta_fields=[])
+jax.tree_util.register_dataclass(ScaledWeight, data_fields=["values", "scale"], meta_fields=["amplification"])
 
 
 def gemm_operand(packed, dtype=jnp.bfloat16):

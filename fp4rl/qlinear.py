@@ -26,6 +26,21 @@ the dequantized wgrad with per-token activation scales: the scale varies along t
 wgrad contracts over, so it cannot be an epilogue; there DQ(Q(x)) stays in f32 (its single
 rounding) and that GEMM runs in f32.
 
+Amplified sites (`SiteConfig.amplification` a != 1, the dose-response arms `nvfp4@A` / `+dq@A`,
+docs/rl.md "Precision recipes"): the forward runs on x_a = x + a * (DQ(Q(x)) - x) and
+w_a = w + a * (DQ(Q(w)) - w), each formed in f32 from the reference-exact DQ(Q(.)) and rounded
+once to bf16, the operand dtype of the GEMMs (an emulation: v_a is not NVFP4-representable, so no
+scale epilogue can keep it exact; the bf16 rounding, relative 2^-9, is small against the dose,
+a |DQ(Q(v)) - v|). "bf16" backward: raw x and w, as at a = 1 (the paper's mismatch, amplified);
+"dequantized": x_a and w_a, the chain rule of the amplified forward (its residuals are x_a and w_a
+in bf16). `quantize_weight` returns w_a as a `ScaledWeight` (scale 1) in the weight's own layout
+[K, N] / [E, K, N], which weight sync hands to the sampler, so the sampler's forward is the
+trainer's (a GEMM reading a transposed operand may sum in another order in a program that forms it
+than in one that receives it: XLA:CPU does). w_a has no packed form: on a packed-weight
+backend ("packed", "packed_dgrad", "packed_wgmma" and their interpreters) its GEMMs are bf16
+GEMMs, which those backends run on their bf16 kernels ("mosaic"), as they run a BF16 site's.
+At a = 1 none of this is traced: the site's code path and bytes are those of the plain recipe.
+
 Weight layouts: w [K, N] with x [..., K]; w [E, K, N] with x [E, ..., K] (equal-size
 groups, vmapped); w [E, K, N] with x [R, K] sorted by expert and `group_sizes` [E] (ragged,
 dropless; for the quantized backward every group must be a multiple of 32 rows, so that the
@@ -45,7 +60,7 @@ from jax import lax
 
 from fp4rl import grouped, operands
 from fp4rl.exact_dot import exact_precision, promoted
-from fp4rl.formats import hadamard, mx, nvfp4
+from fp4rl.formats import hadamard, ieee, mx, nvfp4
 from fp4rl.recipe import SiteConfig
 
 F32 = jnp.float32
@@ -121,13 +136,52 @@ def quantize_weight(w, site: SiteConfig, impl: str = "auto"):
 
     Returns the quantized w^T ([N, K] / [E, N, K]) that `qdot` consumes; the trainer's forward
     and the sampler's weight sync both call this, so their bytes are identical. A BF16 site
-    returns `w` unchanged.
+    returns `w` unchanged; an amplified site w_a in bf16, not transposed (`_amplified_weight`).
     """
     if not site.quantized:
         return w
     if _nvfp4_stack(w, site):
-        return operands.nvfp4_quantize_experts(w, site.weight_config(), impl, contraction_axis=1)
-    return _per_weight(lambda m: operands.quantize(_swap(m), site, "weight", impl), w)
+        wq = operands.nvfp4_quantize_experts(w, site.weight_config(), impl, contraction_axis=1)
+    else:
+        wq = _per_weight(lambda m: operands.quantize(_swap(m), site, "weight", impl), w)
+    return wq if site.amplification == 1.0 else _amplified_weight(w, wq, site)
+
+
+# ---------------------------------------------------------------- the amplified emulation
+def amplified(v, dq, amplification: float):
+    """v + a * (dq - v) in f32, each operation rounded on its own (a barrier keeps XLA from
+    contracting the product into an FMA or the dequantization into the subtraction), then rounded
+    once to bf16: the operand of a site with amplification a (see the module docstring)."""
+    v32 = ieee.as_stored(v).astype(F32)  # the value the quantizer read, not a fused producer's
+    step = ieee.product(amplification, lax.optimization_barrier(dq.astype(F32)) - v32)
+    return (v32 + step).astype(jnp.bfloat16)
+
+
+def _amplified_weight(w, wq, site: SiteConfig) -> operands.ScaledWeight:
+    """w_a ([K, N] / [E, K, N], w's layout) in bf16 from w and its quantized w^T `wq`, with scale 1
+    (per expert for a stack, whose every array leaf then has the expert axis first)."""
+    values = amplified(w, _swap(_per_weight(operands.dequantized, wq)), site.amplification)
+    return operands.ScaledWeight(values=values, scale=jnp.ones(values.shape[:-2], F32),
+                                 amplification=site.amplification)
+
+
+def _check_amplification(wq, site: SiteConfig) -> None:
+    """A pre-formed weight must carry the site's amplification: Q(w) cannot give w_a (w is gone),
+    and w_a is not Q(w). Both come from `quantize_weight` under the same recipe."""
+    given = wq.amplification if isinstance(wq, operands.ScaledWeight) else 1.0
+    if site.amplification != 1.0 and not isinstance(wq, operands.ScaledWeight):
+        raise ValueError(f"a site with amplification={site.amplification} takes the raw weight or its amplified "
+                         f"w_a from quantize_weight(w, site), not a {type(wq).__name__} quantized without it")
+    if given != site.amplification:
+        raise ValueError(f"a weight formed with amplification={given} given to a site with amplification="
+                         f"{site.amplification}: sync the weights under the recipe that runs them")
+
+
+def _amplified_forward(x_TxK, wa, site: SiteConfig, group_sizes, impl: str, gemm: str):
+    """y = x_a @ w_a with f32 accumulation; returns (y, x_a), x_a the dequantized backward's residual."""
+    xa = amplified(x_TxK, operands.dequantized(operands.quantize(x_TxK, site, "act", impl)), site.amplification)
+    acc = _gemm(xa, wa.values.astype(jnp.bfloat16), group_sizes, gemm)
+    return acc.astype(x_TxK.dtype), xa
 
 
 def _weight_along_n(w, site: SiteConfig, impl: str):
@@ -150,6 +204,9 @@ def _forward_from_quantized(x_TxK, wq, site: SiteConfig, group_sizes, impl: str,
     """
     if not site.quantized:
         return _gemm(x_TxK, wq.astype(x_TxK.dtype), group_sizes, gemm).astype(x_TxK.dtype), None
+    _check_amplification(wq, site)
+    if site.amplification != 1.0:
+        return _amplified_forward(x_TxK, wq, site, group_sizes, impl, gemm)
     xq = operands.quantize(x_TxK, site, "act", impl)
     weight_packed = _reads_packed(wq, group_sizes, gemm, grouped.PACKED_GEMMS)
     if (weight_packed and isinstance(xq, nvfp4.NVFP4Tensor)
@@ -180,7 +237,8 @@ def _qdot_fwd(x_TxK, w, key, group_sizes, site: SiteConfig, impl: str, gemm: str
     y, xq = _forward_from_quantized(x_TxK, wq, site, group_sizes, impl, gemm)
     w_dtype = jnp.zeros((), w.dtype)  # carries w's dtype for its cotangent (a scalar)
     if site.quantized and site.backward == "dequantized":
-        residuals = (xq, wq, w_dtype)  # packed codes/scales/amax only: no raw x, no bf16 copies
+        # packed codes/scales/amax only: no raw x, no bf16 copies (amplified: x_a and w_a in bf16)
+        residuals = (xq, wq, w_dtype)
     else:
         residuals = (x_TxK, w, key)
     return y, (residuals, group_sizes)
@@ -190,7 +248,12 @@ def _qdot_bwd(site: SiteConfig, impl: str, gemm: str, saved, g_TxN):
     residuals, group_sizes = saved
     dtype = g_TxN.dtype
     backward = site.backward if site.quantized else "bf16"  # an unquantized site: the exact gradient
-    if backward == "dequantized":
+    if backward == "dequantized" and site.amplification != 1.0:  # g @ w_a^T and x_a^T @ g
+        xa, wa, w_dtype = residuals
+        dx = _gemm(g_TxN, wa.values.astype(dtype), group_sizes, gemm, transpose_rhs=True)
+        dw = _wgrad_gemm(xa.astype(dtype), g_TxN, group_sizes, gemm)
+        x_dtype, w_dtype = dtype, w_dtype.dtype
+    elif backward == "dequantized":
         xq, wq, w_dtype = residuals
         dx = _dequantized_dgrad(g_TxN, wq, group_sizes, gemm)
         dw = _dequantized_wgrad(xq, g_TxN, group_sizes, gemm)

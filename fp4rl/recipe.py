@@ -31,9 +31,16 @@ class SiteConfig:
     weight_46 / act_46: Four-Over-Six metric on the weight / activation operand, or None.
     e4m3_max: E of docs/numerics.md §3 (None: 448 without 4/6, 256 with it).
     fast_error: the fast 4/6 error path.
-    act_scale: per-token ("token", required for RL, docs/numerics.md §4) or per-tensor amax.
+    act_scale: per-token ("token", required for RL, docs/numerics.md §4) or per-tensor amax
+      ("tensor": one amax over the whole [tokens, K] operand of the call, so a token's bytes depend
+      on its batch; the positive control `nvfp4-tensor`).
     weight_block: "2d" (16x16 tiles, forward and backward see the same weight) or "1d".
     backward: "bf16" | "dequantized" | "quantized" (docs/numerics.md §7).
+    amplification: a > 0, the dose of the dose-response arms (`nvfp4@A`, `+dq@A`): the forward runs
+      on v_a = v + a * (DQ(Q(v)) - v) for the weight and the activation, formed in f32 and rounded
+      once to bf16 (`fp4rl.qlinear`). An emulation: v_a is not NVFP4-representable for a != 1 (on
+      Hopper the NVFP4 GEMMs run in bf16 on dequantized operands anyway). 1 is the site itself, the
+      same code path and bytes; NVFP4 sites with backward "bf16" or "dequantized" only.
     """
 
     format: Literal["bf16", "nvfp4", "mxfp8"] = "bf16"
@@ -44,6 +51,7 @@ class SiteConfig:
     act_scale: Literal["token", "tensor"] = "token"
     weight_block: Literal["2d", "1d"] = "2d"
     backward: Literal["bf16", "dequantized", "quantized"] = "bf16"
+    amplification: float = 1.0
 
     def __post_init__(self):
         for name, value, valid in (
@@ -58,6 +66,13 @@ class SiteConfig:
                 raise ValueError(f"{name}={value!r}; valid options: {valid}")
         if self.format != "nvfp4" and (self.weight_46 or self.act_46):
             raise ValueError(f"Four-Over-Six applies to format='nvfp4' only, not {self.format!r}")
+        a = self.amplification
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not (math.isfinite(a) and a > 0):
+            raise ValueError(f"amplification={a!r} must be a finite number > 0 (1: no amplification)")
+        object.__setattr__(self, "amplification", float(a))  # 4 and 4.0: one static jit argument
+        if a != 1 and (self.format != "nvfp4" or self.backward == "quantized"):
+            raise ValueError(f"amplification={a} applies to format='nvfp4' sites with backward 'bf16' or "
+                             f"'dequantized', not format={self.format!r}, backward={self.backward!r}")
         # Build the operand configs once so an invalid combination fails here, not in a trace.
         if self.format == "nvfp4":
             self.weight_config(), self.act_config()
@@ -163,7 +178,13 @@ class PrecisionRecipe:
         return dataclasses.replace(self, name="forward-only", **sites)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """JSON of every field, but a site's `amplification` only where it is not 1: the recipes
+        without a dose keep the JSON their checkpoints stored (a resume compares it as text)."""
+        data = dataclasses.asdict(self)
+        for kind in SITE_KINDS:
+            if data[kind]["amplification"] == 1.0:
+                del data[kind]["amplification"]
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "PrecisionRecipe":
@@ -173,17 +194,35 @@ class PrecisionRecipe:
 
     @classmethod
     def from_name(cls, name: str) -> "PrecisionRecipe":
-        if name not in PRESETS:
-            raise ValueError(f"unknown recipe {name!r}; valid names: {tuple(PRESETS)}")
-        return PRESETS[name]
+        """A named recipe: a preset (`names()`), or a dose `nvfp4@A` / `+dq@A` for any number A > 0
+        (`dose_arm`), written as `dose_name` writes it (`nvfp4@4`, not `nvfp4@4.0`)."""
+        if name in PRESETS:
+            return PRESETS[name]
+        base, at, dose = name.partition("@")
+        if not at:
+            raise ValueError(f"unknown recipe {name!r}; valid names: {tuple(PRESETS)}, or {DOSE_PATTERN}")
+        if base not in DOSE_BASES:
+            raise ValueError(f"recipe {name!r}: a dose applies to {DOSE_BASES} ({DOSE_PATTERN}), not to {base!r}")
+        try:
+            a = float(dose)
+        except ValueError:
+            raise ValueError(f"recipe {name!r}: the amplification {dose!r} is not a number ({DOSE_PATTERN})") from None
+        if not (math.isfinite(a) and a > 0):
+            raise ValueError(f"recipe {name!r}: the amplification must be a finite number > 0 ({DOSE_PATTERN})")
+        if dose_name(base, a) != name:  # one spelling per recipe: arm directories and recipe names agree
+            raise ValueError(f"recipe {name!r}: write it {dose_name(base, a)!r}")
+        return dose_arm(base, a)
 
     @staticmethod
     def names() -> tuple[str, ...]:
+        """The presets, the registered doses (`DOSE_RESPONSE_DOSES`) included; `from_name` also
+        takes any other dose (`DOSE_PATTERN`)."""
         return tuple(PRESETS)
 
 
 def _arm(name: str, *, backward: Literal["bf16", "dequantized", "quantized"], four_over_six: bool,
-         high_precision: bool, fmt: str = "nvfp4", attention: bool = False) -> PrecisionRecipe:
+         high_precision: bool, fmt: str = "nvfp4", attention: bool = False,
+         act_scale: Literal["token", "tensor"] = "token") -> PrecisionRecipe:
     """One arm of docs/rl.md "The ablation matrix": the MoE linears in `fmt` (routed experts, and the
     shared expert unless intervention 3 keeps it BF16) with the backward `backward`; attention,
     dense MLPs, router, embeddings and head stay BF16, as in the paper. `attention=True` also
@@ -197,10 +236,12 @@ def _arm(name: str, *, backward: Literal["bf16", "dequantized", "quantized"], fo
     - "quantized": the NVFP4 pretraining recipe's quantized backward (SR gradients, RHT on wgrad,
       16x16 weight blocks: `nvfp4-pt`); with MXFP8 the backward operands re-quantized to MXFP8
       (no SR/RHT: `mxfp8-q`).
-    Every NVFP4 arm has per-token FP32 activation scales and 16x16 weight blocks.
+    Every NVFP4 arm has 16x16 weight blocks and per-token FP32 activation scales, but the positive
+    control `nvfp4-tensor` (`act_scale="tensor"`).
     """
     metric = "mae" if four_over_six else None
-    quantized = SiteConfig(format=fmt, weight_46=metric, act_46=metric, weight_block="2d", backward=backward)
+    quantized = SiteConfig(format=fmt, weight_46=metric, act_46=metric, weight_block="2d", backward=backward,
+                           act_scale=act_scale)
     return PrecisionRecipe(
         name=name,
         routed_experts=quantized,
@@ -231,8 +272,51 @@ PRESETS: dict[str, PrecisionRecipe] = {
     # Extra variants: attention and dense MLPs quantized too (beyond the paper's recipe).
     "nvfp4+attn": _arm("nvfp4+attn", backward="bf16", four_over_six=False, high_precision=False, attention=True),
     "full+attn": _arm("full+attn", backward="dequantized", four_over_six=True, high_precision=True, attention=True),
+    # Positive control: nvfp4 with one activation amax per tensor. The sampler's scale then spans
+    # its whole batch (prefill) or decode step, the trainer's its micro-batch, so a token quantizes
+    # differently in each (docs/numerics.md §4): RL with such scales is known to diverge.
+    "nvfp4-tensor": _arm("nvfp4-tensor", backward="bf16", four_over_six=False, high_precision=False,
+                         act_scale="tensor"),
 }
 
 ABLATION_ARMS = ("bf16", "nvfp4", "+dq", "+46", "+hp", "full", "full-dq", "full-46", "full-hp")
 # The baselines beside the nine arms: the pretraining recipe and the MXFP8 validation recipes.
 BASELINE_ARMS = ("nvfp4-pt", "mxfp8-q", "mxfp8", "mxfp8+dq")
+# Arms that must show the effect if the instruments can see it (docs/rl.md "The ablation matrix").
+POSITIVE_CONTROL_ARMS = ("nvfp4+attn", "nvfp4-tensor")
+
+# ---------------------------------------------------------------- dose-response of the mismatch
+# The paper's forward/backward mismatch, amplified: `nvfp4@A` (BF16 backward on the raw operands,
+# the mismatch grows with A) against `+dq@A` (the backward of the amplified forward: no mismatch).
+DOSE_BASES = ("nvfp4", "+dq")
+DOSE_RESPONSE_DOSES = (1, 4, 16, 64)
+DOSE_PATTERN = "nvfp4@A or +dq@A for an amplification A > 0 (e.g. nvfp4@4, +dq@16)"
+
+
+def dose_name(base: str, amplification: float) -> str:
+    """The arm name, e.g. nvfp4@4 or +dq@0.5: the amplification as Python writes the float, without ".0"."""
+    text = repr(float(amplification))
+    return f"{base}@{text[:-2] if text.endswith('.0') else text}"
+
+
+def dose_arm(base: str, amplification: float) -> PrecisionRecipe:
+    """`base` (nvfp4 or +dq) with every quantized site's `amplification` set: its forward on
+    w_a = w + a * (DQ(Q(w)) - w) and x_a = x + a * (DQ(Q(x)) - x) (an emulation, see
+    `SiteConfig`), its backward `base`'s: "bf16" on raw w and x, or "dequantized" on w_a and x_a.
+    At a = 1 the sites are `base`'s own, so the programs are `base`'s; only the name differs."""
+    if base not in DOSE_BASES:
+        raise ValueError(f"a dose applies to {DOSE_BASES}, not to {base!r}")
+    recipe = PRESETS[base]
+    sites = {k: dataclasses.replace(getattr(recipe, k), amplification=amplification)
+             for k in SITE_KINDS if getattr(recipe, k).quantized}
+    return dataclasses.replace(recipe, name=dose_name(base, amplification), **sites)
+
+
+def dose_response_arms(doses=DOSE_RESPONSE_DOSES) -> tuple[str, ...]:
+    """The arm names of a dose-response, per dose the two backwards: ("nvfp4", "+dq", "nvfp4@4",
+    "+dq@4", ...). Dose 1 is the recipes themselves, so it names them (the same programs)."""
+    return tuple(base if float(a) == 1.0 else dose_name(base, a) for a in doses for base in DOSE_BASES)
+
+
+# The registered doses are presets too (`names()`), like the other extra variants.
+PRESETS.update({dose_name(base, a): dose_arm(base, a) for a in DOSE_RESPONSE_DOSES if a != 1 for base in DOSE_BASES})

@@ -2,7 +2,10 @@
 
 import pytest
 
-from fp4rl.recipe import ABLATION_ARMS, BASELINE_ARMS, BF16, PrecisionRecipe, SiteConfig
+import json
+
+from fp4rl.recipe import (ABLATION_ARMS, BASELINE_ARMS, BF16, DOSE_RESPONSE_DOSES, POSITIVE_CONTROL_ARMS, PrecisionRecipe,
+                          SiteConfig, dose_arm, dose_response_arms)
 
 # docs/rl.md's table: arm -> (dequantized bwd, 4/6 on W and A, BF16 shared expert + last 15%)
 TABLE = {
@@ -60,6 +63,9 @@ ARM_SITES = {
     "mxfp8+dq": ("mxfp8 dequantized", "mxfp8 dequantized", "bf16", "bf16", "mxfp8 dequantized"),
     "nvfp4+attn": ("nvfp4 bf16", "nvfp4 bf16", "nvfp4 bf16", "nvfp4 bf16", "nvfp4 bf16"),
     "full+attn": ("nvfp4+46 dequantized", "bf16", "nvfp4+46 dequantized", "nvfp4+46 dequantized", "bf16"),
+    "nvfp4-tensor": ("nvfp4 bf16", "nvfp4 bf16", "bf16", "bf16", "nvfp4 bf16"),  # per-tensor activation scales
+    **{f"{base}@{a}": (f"nvfp4@{a} {backward}",) * 2 + ("bf16", "bf16", f"nvfp4@{a} {backward}")
+       for a in (4, 16, 64) for base, backward in (("nvfp4", "bf16"), ("+dq", "dequantized"))},
 }
 
 
@@ -67,7 +73,8 @@ def _describe(site: SiteConfig) -> str:
     if not site.quantized:
         return "bf16"
     assert site.weight_46 == site.act_46  # 4/6 on both operands or on neither
-    return f"{site.format}{'+46' if site.weight_46 else ''} {site.backward}"
+    dose = "" if site.amplification == 1 else f"@{site.amplification:g}"
+    return f"{site.format}{'+46' if site.weight_46 else ''}{dose} {site.backward}"
 
 
 def test_every_named_recipe_is_pinned():
@@ -84,8 +91,10 @@ def test_each_arm_states_its_backward_per_site_kind(name):
         assert recipe.site(kind, None if kind != "router" else 0, n) == BF16
     for kind in ("routed_experts", "shared_expert", "dense_mlp", "attention"):
         site = recipe.site(kind, 0, n)
-        if site.format == "nvfp4":  # every NVFP4 arm: per-token activation scales, 16x16 weight tiles, 4/6 MAE
-            assert site.act_scale == "token" and site.weight_block == "2d" and site.weight_46 in (None, "mae"), site
+        if site.format == "nvfp4":  # every NVFP4 arm but the positive control: per-token activation scales,
+            # 16x16 weight tiles, 4/6 MAE
+            assert site.act_scale == ("tensor" if name == "nvfp4-tensor" else "token"), site
+            assert site.weight_block == "2d" and site.weight_46 in (None, "mae"), site
 
 
 def test_pretraining_recipe_and_mxfp8_validation_arms():
@@ -148,7 +157,8 @@ def test_errors_name_the_valid_options():
 
 
 @pytest.mark.parametrize("pair", [("nvfp4", "+dq"), ("nvfp4", "nvfp4-pt"), ("+46", "full-hp"), ("+hp", "full-46"),
-                                  ("full", "full-dq"), ("mxfp8", "mxfp8-q"), ("mxfp8", "mxfp8+dq")])
+                                  ("full", "full-dq"), ("mxfp8", "mxfp8-q"), ("mxfp8", "mxfp8+dq"),
+                                  ("nvfp4@4", "+dq@4")])
 def test_forward_only_view_is_shared_by_arms_differing_in_backward(pair):
     a, b = (PrecisionRecipe.from_name(n).forward_only() for n in pair)
     assert a == b and hash(a) == hash(b)  # equal static jit arguments: one program for both arms
@@ -201,3 +211,57 @@ def test_nvfp4_arm_is_a_quantized_forward_with_the_bf16_backward():
     _, dx_dq, dw_dq = vjp("+dq")  # the dequantized backward: DQ(Q(w)) and DQ(Q(x)) instead
     assert float(jnp.linalg.norm(dx_dq - dx) / jnp.linalg.norm(dx)) > 1e-2
     assert float(jnp.linalg.norm(dw_dq - dw) / jnp.linalg.norm(dw)) > 1e-2
+
+
+# ---------------------------------------------------------------- dose-response and positive controls
+def test_dose_response_and_positive_control_arms_are_extra_variants():
+    assert DOSE_RESPONSE_DOSES == (1, 4, 16, 64)
+    assert dose_response_arms() == ("nvfp4", "+dq", "nvfp4@4", "+dq@4", "nvfp4@16", "+dq@16", "nvfp4@64", "+dq@64")
+    assert dose_response_arms((0.5, 1)) == ("nvfp4@0.5", "+dq@0.5", "nvfp4", "+dq")
+    assert POSITIVE_CONTROL_ARMS == ("nvfp4+attn", "nvfp4-tensor")
+    extra = set(dose_response_arms()[2:]) | set(POSITIVE_CONTROL_ARMS)
+    assert extra <= set(PrecisionRecipe.names()) and not extra & set(ABLATION_ARMS + BASELINE_ARMS)
+    tensor, nvfp4 = PrecisionRecipe.from_name("nvfp4-tensor"), PrecisionRecipe.from_name("nvfp4")
+    assert tensor.routed_experts == SiteConfig(format="nvfp4", act_scale="tensor")
+    assert tensor.shared_expert == tensor.routed_experts and tensor.keep_last_fraction == nvfp4.keep_last_fraction
+
+
+@pytest.mark.parametrize("base", ["nvfp4", "+dq"])
+def test_a_dose_amplifies_every_quantized_site_of_its_base(base):
+    plain = PrecisionRecipe.from_name(base)
+    for a, name in ((2.5, f"{base}@2.5"), (0.5, f"{base}@0.5"), (1000.0, f"{base}@1000")):
+        recipe = PrecisionRecipe.from_name(name)
+        assert recipe.name == name and recipe == dose_arm(base, a)
+        for kind in ("routed_experts", "shared_expert", "dense_mlp", "attention", "router", "embed", "lm_head"):
+            site, base_site = getattr(recipe, kind), getattr(plain, kind)
+            assert site == (SiteConfig(**{**base_site.__dict__, "amplification": a}) if base_site.quantized else BF16)
+    at_one = PrecisionRecipe.from_name(f"{base}@1")  # the recipe under another name (same programs: test_program_digest)
+    assert at_one.name == f"{base}@1" and at_one.routed_experts == plain.routed_experts
+    assert at_one.to_json() == plain.to_json().replace(f'"name": "{base}"', f'"name": "{base}@1"')
+
+
+@pytest.mark.parametrize("name, match", [
+    ("nvfp4@0", "finite number > 0"), ("+dq@-4", "finite number > 0"), ("nvfp4@inf", "finite number > 0"),
+    ("nvfp4@nan", "finite number > 0"), ("nvfp4@four", "not a number"), ("nvfp4@", "not a number"),
+    ("full@4", r"a dose applies to \('nvfp4', '\+dq'\)"), ("nvfp4@4.0", "write it 'nvfp4@4'"),
+    ("nvfp4@04", "write it 'nvfp4@4'"), ("nvfp4", None), ("nvfp5", r"valid names.*nvfp4-tensor.*nvfp4@A or \+dq@A"),
+])
+def test_dose_names_are_checked(name, match):
+    if match is None:
+        PrecisionRecipe.from_name(name)
+        return
+    with pytest.raises(ValueError, match=match):
+        PrecisionRecipe.from_name(name)
+
+
+def test_recipe_json_names_the_amplification_of_doses_only():
+    """A recipe without a dose keeps its JSON (a resume compares it as text, and checkpoints written
+    before the field existed load); a dose's JSON carries it and round-trips."""
+    for name in PrecisionRecipe.names():
+        data = json.loads(PrecisionRecipe.from_name(name).to_json())
+        amplified = [k for k, v in data.items() if isinstance(v, dict) and "amplification" in v]
+        assert amplified == ([] if "@" not in name else ["routed_experts", "shared_expert"]), name
+    recipe = PrecisionRecipe.from_name("+dq@16")
+    assert PrecisionRecipe.from_json(recipe.to_json()) == recipe
+    assert json.loads(recipe.to_json())["routed_experts"]["amplification"] == 16.0
+

@@ -5,7 +5,9 @@ sampler uses those exact bytes (docs/rl.md "Sampler and trainer"). `sync_weights
 quantized site's weight by `qlinear.quantize_weight(w, site, impl)`, the same call `qdot` makes
 inside the trainer's forward, so `forward(qparams)` is bitwise `forward(params)` and the
 trainer/sampler mismatch measures the runtime difference only (KV cache, batch shape), never a
-different weight.
+different weight. An amplified site (the dose-response arms `nvfp4@A`, `+dq@A`) gets w_a in bf16
+(a `ScaledWeight`, `qlinear.quantize_weight`), which its forward consumes in the trainer too: the
+sampler's forward stays the trainer's, and the backward is the only mismatch.
 BF16 sites, norms, biases and the embedding keep their raw values.
 """
 
@@ -30,7 +32,8 @@ def _abstract_model(config: ModelConfig) -> Transformer:
 def sync_weights(params, config: ModelConfig, recipe, impl: str = "auto"):
     """(qparams, metrics): quantized-site weights pre-quantized; metrics["quant/map4_frac"] is the
     fraction of NVFP4 weight blocks (1x16 block rows of the stored `map4`) that chose map-4
-    under 4/6: 0.0 without 4/6 or without NVFP4 sites. Jittable with config, recipe, impl static.
+    under 4/6: 0.0 without 4/6 or without packed NVFP4 weights (amplified sites have none).
+    Jittable with config, recipe, impl static.
 
     A tied LM head is not pre-quantized (the embedding gather needs the raw rows); its qdot
     quantizes embed^T itself, with identical bytes.

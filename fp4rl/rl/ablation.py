@@ -33,7 +33,7 @@ from pathlib import Path
 from fp4rl.analysis import gradient_report, learning
 from fp4rl.analysis.report import write_report, write_sections_report
 from fp4rl.analysis.runs import has_arm_metrics
-from fp4rl.recipe import ABLATION_ARMS, BASELINE_ARMS, PrecisionRecipe
+from fp4rl.recipe import ABLATION_ARMS, BASELINE_ARMS, POSITIVE_CONTROL_ARMS, PrecisionRecipe, dose_response_arms
 from fp4rl.rl import gradients, gradients_config, resume, sft, trainer
 from fp4rl.rl.run_dir import prepare_out
 from fp4rl.rl.run_settings import expert_gemm_of, run_records, settings_text
@@ -60,7 +60,9 @@ def field_default(cls, name: str):
 class AblationConfig:
     """arms: which arms to run (docs/rl.md's nine by default; "all": those nine; "baselines":
     `BASELINE_ARMS`, nvfp4-pt, mxfp8-q, mxfp8, mxfp8+dq, so "all,baselines" is the whole matrix;
-    any recipe name; empty: none, the warm-up, gradient measurements and learning run alone);
+    "dose": the dose-response arms (`recipe.dose_response_arms()`: nvfp4 and +dq at the doses
+    1, 4, 16, 64); "controls": the positive controls nvfp4+attn and nvfp4-tensor; any recipe name,
+    nvfp4@A and +dq@A included; empty: none, the warm-up, gradient measurements and learning run alone);
     seeds: per arm, run in one program.
     compile_workers: threads that compile the arms' programs ahead of their turn (0: every program
     compiles on its first call, in the training thread). The CPU presets use 2, as compiling is
@@ -89,7 +91,8 @@ class AblationConfig:
     out: str = "runs/ablation"
 
     def __post_init__(self):
-        groups = {"all": ABLATION_ARMS, "baselines": BASELINE_ARMS}
+        groups = {"all": ABLATION_ARMS, "baselines": BASELINE_ARMS, "dose": dose_response_arms(),
+                  "controls": POSITIVE_CONTROL_ARMS}
         arms = [a for arm in self.arms for a in groups.get(arm, (arm,))]
         object.__setattr__(self, "arms", tuple(dict.fromkeys(arms)))  # in order, each arm once
         for arm in self.arms:

@@ -119,7 +119,7 @@ class RLConfig:
       starts (`resolve_settings`: config.json records the backend). Changes how, not what, it computes.
     """
 
-    arm: str = "bf16"
+    arm: str = "bf16"  # the recipe: a name of PrecisionRecipe.names(), or nvfp4@A / +dq@A for a dose A > 0
     seeds: int = 1
     seed_offset: int = 0
     steps: int = 10

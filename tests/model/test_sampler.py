@@ -70,7 +70,7 @@ def _trainer_logprobs(graphdef, params, prompt, out, recipe):
 # these fixed seeds none does, so a failure means the two paths' inputs diverged by more than
 # rounding order. Routing must agree exactly (flip rate 0). A prompt-width prefill (its
 # attention over the P prompt slots, the head on the last position) changes only that order too.
-@pytest.mark.parametrize("name,prompt_prefill", [("bf16", False), ("full", False), ("full", True)])
+@pytest.mark.parametrize("name,prompt_prefill", [("bf16", False), ("full", False), ("full", True), ("nvfp4@4", False)])
 def test_sampler_logprobs_match_trainer(name, prompt_prefill):
     recipe = PrecisionRecipe.from_name(name)
     graphdef, params = model()
@@ -87,6 +87,20 @@ def test_sampler_logprobs_match_trainer(name, prompt_prefill):
     same_experts = (np.sort(topk, -1) == np.sort(np.asarray(out.router_topk), -1)).all(-1)  # [M, B, T]
     assert same_experts[:, mask].all(), "routing flips between sampler and trainer"
     assert (got[~mask] == 0).all() and (np.asarray(out.router_topk)[:, ~mask] == -1).all()
+
+
+def test_per_tensor_activation_scales_make_sampler_and_trainer_disagree():
+    """The positive control `nvfp4-tensor`: one activation amax per call spans the sampler's batch
+    at each decode step and the trainer's whole [B, L] forward, so the same token quantizes
+    differently in each. Measured here: mean |logp_sampler - logp_trainer| 0.07 (nvfp4: 2e-7)."""
+    recipe = PrecisionRecipe.from_name("nvfp4-tensor")
+    graphdef, params = model()
+    qparams, _ = sync_weights_jit(params, TINY, recipe, "reference")
+    prompt = _left_padded(tokens(4), [P, 5])
+    sampler = SamplerConfig(max_new_tokens=T_NEW, temperature=1.0, top_p=0.95, eos_id=EOS, pad_id=PAD)
+    out = generate(graphdef, qparams, jnp.asarray(prompt), recipe, sampler, key=jax.random.key(7))
+    lp, _, mask = _trainer_logprobs(graphdef, params, prompt, out, recipe)
+    assert np.mean(np.abs(np.asarray(out.logprobs)[mask] - lp[mask])) > 1e-2
 
 
 def test_greedy_stops_at_eos_per_sequence():

@@ -15,24 +15,30 @@ from fp4rl.recipe import PrecisionRecipe, SiteConfig
 from tests.model.common import TINY, fwd, model, tokens
 
 
-@pytest.mark.parametrize("name", ["full", "nvfp4"])
+@pytest.mark.parametrize("name", ["full", "nvfp4", "nvfp4@4"])
 def test_forward_of_synced_weights_is_bitwise_equal(name):
+    """nvfp4@4: the synced weight is w_a in bf16 (no packed form, no map-4 blocks), and the
+    sampler's forward on it is the trainer's on the raw weight."""
     recipe = PrecisionRecipe.from_name(name)
     graphdef, params = model()
     qparams, metrics = sync_weights_jit(params, TINY, recipe, "reference")
-    quantized = [x for x in jax.tree.leaves(qparams, is_leaf=lambda x: isinstance(x, nvfp4.NVFP4Tensor))
-                 if isinstance(x, nvfp4.NVFP4Tensor)]
-    assert quantized  # the sync did replace weights
+    formed = [x for x in jax.tree.leaves(qparams, is_leaf=is_quantized_weight) if is_quantized_weight(x)]
+    assert formed  # the sync did replace weights
+    if name == "nvfp4@4":
+        assert all(isinstance(x, ScaledWeight) and x.amplification == 4.0 for x in formed)
+    else:
+        assert all(isinstance(x, nvfp4.NVFP4Tensor) for x in formed)
     seqs = tokens(2)
     from_params = fwd(graphdef, params, seqs, recipe)
     from_synced = fwd(graphdef, qparams, seqs, recipe)
     for a, b in zip(jax.tree.leaves(from_params), jax.tree.leaves(from_synced)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    expected = np.mean(np.concatenate([np.asarray(t.map4).reshape(-1) for t in quantized]))
+    map4 = [np.asarray(t.map4).reshape(-1) for t in formed if isinstance(t, nvfp4.NVFP4Tensor)]
+    expected = np.mean(np.concatenate(map4)) if map4 else 0.0
     np.testing.assert_array_equal(np.asarray(metrics["quant/map4_frac"]), np.float32(expected))
 
 
-@pytest.mark.parametrize("name", ["full", "mxfp8"])
+@pytest.mark.parametrize("name", ["full", "mxfp8", "nvfp4@4"])
 def test_operands_formed_ahead_give_the_same_forward(name):
     """The sampler forms every synced weight's GEMM operand once, before its decode loop
     (`sampler.operands_ahead`): the forward is bitwise the forward of the synced weights."""

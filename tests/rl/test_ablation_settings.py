@@ -137,6 +137,14 @@ def test_arms_baselines_names_the_pretraining_recipe_and_the_mxfp8_validation():
     assert _config(Path("unused"), "--arms=bf16,nvfp4-pt,all").arms == ("bf16", "nvfp4-pt", *ABLATION_ARMS[1:])
 
 
+def test_arms_dose_and_controls_name_the_dose_response_and_the_positive_controls():
+    assert _config(Path("unused"), "--arms=dose").arms == (
+        "nvfp4", "+dq", "nvfp4@4", "+dq@4", "nvfp4@16", "+dq@16", "nvfp4@64", "+dq@64")
+    assert _config(Path("unused"), "--arms=controls,nvfp4@2").arms == ("nvfp4+attn", "nvfp4-tensor", "nvfp4@2")
+    with pytest.raises(ValueError, match="finite number > 0"):
+        _config(Path("unused"), "--arms=+dq@0")
+
+
 def test_the_cpu_presets_compile_flags_follow_the_preset_the_command_names():
     from experiments import ablation as main_job
 

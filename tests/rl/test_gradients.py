@@ -244,7 +244,8 @@ def test_draws_keys_and_straight_through_views():
         assert not gradients.draws_keys(PrecisionRecipe.from_name(name)), name
     assert not gradients.draws_keys(PrecisionRecipe.from_name("mxfp8-q"))  # MXFP8 re-quantizes deterministically
     own = {n for n in PrecisionRecipe.names() if gradients.is_straight_through(PrecisionRecipe.from_name(n))}
-    assert own == {"bf16", "nvfp4", "+46", "+hp", "full-dq", "mxfp8", "nvfp4+attn"}  # the BF16-backward arms
+    assert own == {"bf16", "nvfp4", "+46", "+hp", "full-dq", "mxfp8", "nvfp4+attn", "nvfp4-tensor",
+                   "nvfp4@4", "nvfp4@16", "nvfp4@64"}  # the BF16-backward arms
     bf16 = PrecisionRecipe.from_name("bf16")
     assert gradients.straight_through(bf16) is bf16
     views = {gradients.straight_through(PrecisionRecipe.from_name(n)) for n in ("nvfp4", "+dq", "full", "full-dq")}

@@ -335,8 +335,10 @@ QUANTIZED_SITE_DIGESTS = {  # (y, dx, dw) of the ragged stack, then of the dense
 
 
 # bf16: no quantizer; nvfp4: the plain NVFP4 quantizers; full: the 4/6 quantizers and the BF16 layers
-# (the forwards of +46 and +hp are parts of full's, whose golden f32 step above pins them too)
-BF16_RATIO_CLASSES = ("bf16", "nvfp4", "full")
+# (the forwards of +46 and +hp are parts of full's, whose golden f32 step above pins them too);
+# nvfp4-tensor: per-tensor activation scales (the old log-probs come from the update program on the
+# same mini-batch, so from the same scales); +dq@4: an amplified forward and its dequantized backward
+BF16_RATIO_CLASSES = ("bf16", "nvfp4", "full", "nvfp4-tensor", "+dq@4")
 
 
 @pytest.mark.parametrize("arm", BF16_RATIO_CLASSES)
