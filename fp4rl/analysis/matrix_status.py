@@ -1,15 +1,20 @@
 """Where an RL matrix stands: per arm, the seeds run against the plan, its learning, stability and
 cost, and the device runs still to do, read from the committed metrics.
 
-    python -m fp4rl.analysis.matrix_status results/long_h200/chain/matrix [--window=150:300]
+    python -m fp4rl.analysis.matrix_status results/long_h200/chain/paired [--window=150:300]
         [--reward_cap=0.8@150] [--preset=h200-chain] [--write=STATUS.md]
 
-The plan (`PLAN`): the decisive arms (bf16, full and its leave-one-out arms) at 8 seeds, every
-other arm at 4, each in device runs of `RUN_SEEDS` seeds (seeds 0-1, 2-3, ... with
-`--rl.seed_offset`, merged with `fp4rl.rl.merge_seeds`), in `PLAN`'s order: the decisive arms'
-seeds 0-3 first (the claim needs all four), then their seeds 4-7, then the 4-seed arms. Seeds a
-directory already holds count whatever run made them (the first arms ran 4 seeds at a time). One
-table replaces hand-kept counts, so the status and the next command cannot drift from the files.
+The plan (docs/rl.md "The ablation matrix", the instruments first), in device runs of `RUN_SEEDS`
+seeds (seeds 0-1, 2-3, ... with `--rl.seed_offset`, merged with `fp4rl.rl.merge_seeds`):
+`FIRST_PHASE`: the no-intervention arms nvfp4 and nvfp4-pt at 4 seeds beside bf16 and full (the
+paired reference and the recipe), then the positive controls (nvfp4+attn, nvfp4-tensor), then the
+dose-response of the mismatch (nvfp4@A and +dq@A, A = 4, 16, 64, and A = 1: nvfp4 and +dq). The
+decision rule, stated before the runs: if nvfp4 at 4 seeds is EQUIVALENT to full within the rule's
+margins (`verdicts.equivalence`), the matrix ends with `EQUIVALENT_PHASE` (bf16, full, nvfp4 and
+full-dq at 8 seeds) and reads "at this scale no intervention is needed", the positive controls and
+the dose-response saying what the instruments can see; otherwise `DECISIVE_PHASE` runs the claim's
+arms (bf16, full and the three leave-one-out arms) to 8 seeds. One table replaces hand-kept counts,
+so the status and the next command cannot drift from the files.
 """
 
 from __future__ import annotations
@@ -22,24 +27,36 @@ import numpy as np
 
 from fp4rl.analysis import learning
 from fp4rl.analysis.report import _ci
-from fp4rl.analysis.runs import load_run
+from fp4rl.analysis.runs import RunData, load_run
 from fp4rl.analysis.summary import summarize_run
-from fp4rl.analysis.verdicts import claim_reproduced, run_verdicts, spike_counts
+from fp4rl.analysis.verdicts import claim_reproduced, equivalence, run_verdicts, spike_counts
+from fp4rl.recipe import DOSE_BASES, DOSE_RESPONSE_DOSES, POSITIVE_CONTROL_ARMS, dose_name
 from fp4rl.rl.run_settings import MERGED_KEY
 
 DECISIVE_ARMS = ("bf16", "full", "full-dq", "full-46", "full-hp")
-DECISIVE_SEEDS, OTHER_SEEDS = 8, 4
-FOUR_SEED_ARMS = ("nvfp4", "nvfp4-pt", "+dq", "+46", "+hp", "mxfp8-q", "mxfp8", "mxfp8+dq")
+DECISIVE_SEEDS = 8
 # Seeds per device run: a run's state cannot come back from the machine, so it must finish in the
 # 10-minute call that starts it or in the next call while the machine is still warm (resuming its
 # last checkpoint). On an H200 at h200-chain, warm-up, compiling and 300 steps of 2 seeds take ~7
 # minutes for bf16; full-dq's 1.5 s steps take 8.3 minutes with compiled programs, more than a cold
 # call leaves after warm-up and compiling; 4 seeds take ~12.
 RUN_SEEDS = 2
+
+
+def _runs(arm: str, seeds: int, first: int = 0) -> tuple[tuple[str, int], ...]:
+    return tuple((arm, f) for f in range(first, first + seeds, RUN_SEEDS))
+
+
 # (arm, first seed) of every run, in the order they are to run.
-PLAN = (tuple((arm, first) for arm in DECISIVE_ARMS for first in (0, 2))
-        + tuple((arm, first) for arm in DECISIVE_ARMS for first in (4, 6))
-        + tuple((arm, first) for arm in FOUR_SEED_ARMS for first in (0, 2)))
+FIRST_PHASE = (
+    ("bf16", 0), ("nvfp4", 0), ("bf16", 2), ("nvfp4", 2), *_runs("nvfp4-pt", 4), *_runs("full", 4),
+    *((arm, 0) for arm in POSITIVE_CONTROL_ARMS),
+    ("+dq", 0), *((dose_name(base, a), 0) for a in DOSE_RESPONSE_DOSES if a != 1 for base in DOSE_BASES),
+)
+EQUIVALENT_PHASE = (*_runs("bf16", 4, 4), *_runs("full", 4, 4), *_runs("nvfp4", 4, 4), *_runs("full-dq", 8))
+DECISIVE_PHASE = (*_runs("bf16", 4, 4), *_runs("full", 4, 4),
+                  *(run for arm in DECISIVE_ARMS[2:] for run in _runs(arm, DECISIVE_SEEDS)))
+DECISION_ARMS, DECISION_SEEDS = ("nvfp4", "full"), 4
 TIMING_KEYS = ("time/step_s", "time/rollout_s", "memory/peak_gb")
 
 
@@ -70,21 +87,48 @@ def latest_run_seeds(config: dict, seeds) -> tuple[int, ...]:
     return tuple(sorted(merged[-1]["seeds"])) if merged else tuple(sorted(seeds))
 
 
-def arm_statuses(run) -> list[ArmStatus]:
-    planned = {arm: (DECISIVE_SEEDS if arm in DECISIVE_ARMS else OTHER_SEEDS) for arm in DECISIVE_ARMS + FOUR_SEED_ARMS}
+def planned_seeds(plan) -> dict[str, int]:
+    seeds: dict[str, int] = {}
+    for arm, _ in plan:
+        seeds[arm] = seeds.get(arm, 0) + RUN_SEEDS
+    return seeds
+
+
+def arm_statuses(run, plan) -> list[ArmStatus]:
+    planned = planned_seeds(plan)
     rows = []
     for arm, seeds in run.arms.items():
         runs = list(seeds.values())
         latest = latest_run_seeds(run.configs.get(arm, {}), seeds)
-        rows.append(ArmStatus(arm, tuple(sorted(seeds)), planned.get(arm, OTHER_SEEDS),
+        rows.append(ArmStatus(arm, tuple(sorted(seeds)), planned.get(arm, 0),
                               min(len(r) for r in runs), _timing(seeds[latest[0]]), len(latest)))
     return rows
 
 
-def remaining_runs(run) -> list[tuple[str, int]]:
-    """The planned runs whose seeds are not all in the run directory, in plan order."""
-    return [(arm, first) for arm, first in PLAN
-            if not set(range(first, first + RUN_SEEDS)) <= set(run.arms.get(arm, {}))]
+def decision(summaries) -> tuple[bool | None, str]:
+    """The decision rule on nvfp4 vs full: (equivalent?, the line saying so). None until both hold
+    `DECISION_SEEDS` judged seeds, or while the equivalence is undecided."""
+    a, b = (summaries.get(arm) for arm in DECISION_ARMS)
+    held = [0 if s is None else len(s.judged_seeds) for s in (a, b)]
+    if min(held) < DECISION_SEEDS:
+        return None, (f"Decision rule (before the runs): pending until {DECISION_ARMS[0]} and {DECISION_ARMS[1]} hold "
+                      f"{DECISION_SEEDS} judged seeds each (now {held[0]} and {held[1]}).")
+    result = equivalence(a, b)
+    word = {True: "EQUIVALENT", False: "NOT EQUIVALENT", None: "UNDECIDED"}[result.passed]
+    then = ("the matrix ends with bf16, full, nvfp4 and full-dq at 8 seeds: at this scale no intervention is needed"
+            if result.passed else "the claim's decisive arms run to 8 seeds")
+    return result.passed, f"Decision rule: {DECISION_ARMS[0]} vs {DECISION_ARMS[1]} {word} ({result.value}): {then}."
+
+
+def plan_for(equivalent: bool | None) -> tuple[tuple[str, int], ...]:
+    return FIRST_PHASE + (EQUIVALENT_PHASE if equivalent else DECISIVE_PHASE)
+
+
+def remaining_runs(run, plan) -> list[tuple[str, int]]:
+    """The planned runs whose seeds are not all in the run directory, in plan order (a run listed
+    twice by the phases is listed once)."""
+    todo = [(arm, first) for arm, first in plan if not set(range(first, first + RUN_SEEDS)) <= set(run.arms.get(arm, {}))]
+    return list(dict.fromkeys(todo))
 
 
 def run_command(jobs, preset: str, warmup_sha: str) -> str:
@@ -98,13 +142,17 @@ def run_command(jobs, preset: str, warmup_sha: str) -> str:
             f"SEEDS={RUN_SEEDS} PARALLEL=1 MATRIX_DIR=/tmp/fp4rl-matrix EXPORT_JAX_CACHE=1 bash tools/gpu_session.sh matrix")
 
 
-def claim_line(reproduced: bool | None, rows: list[ArmStatus]) -> str:
-    """The claim as the plan decides it: UNDECIDED while a decisive arm lacks its planned seeds (a
+def claim_line(reproduced: bool | None, rows: list[ArmStatus], equivalent: bool | None = None) -> str:
+    """The claim as the plan decides it: UNDECIDED while a planned 8-seed arm lacks its seeds (a
     verdict read before the planned sample is reached could be overturned by the seeds still to
     come), with what the rule reads on the seeds so far beside it."""
     status = {True: "REPRODUCED", False: "NOT REPRODUCED", None: "UNDECIDED"}[reproduced]
     held = {row.arm: len(row.seeds) for row in rows}
-    short = [f"{arm} {held.get(arm, 0)} of {DECISIVE_SEEDS}" for arm in DECISIVE_ARMS if held.get(arm, 0) < DECISIVE_SEEDS]
+    arms = ("bf16", "full", "nvfp4", "full-dq") if equivalent else DECISIVE_ARMS
+    short = [f"{arm} {held.get(arm, 0)} of {DECISIVE_SEEDS}" for arm in arms if held.get(arm, 0) < DECISIVE_SEEDS]
+    if equivalent and not short:
+        return ("Result: nvfp4 is equivalent to full at 8 seeds: **at this scale no intervention is needed** "
+                f"(the claim's rule reads {status}; the positive controls and the dose-response say what the tests see).")
     if not short:
         return f"Claim (docs/rl.md): **{status}**."
     return (f"Claim (docs/rl.md): **UNDECIDED** until every decisive arm holds its {DECISIVE_SEEDS} planned seeds (now: "
@@ -123,12 +171,16 @@ def _window_cell(arm_dir: Path, window, reward_cap, cap_step) -> str:
 def status_markdown(run_dir: str | Path, window=(150, 300), reward_cap=0.8, cap_step=150,
                     preset: str = "h200-chain", warmup_sha: str = "", gpus: int = 1) -> str:
     run_dir = Path(run_dir)
-    run = load_run(run_dir)
+    # A matrix not started yet has no arm: its status is the whole plan.
+    started = any(run_dir.glob("*/seed*/metrics.jsonl*"))
+    run = load_run(run_dir) if started else RunData(run_dir, {}, ())
     summaries = summarize_run(run)
     verdicts = run_verdicts(summaries)
     claim = claim_reproduced(verdicts)
-    rows = arm_statuses(run)
-    lines = [f"# Matrix status: `{run_dir}`", "", claim_line(claim.reproduced, rows),
+    equivalent, decided = decision(summaries)
+    plan = plan_for(equivalent)
+    rows = arm_statuses(run, plan)
+    lines = [f"# Matrix status: `{run_dir}`", "", claim_line(claim.reproduced, rows, equivalent), "", decided,
              "", f"| arm | seeds (planned) | steps | held-out sampled accuracy change | window {window[0]} -> {window[1]} "
              "| spiking steps / judged (severe) | reward gap to bf16, paired | verdict | latest run: s per step (rollout), seeds | peak GB |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -143,8 +195,9 @@ def status_markdown(run_dir: str | Path, window=(150, 300), reward_cap=0.8, cap_
         lines.append(f"| {row.arm} | {seeds} ({row.planned}) | {row.steps} | {_ci(change, '+.3f')} "
                      f"| {_window_cell(run_dir / row.arm, window, reward_cap, cap_step)} | {spikes} / {judged} ({severe}) "
                      f"| {gap} | {mark} | {t['time/step_s']:.2f} ({t['time/rollout_s']:.2f}), {row.timed_seeds} | {t['memory/peak_gb']:.1f} |")
-    todo = remaining_runs(run)
-    lines += ["", f"Device runs to go: {len(todo)} of {len(PLAN)} ({RUN_SEEDS} seeds each)" + (", next:" if todo else ".")]
+    todo = remaining_runs(run, plan)
+    lines += ["", f"Device runs to go: {len(todo)} of {len(dict.fromkeys(plan))} ({RUN_SEEDS} seeds each)"
+              + (", next:" if todo else ".")]
     if todo:
         machine = "one GPU" if gpus == 1 else f"{gpus} GPUs, one run per GPU"
         lines += ["", f"On a machine of {machine}:", "", "```bash", run_command(todo[:gpus], preset, warmup_sha), "```", "",

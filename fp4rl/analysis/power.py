@@ -296,7 +296,7 @@ def markdown(points: Sequence[OperatingPoint], sizes: Mapping[int, float], noise
     lines = [
         "Decision rule, stated before the runs (docs/rl.md \"Stability criteria\"): " + " ".join(c.describe()[1:2]),
         "",
-        "Reward: " + c.describe()[3],
+        c.describe()[3][0].upper() + c.describe()[3][1:],
         "",
         f"Claim: REPRODUCED when {FULL_ARM} passes spike, collapse and reward and each of "
         f"{', '.join(LEAVE_ONE_OUT_ARMS)} fails one; NOT REPRODUCED on a decided failure; otherwise UNDECIDED.",
@@ -364,14 +364,15 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _write(out: Path, command: str, table: str) -> None:
-    """`out`/README.md (a section per dispersion: a rerun with another --dispersion adds or replaces
-    its own section), with the command, the date and the commit."""
+    """`out`/README.md: one section per command (a rerun replaces its own section, another command
+    adds one), each with the date and the commit; the text above the first section is kept."""
     out.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     section = f"## `{command}`\n\n{datetime.date.today()}, commit {commit or 'unknown'}.\n\n{table}\n"
     readme = out / "README.md"
-    head = "# The claim rule's operating characteristics (simulated)\n\n"
-    sections = readme.read_text().split("\n## ")[1:] if readme.exists() else []
+    text = readme.read_text() if readme.exists() else "# The claim rule's operating characteristics (simulated)\n\n"
+    head, *sections = text.split("\n## ")  # the head (title, what the tables say) is kept as written
+    head = head.rstrip() + "\n\n"
     kept = ["## " + x.rstrip() + "\n" for x in sections if not x.startswith(f"`{command}`")]
     readme.write_text(head + "\n".join([*kept, section]))
 

@@ -222,6 +222,40 @@ def reward_criterion(s: ArmSummary, c: StabilityCriteria = StabilityCriteria()) 
     return result
 
 
+def equivalence(a: ArmSummary, b: ArmSummary, c: StabilityCriteria = StabilityCriteria()) -> CriterionResult:
+    """Are arms `a` and `b` equivalent within the rule's own margins, both ways?
+
+    spikes: the one-sided bounds of a's spiking-step rate minus b's (`rate_difference`, seeds as
+    units) both inside (-margin, +margin); reward: the t interval over the seeds both arms hold of
+    (a's paired gap to BF16 minus b's, seed by seed: the same prompts, so the difference is paired
+    too) inside (-reward margin, +reward margin). EQUIVALENT (passed True) when both hold; NOT
+    EQUIVALENT (False) when a spike bound lies wholly outside the band on one side (low > margin or
+    high < -margin) or the reward interval lies wholly outside (-margin, +margin); UNDECIDED
+    otherwise (too few seeds, or an interval straddling a margin)."""
+    name, margin = f"{a.arm} vs {b.arm}", c.spike_margin_per_100 / 100.0
+    rise = a.reference_reward_rise
+    reward_margin = c.reward_margin_fraction * rise if np.isfinite(rise) and rise > 0 else float("nan")
+    threshold = (f"spike difference within +-{c.spike_margin_per_100:g}/100 and paired reward difference within "
+                 f"+-{reward_margin:.4f} ({c.reward_margin_fraction:g} x BF16's rise), both ways")
+    ca, cb = seed_spike_counts(a), seed_spike_counts(b)
+    gap_a = {x.seed: x.reward_gap for x in a.judged_seeds if np.isfinite(x.reward_gap)}
+    gap_b = {x.seed: x.reward_gap for x in b.judged_seeds if np.isfinite(x.reward_gap)}
+    diffs = [gap_a[k] - gap_b[k] for k in sorted(gap_a.keys() & gap_b.keys())]
+    need = max(2, c.min_seeds)
+    if min(len(ca), len(cb), len(diffs)) < need or not np.isfinite(reward_margin):
+        return CriterionResult(name, None, f"{len(ca)} and {len(cb)} judged seeds, {len(diffs)} paired", threshold,
+                               f"{need} judged seeds of each arm with paired gaps and a BF16 that learns are needed")
+    d = rate_difference([x[:2] for x in ca], [x[:2] for x in cb], c.spike_level)
+    low, high = student_t_interval(diffs, c.ci_level)
+    value = (f"spike difference per 100 steps {_per_100(d)}; paired reward difference {np.mean(diffs):+.4f} "
+             f"t [{low:+.4f}, {high:+.4f}] over {len(diffs)} seeds")
+    if -margin < d.low and d.high < margin and -reward_margin < low and high < reward_margin:
+        return _rests_on(CriterionResult(name, True, value, threshold), len(diffs), c)
+    if d.low > margin or d.high < -margin or low > reward_margin or high < -reward_margin:
+        return _rests_on(CriterionResult(name, False, value, threshold), len(diffs), c)
+    return CriterionResult(name, None, value, threshold, "an interval straddles a margin")
+
+
 def verdict(arm_summary: ArmSummary, criteria: StabilityCriteria = StabilityCriteria(),
             reference: ArmSummary | None = None) -> ArmVerdict:
     """Judge one arm against the declared thresholds (see `StabilityCriteria`); `reference` is

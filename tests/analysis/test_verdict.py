@@ -416,3 +416,17 @@ def test_spike_decision_on_counts_is_what_the_summary_judges():
     counts = [(2, 280, 0)] * 8
     reference = [(k, 280, s) for k, s in zip(BF16_SPIKES, BF16_SEVERE)]
     assert spike_decision(counts, reference, C) == judged(arm("x", (2,) * 8)).spike
+
+
+def test_equivalence_of_two_arms_within_the_margins():
+    from fp4rl.analysis.verdicts import equivalence
+
+    full = arm("full", BF16_SPIKES, gaps=(-0.013, -0.01, -0.016, -0.012) * 2)
+    nvfp4 = arm("nvfp4", (0, 1, 0, 0, 1, 0, 0, 0), gaps=(-0.02, -0.018, -0.022, -0.019) * 2)
+    assert equivalence(nvfp4, full, C).passed is True
+    lagging = arm("nvfp4", BF16_SPIKES, gaps=(-0.06, -0.058, -0.062, -0.059) * 2)  # 0.047 behind full, margin 0.03
+    assert equivalence(lagging, full, C).passed is False
+    spiky = arm("nvfp4", (5,) * 8, gaps=(-0.013, -0.01, -0.016, -0.012) * 2)  # 40/2240 against 3/2240
+    assert equivalence(spiky, full, C).passed is False
+    two = equivalence(arm("nvfp4", (0, 1), gaps=(-0.02, 0.01)), full, C)
+    assert two.passed is None and "straddles" in two.reason
