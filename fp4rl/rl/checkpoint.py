@@ -2,8 +2,8 @@
 
 The array state is stored as a flat dict of leaves (`leaf00000`, ...) and rebuilt with the
 caller's treedef, so any pytree (nnx.State, optax states, typed PRNG keys as raw key data)
-round-trips without orbax having to understand its node types. Metadata (step, data-iterator
-states, the recipe, the configs) is JSON, readable without JAX.
+round-trips without orbax having to understand its node types. Metadata (the step, the recipe,
+what the caller adds) is JSON, readable without JAX.
 
 Verification: damaged checkpoint files (a disk error, a copy cut short, files swapped by hand)
 can restore without any error, with other values. So every step has `<step>.sha256.json`

@@ -9,9 +9,12 @@ generated problems). Two sources produce records as a `grain.MapDataset`:
 
 `prompt_batches` shuffles them by `shuffle_seed` (a new permutation each epoch), repeats,
 and batches into left-padded prompt arrays for the sampler; `sft_batches` does the same
-with right-padded prompt+solution sequences for the BF16 warm-up. `iterate` returns a grain
-iterator whose `get_state()` is a small dict (the next batch position) that a checkpoint
-stores; `set_state()` on a fresh iterator resumes exactly (tests/rl/test_data.py).
+with right-padded prompt+solution sequences for the BF16 warm-up. Both are random access:
+batch i is the same whoever reads it when. The RL trainer reads a seed's batches by position
+(`step_batch_index`), so that what a step samples depends on the step alone. `iterate` returns
+a grain iterator (the warm-up's) whose `get_state()` is a small dict (the next batch position)
+that a checkpoint can store; `set_state()` on a fresh iterator resumes exactly
+(tests/rl/test_data.py).
 
 Token layout shared by SFT and RL, so the warm-up teaches exactly what the sampler sees:
     BOS prompt "\\n" solution EOS
@@ -132,6 +135,24 @@ def prompt_batches(records: grain.MapDataset, cfg: DataConfig, codec: TextCodec 
 
 def sft_batches(records: grain.MapDataset, cfg: DataConfig) -> grain.MapDataset:
     return _batches(records, cfg, collate_sft)
+
+
+def step_batch_index(step: int, gen_batch: int, max_gen_batches: int) -> int:
+    """The position in a seed's prompt batches of generation batch `gen_batch` of RL step `step`.
+
+    Each step owns `max_gen_batches` consecutive positions and reads as many of them as dynamic
+    sampling needs; the others are never read. So a seed's prompts depend on (seed, step,
+    gen_batch) alone, not on how many batches an earlier step, another seed of the program or
+    another arm drew: seed k of every arm sees the same prompts (the ablation pairs them). The
+    price: with `max_gen_batches` > 1 the positions a step does not read are skipped, so a data
+    file's epoch lasts len(rows) / (prompts_per_step * max_gen_batches) steps, and the rows at
+    skipped positions wait for a later epoch's permutation.
+    """
+    if not 0 <= gen_batch < max_gen_batches:
+        raise ValueError(f"generation batch {gen_batch} is outside the step's {max_gen_batches=}")
+    if step < 0:
+        raise ValueError(f"{step=} must be >= 0")
+    return step * max_gen_batches + gen_batch
 
 
 def iterate(batches: grain.MapDataset, cfg: DataConfig) -> grain.DatasetIterator:

@@ -6,14 +6,18 @@ those bytes), group sampling with dynamic sampling, rewards on the host, trainer
 `mini_batches` AdamW updates with the pre-clip gradient norm logged. Every function that
 touches the model is vmapped over a leading seed axis; only the recipe differs across arms.
 
-Reproducibility: each step's randomness is `fold_in(key(seed), step)`, the data order is a
-grain iterator whose state is checkpointed, and the checkpoint holds params, optimizer
-state and the iterator states, so a killed run restarted with the same command recomputes
-the same steps bit for bit (on CPU) and re-logs nothing twice. A restart under other settings
-is refused unless asked for (`fp4rl.rl.resume`); checkpoints are verified on restore, and a
-damaged or unfinished newest one is moved aside (kept), logged and recorded, and the run goes on
-from the newest good one (`fp4rl.rl.checkpoint`). Progress messages go to
-`<arm dir>/train.log` as well as the console.
+Reproducibility: each step's randomness is `fold_in(key(seed), step)`, and a seed's prompts for
+generation batch b of a step are read at a fixed position of its shuffled order
+(`data.step_batch_index`), so a seed's prompts and keys depend on (seed, step, b) alone: not on the
+seeds beside it, nor on how many generation batches they, an earlier step or another arm needed
+(the ablation pairs seed k of every arm with bf16's; the last bits of its values may still depend
+on how many seeds share the program: docs/rl.md, "Runs: resuming, checkpoints, reproducibility").
+The checkpoint holds params and optimizer state, so a killed run restarted with the same command
+recomputes the same steps bit for bit (on CPU) and re-logs nothing twice. A restart under other
+settings is refused unless asked for (`fp4rl.rl.resume`); checkpoints are verified on restore, and
+a damaged or unfinished newest one is moved aside (kept), logged and recorded, and the run goes on
+from the newest good one (`fp4rl.rl.checkpoint`). Progress messages go to `<arm dir>/train.log` as
+well as the console.
 
 Longer than ~400 lines because the compiled programs (sync, sample, update), the step that chains
 them, ahead-of-time compilation and the run loop share the seed-stacked state and the exact
@@ -155,8 +159,8 @@ class Trainer:
         self._eval_batches = self._held_out_batches(inputs)
         dcfg = lambda seed: data.DataConfig(batch_size=config.prompts_per_step, max_len=config.prompt_len,  # noqa: E731
                                             shuffle_seed=seed, task_seed=config.task_seed)
-        self.iterators = [data.iterate(data.prompt_batches(inputs.records, dcfg(s), self.codec), dcfg(s))
-                          for s in self.seeds]
+        # Random access, not an iterator: see `_prompt_batches`.
+        self.prompt_batches = [data.prompt_batches(inputs.records, dcfg(s), self.codec) for s in self.seeds]
         self.layer_map = self.recipe.layer_map(self.model_config.num_layers, self.model_config.shared_expert_d_ff > 0)
         self.ckpt = Checkpointer(self.dir / "checkpoint")
         # Multi-device: the same programs under `jax.set_mesh`, rows split over the mesh, state
@@ -314,8 +318,9 @@ class Trainer:
                              f"but this run's model gives {self.layer_map}: resume on the model it was started with")
         state = self._put_state(state)
         self._check_finite(state["params"], f"checkpoint step {step} in {self.ckpt.directory}", "start a new --out")
-        for it, s in zip(self.iterators, meta["data_states"]):
-            it.set_state(s)
+        if "data_states" in meta:
+            log(f"checkpoint step {step} holds data-iterator positions, which this trainer does not read: each step "
+                f"from {step + 1} on reads the prompts at its own positions of each seed's order (data.step_batch_index)")
         return state, step + 1
 
     def _check_finite(self, params_S, what: str, advice: str) -> None:
@@ -344,12 +349,20 @@ class Trainer:
         draws exactly what an uninterrupted one would."""
         return self._put(_seed_keys(tuple(self.seeds), step, stream))
 
+    def _prompt_batches(self, step: int, b: int) -> list[dict]:
+        """Each seed's prompt batch for generation batch `b` of `step`: a pure function of (seed,
+        step, b), read by position from the seed's shuffled order (`data.step_batch_index`). A seed
+        whose pool is full still rides along in the vmapped sampler (its output is dropped); it
+        reads the same batch it would read alone, and its next step starts at its own position."""
+        index = data.step_batch_index(step, b, self.config.max_gen_batches)
+        return [batches[index] for batches in self.prompt_batches]
+
     def _rollouts(self, qparams, step: int):
         c = self.config
         pools = [rollout.GroupPool(c.prompts_per_step) for _ in self.seeds]
         gen_time = gen_tokens = 0.0
         for b in range(c.max_gen_batches):
-            batches = [next(it) for it in self.iterators]
+            batches = self._prompt_batches(step, b)
             ids = np.stack([np.repeat(x["prompt_ids_BxT"], c.group_size, 0) for x in batches])
             mask = np.stack([np.repeat(x["prompt_mask_BxT"], c.group_size, 0) for x in batches])
             keys = self._step_keys(step, b)
@@ -550,8 +563,7 @@ class Trainer:
                                          "(set --on_nonfinite=skip to skip such updates instead)")
             self._check_finite(state["params"], f"the weights after step {step}", "lower --optim.lr or look for the cause")
             if (step + 1) % c.checkpoint_every == 0 or step == c.steps - 1:
-                meta = {"step": step, "data_states": [it.get_state() for it in self.iterators], "recipe": self.recipe.to_json(),
-                        "layer_map": self.layer_map}
+                meta = {"step": step, "recipe": self.recipe.to_json(), "layer_map": self.layer_map}
                 self.ckpt.save(step, state, meta)
                 log(f"step {step}: checkpoint saved", echo=False)
         for w in writers + update_writers:

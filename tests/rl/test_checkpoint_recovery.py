@@ -106,7 +106,7 @@ def test_a_rerun_moves_a_damaged_step_aside_and_finishes_as_an_uninterrupted_run
 
     assert json.loads((arm / resume.DONE_FILE).read_text())["steps"] == STEPS
     # Bit for bit the uninterrupted run: metrics, per-update lines and the final state's digests
-    # (SHA-256 of every parameter and optimizer leaf, and of the data iterators' states).
+    # (SHA-256 of every parameter and optimizer leaf, and of the metadata).
     for name in ("metrics.jsonl", trainer.UPDATES_FILE):
         assert _records(arm / "seed0" / name) == _records(uninterrupted / "seed0" / name), name
     final = f"{STEPS - 1}{CHECKSUM_SUFFIX}"

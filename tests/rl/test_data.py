@@ -44,6 +44,25 @@ def test_state_save_and_restore():
     _assert_batches_equal([next(_prompt_iter())], first[:1])
 
 
+def test_batches_are_read_by_position_as_the_iterator_reads_them():
+    """The RL trainer reads prompt batches by position (no iterator state): position i is the
+    iterator's i-th batch, across epochs (a new permutation each)."""
+    batches = data.prompt_batches(data.problem_records(TASK, CFG.task_seed, CFG.num_problems), CFG)
+    it = _prompt_iter()
+    _assert_batches_equal([batches[i] for i in range(40)], [next(it) for _ in range(40)])  # 16 batches an epoch
+    assert sorted(np.concatenate([batches[i]["index_B"] for i in range(16, 32)])) == list(range(64))
+    assert not np.array_equal(batches[16]["index_B"], batches[0]["index_B"])
+
+
+def test_each_step_owns_max_gen_batches_positions():
+    assert [data.step_batch_index(step, b, 3) for step in range(3) for b in range(3)] == list(range(9))
+    assert data.step_batch_index(5, 0, 1) == 5
+    with pytest.raises(ValueError, match="generation batch 2 is outside the step's max_gen_batches=2"):
+        data.step_batch_index(0, 2, 2)
+    with pytest.raises(ValueError, match="step=-1 must be >= 0"):
+        data.step_batch_index(-1, 0, 2)
+
+
 def test_record_depends_only_on_seed_and_index():
     recs = data.problem_records(TASK, 11, 64)
     for i in (0, 17, 63):

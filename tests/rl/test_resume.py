@@ -75,11 +75,28 @@ def test_seeds_differing_from_the_run_directory_are_named(warmup_dir, tmp_path):
     config = _smoke(warmup_dir, tmp_path, arm="bf16", steps=1)
     run = trainer.Trainer(config, progress=False)
     state = run._initial_state()
-    run.ckpt.save(0, state, {"step": 0, "data_states": [it.get_state() for it in run.iterators],
-                             "recipe": run.recipe.to_json()})
+    run.ckpt.save(0, state, {"step": 0, "recipe": run.recipe.to_json()})
     (tmp_path / "bf16" / "config.json").write_text(json.dumps(run._config_record()))
     with pytest.raises(ValueError, match=r"config\.json: cannot resume with seeds: 1 -> 3"):
         trainer.Trainer(dataclasses.replace(config, seeds=3), progress=False)
+
+
+def test_a_checkpoint_with_data_iterator_states_resumes_and_says_they_are_not_read(warmup_dir, tmp_path):
+    """A checkpoint may hold the positions of data iterators (`data_states`), which the trainer
+    does not read: a seed's prompts are read at each step's own positions (data.step_batch_index).
+    Such a checkpoint resumes, and train.log says that its positions are not read."""
+    config = _smoke(warmup_dir, tmp_path, arm="bf16", steps=1)
+    run = trainer.Trainer(config, progress=False)
+    positions = [{"next_index": 2}]  # grain's iterator state: the next batch position
+    run.ckpt.save(0, run._initial_state(), {"step": 0, "data_states": positions, "recipe": run.recipe.to_json(),
+                                            "layer_map": run.layer_map})
+    run.ckpt.close()
+    (tmp_path / "bf16" / "config.json").write_text(json.dumps(run._config_record()))
+    trainer.Trainer(dataclasses.replace(config, steps=2), progress=False).run()
+    assert _steps(tmp_path / "bf16" / "seed0" / "metrics.jsonl") == [1]
+    log = (tmp_path / "bf16" / "train.log").read_text()
+    assert "checkpoint step 0 holds data-iterator positions, which this trainer does not read" in log, log
+    assert "resuming from step 1" in log
 
 
 def _nan_warmup(warmup_dir: Path, out: Path) -> Path:
