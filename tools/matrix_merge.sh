@@ -3,14 +3,14 @@
 # what is generated from it, in one step.
 #   bash tools/matrix_merge.sh FILES_AT [MATRIX]
 # FILES_AT: the folder the device call's files came back to (matrix.tgz, log.txt, nvidia_smi.csv).
-# MATRIX: results/long_h200/chain/matrix by default. WARMUP_SHA256: the warm-up digest the call checked
+# MATRIX: results/long_h200/chain/paired by default. WARMUP_SHA256: the warm-up digest the call checked
 # (the chain's by default). Each finished run (a job ARM:FIRST's folder seedsFIRST, or an arm at the top
 # of the tarball) joins MATRIX/ARM with `fp4rl.rl.merge_seeds`, the call's log and GPU trace beside it
 # (log_seedsA-B.txt, nvidia_smi_seedsA-B.csv); then the seed logs are packed, and each merged arm's
 # learning.md, the report and status.md are rewritten. A run that did not finish is named and left out.
 set -euo pipefail
 files=${1:?usage: bash tools/matrix_merge.sh FILES_AT [MATRIX]}
-matrix=${2:-results/long_h200/chain/matrix}
+matrix=${2:-results/long_h200/chain/paired}
 sha=${WARMUP_SHA256:-48007c4613c51b4392d063f37480712b2f9809bff77d35086905c751fe864c2c}
 [ -f "$files/matrix.tgz" ] || { echo "no matrix.tgz in $files" >&2; exit 2; }
 [ -d "$matrix" ] || { echo "no matrix directory $matrix" >&2; exit 2; }
