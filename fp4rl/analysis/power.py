@@ -312,7 +312,6 @@ def markdown(points: Sequence[OperatingPoint], sizes: Mapping[int, float], noise
     ]
     for p in points:
         o = p.outcomes
-        se = max(math.sqrt(v * (1 - v) / p.replicates) for v in o.values())
         lines.append(f"| {p.scenario.name} | {p.scenario.truth(noise, c)} | {p.seeds} | {p.steps} | "
                      f"{o['REPRODUCED']:.3f} | {o['NOT REPRODUCED']:.3f} | {o['UNDECIDED']:.3f} | "
                      f"{p.full_spike_pass:.3f} | {p.loo_spike_fail:.3f} |")

@@ -6,7 +6,7 @@ import pytest
 from fp4rl.analysis.criteria import StabilityCriteria
 from fp4rl.analysis.detectors import CollapseResult, SeedPower, SpikeResult
 from fp4rl.analysis.statistics import (
-    BootstrapCI, MismatchSummary, accuracy_change_ci, accuracy_ci, bootstrap_ci, mismatch_summary, rate_difference,
+    MismatchSummary, accuracy_change_ci, accuracy_ci, bootstrap_ci, mismatch_summary, rate_difference,
     reward_gap_ci, reward_gap_to_reference, student_t_interval,
 )
 from fp4rl.analysis.summary import ArmSummary, SeedSummary
