@@ -23,6 +23,7 @@ from fp4rl.rl.task import TaskConfig
 from fp4rl.serving.deployment_eval import ServeEvalConfig
 from fp4rl.serving.engine import EngineConfig
 from fp4rl.serving.serve_config import ServeConfig
+from fp4rl.serving.ttft import TTFTConfig
 
 # ------------------------------------------------------------------------------------------ tasks
 
@@ -275,6 +276,14 @@ SERVE_PRESETS = {
     # room for longer prompts; 64 rows per batch.
     "h200": ServeConfig(checkpoint="runs/h200/sft", engine=EngineConfig(max_batch=64, prompt_buckets=(64, 128),
                                                                           max_new_tokens=128)),
+}
+
+# Time to first token of a long streamed answer (experiments.bench_ttft): the smoke warm-up on CPU (it
+# answers to its whole budget), and the h200 server's shapes.
+SERVE_TTFT_PRESETS = {
+    "smoke": TTFTConfig(serve=ServeConfig(checkpoint="runs/smoke/sft",
+                                          engine=EngineConfig(max_batch=8, prompt_buckets=(32,), max_new_tokens=48))),
+    "h200": TTFTConfig(serve=SERVE_PRESETS["h200"], repeats=10),
 }
 
 # ------------------------------------------------------- deployment correlation (experiments.serve_eval)

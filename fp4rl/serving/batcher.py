@@ -6,7 +6,9 @@ single worker thread takes the bucket whose oldest job has waited longest, waits
 bucket holds `max_batch` rows or its oldest job is `max_wait_ms` old, then runs whole jobs from
 the front of the queue while they fit one batch. A job never spans two batches (n <= max_batch
 is checked at submission). The engine runs on the worker thread only; the HTTP handlers wait on
-the jobs' futures, so the event loop keeps accepting requests while a batch runs.
+the jobs' futures, so the event loop keeps accepting requests while a batch runs. A job with a
+`progress` callback (a streamed request) gets its rows' results so far after every decode chunk
+of its batch, on the worker thread (`Engine.run_batch`'s on_chunk), before its future is set.
 
 Backpressure: `submit` refuses a job (QueueFull) when the rows waiting would exceed `max_queue`.
 An exception inside a batch fails that batch's jobs only; the worker keeps serving.
@@ -19,13 +21,16 @@ import concurrent.futures
 import dataclasses
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from fp4rl.serving.engine import Engine, RowRequest
+from fp4rl.serving.engine import Engine, RowRequest, RowResult
 
 
 class QueueFull(RuntimeError):
     """More rows are waiting than the server's max_queue."""
+
+
+Progress = Callable[[list[RowResult]], None]
 
 
 @dataclasses.dataclass
@@ -33,6 +38,7 @@ class _Job:
     rows: Sequence[RowRequest]
     future: concurrent.futures.Future
     arrived: float
+    progress: Progress | None = None
 
 
 class Batcher:
@@ -52,15 +58,17 @@ class Batcher:
     def waiting_rows(self) -> int:
         return self._waiting_rows
 
-    def submit(self, rows: Sequence[RowRequest]) -> concurrent.futures.Future:
-        """Queue one job (the rows of one prompt, one bucket); its future gets list[RowResult]."""
+    def submit(self, rows: Sequence[RowRequest],
+               progress: Progress | None = None) -> concurrent.futures.Future:
+        """Queue one job (the rows of one prompt, one bucket); its future gets list[RowResult].
+        progress: called with the rows' results so far as their batch decodes (module docstring)."""
         B = self.engine.config.max_batch
         if not 1 <= len(rows) <= B:
             raise ValueError(f"a job has 1..{B} rows (n choices of one prompt), not {len(rows)}")
         widths = {self.engine.bucket_of(len(r.prompt_ids)) for r in rows}
         if len(widths) != 1:
             raise ValueError("the rows of one job must share one prompt")
-        job = _Job(rows, concurrent.futures.Future(), time.monotonic())
+        job = _Job(rows, concurrent.futures.Future(), time.monotonic(), progress)
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the batcher is shut down")
@@ -101,8 +109,10 @@ class Batcher:
             live = [j for j in jobs if j.future.set_running_or_notify_cancel()]
             if not live:
                 continue
+            listening = any(j.progress is not None for j in live)
             try:
-                results = self.engine.run_batch([r for j in live for r in j.rows])
+                results = self.engine.run_batch([r for j in live for r in j.rows],
+                                                self._on_chunk(live) if listening else None)
             except Exception as e:  # noqa: BLE001  the jobs of this batch fail; the server goes on
                 for j in live:
                     j.future.set_exception(e)
@@ -112,6 +122,17 @@ class Batcher:
             for j in live:
                 j.future.set_result(results[start:start + len(j.rows)])
                 start += len(j.rows)
+
+    @staticmethod
+    def _on_chunk(live: list[_Job]) -> Callable[[list[RowResult]], None]:
+        def on_chunk(results: list[RowResult]) -> None:
+            start = 0
+            for j in live:
+                if j.progress is not None:
+                    j.progress(results[start:start + len(j.rows)])
+                start += len(j.rows)
+
+        return on_chunk
 
     def close(self) -> None:
         """Stop the worker after its current batch; waiting jobs are cancelled."""

@@ -4,15 +4,18 @@ A chat request is a completions request whose prompt is a conversation: the serv
 `messages` with the checkpoint's chat template and the generation prompt
 (`fp4rl.rl.hf_tokenizer.HFCodec.render_messages`, as RL renders its prompts), then generates
 exactly as `/v1/completions` does for that text. So `parse_chat` validates what only chat has
-(`messages`, `max_completion_tokens`, boolean `logprobs`) and hands the rest to
+(`messages`, `max_completion_tokens`, boolean `logprobs` with `top_logprobs`) and hands the rest to
 `protocol.parse_request`, which validates the shared fields and their ranges the same way.
 
 Messages: a non-empty list of {role, content[, name]} with role system, user or assistant and
-content a string or a list of text parts ({"type": "text", "text": ...}, joined). Refused, with a
-400 naming the field: tool calls and other roles, image or audio parts, `logprobs: true` and
-`top_logprobs` (the chat format's per-token log-probs are not built), `stream: true` (the chat
-chunk format is not built; `/v1/completions` streams), and every field the chat API has that the
-completions route does not implement (`tools`, `response_format`, ...: unknown parameters).
+content a string or a list of text parts ({"type": "text", "text": ...}, joined). `logprobs: true`
+gives each choice `logprobs.content`: per token its text, log-prob (the completions route's, under
+the served forward), UTF-8 bytes of its text and the `top_logprobs` (0..5) likeliest alternatives.
+`stream: true` answers with `chat.completion.chunk` events (`ChatStream`), sent as the tokens are
+decoded, then `data: [DONE]`. Refused, with a 400 naming the field: tool calls and other roles,
+image or audio parts, `top_logprobs` without `logprobs: true` or above 5, and every field the chat
+API has that the completions route does not implement (`tools`, `response_format`, ...: unknown
+parameters).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from fp4rl.serving.decode import TOP_K
 from fp4rl.serving.protocol import APIError, Choice, usage_body
 
 ROLES = ("system", "user", "assistant")
@@ -35,10 +39,6 @@ CHAT_FIELDS = SHARED_FIELDS + ("messages", "max_completion_tokens", "logprobs", 
 
 def _invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
-
-
-def _unsupported(param: str, message: str) -> APIError:
-    return APIError(400, message, param=param, code="unsupported_parameter")
 
 
 def _content(i: int, content) -> str:
@@ -103,16 +103,19 @@ def parse_chat(body: Any) -> tuple[list[dict], dict]:
             raise _invalid("max_completion_tokens", f"max_completion_tokens={given['max_completion_tokens']!r} and "
                            f"max_tokens={given['max_tokens']!r} disagree; send one of them")
         completion["max_tokens"] = given["max_completion_tokens"]
-    if "logprobs" in given:
-        if not isinstance(given["logprobs"], bool):
-            raise _invalid("logprobs", f"logprobs must be true or false, got {given['logprobs']!r}", "invalid_type")
-        if given["logprobs"]:
-            raise _unsupported("logprobs", "logprobs=true is not supported on /v1/chat/completions; /v1/completions "
-                               "returns the sampled tokens' log-probs (logprobs: 0)")
+    logprobs = given.get("logprobs", False)
+    if not isinstance(logprobs, bool):
+        raise _invalid("logprobs", f"logprobs must be true or false, got {logprobs!r}", "invalid_type")
     if "top_logprobs" in given:
-        raise _unsupported("top_logprobs", "top_logprobs is not supported by this server")
-    if given.get("stream") is True:
-        raise _unsupported("stream", "stream=true is not supported on /v1/chat/completions; /v1/completions streams")
+        top = given["top_logprobs"]
+        if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= TOP_K:
+            raise _invalid("top_logprobs", f"top_logprobs must be an integer in [0, {TOP_K}] (this server computes at "
+                           f"most {TOP_K} alternatives per token), got {top!r}",
+                           "invalid_value" if isinstance(top, int) and not isinstance(top, bool) else "invalid_type")
+        if not logprobs:
+            raise _invalid("top_logprobs", "top_logprobs needs logprobs=true")
+    if logprobs:  # the completions route's log-probs with this many alternatives
+        completion["logprobs"] = given.get("top_logprobs", 0)
     return messages, completion
 
 
@@ -120,14 +123,70 @@ def chat_completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def chat_completion_body(model: str, fingerprint: str, prompt_tokens: int, choices: Sequence[Choice]) -> dict:
+def _token(text: str, logprob: float) -> dict:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def _content_logprobs(choice: Choice, k: int, start: int = 0, stop: int | None = None) -> list[dict]:
+    """`logprobs.content` of tokens start..stop-1: each token (its text as decoded alone, whose
+    UTF-8 bytes are `bytes`) with its k likeliest alternatives."""
+    stop = len(choice.token_ids) if stop is None else stop
+    return [{**_token(choice.pieces[i], choice.logprobs[i]),
+             "top_logprobs": [_token(text, value) for text, value in choice.top[i][:k]] if k else []}
+            for i in range(start, stop)]
+
+
+def chat_completion_body(model: str, fingerprint: str, prompt_tokens: int, choices: Sequence[Choice],
+                         logprobs: int | None) -> dict:
     """OpenAI's chat.completion object: choice i's message is the assistant's text (the completion
     route's text of the same generation), its finish_reason "stop" (a stop token or string) or
-    "length"."""
+    "length"; logprobs: None, or the alternatives per token (0..5)."""
     return {
         "id": chat_completion_id(), "object": "chat.completion", "created": int(time.time()), "model": model,
         "system_fingerprint": fingerprint,
-        "choices": [{"index": index, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
+        "choices": [{"index": index, "message": {"role": "assistant", "content": c.text},
+                     "logprobs": None if logprobs is None else {"content": _content_logprobs(c, logprobs),
+                                                                "refusal": None},
                      "finish_reason": c.finish_reason} for index, c in enumerate(choices)],
         "usage": usage_body(prompt_tokens, choices),
     }
+
+
+class ChatStream:
+    """The `chat.completion.chunk` events of a streamed chat completion, as the reference sends
+    them: per choice one with `delta: {role: assistant, content: ""}`, one per token with its text
+    as `delta.content` (and its `logprobs.content` entry when asked for), one with `delta: {}` and
+    the finish_reason; last (include_usage) one with the usage and no choices, every other chunk
+    then carrying `usage: null`. A choice's deltas concatenate to its non-streamed message."""
+
+    def __init__(self, model: str, fingerprint: str, logprobs: int | None, include_usage: bool):
+        self.id, self.created = chat_completion_id(), int(time.time())
+        self.model, self.fingerprint, self.logprobs, self.include_usage = model, fingerprint, logprobs, include_usage
+
+    def _chunk(self, choices: list, usage: dict | None = None) -> dict:
+        chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                 "system_fingerprint": self.fingerprint, "choices": choices}
+        if self.include_usage:
+            chunk["usage"] = usage
+        return chunk
+
+    def head(self, index: int, choice: Choice) -> list[dict]:
+        return [self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}])]
+
+    def tokens(self, index: int, choice: Choice, start: int, stop: int) -> list[dict]:
+        offsets = choice.text_offset
+        def logprobs(k: int) -> dict | None:
+            if self.logprobs is None:
+                return None
+            return {"content": _content_logprobs(choice, self.logprobs, k, k + 1), "refusal": None}
+
+        return [self._chunk([{"index": index,
+                              "delta": {"content": choice.text[offsets[k]:offsets[k] + len(choice.pieces[k])]},
+                              "logprobs": logprobs(k), "finish_reason": None}]) for k in range(start, stop)]
+
+    def finish(self, index: int, choice: Choice) -> list[dict]:
+        return [self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": choice.finish_reason}])]
+
+    def usage_chunk(self, prompt_tokens: int, choices: Sequence[Choice]) -> dict | None:
+        return self._chunk([], usage_body(prompt_tokens, choices)) if self.include_usage else None

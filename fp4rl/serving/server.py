@@ -2,19 +2,22 @@
 threading HTTP server (the GPU image has no web framework, and one route family needs none).
 
     POST /v1/completions       the completions API (`protocol`), dynamically batched (`batcher`);
-                               `stream: true` answers with server-sent events
+                               `stream: true` answers with server-sent events; `echo` with
+                               `max_tokens: 0` scores a prompt
     POST /v1/chat/completions  the chat API (`chat`) for a Hugging Face folder with a chat template:
                                the messages rendered by the template, then the completions route's
-                               generation; any other checkpoint answers 400 (no invented template)
+                               generation, streamed or not; any other checkpoint answers 400 (no
+                               invented template)
     GET  /v1/models            the served model, with its quantization and recipe (`/v1/models/{id}` too)
     GET  /health               liveness plus the deployment and the batcher's counters
 
 Every error is an OpenAI-style JSON body with a 4xx/5xx status (unknown routes and malformed HTTP
 included); a bad request never stops the server. Each connection has its own thread (HTTP/1.1
 keep-alive); a request's thread waits on its jobs' futures while the batcher's single worker runs
-the engine. Streaming: the engine generates a whole batch in one compiled program, so a streamed
-request's events (one per token, in the reference's wire format) are written as each of its
-prompts' batches completes; the first token arrives with the last.
+the engine. Streaming: the engine decodes a batch in chunks of `decode_chunk` tokens and hands a
+streamed request its rows' results after each (`batcher`'s progress); the handler writes the
+events (one per token, in the reference's wire format) of the tokens that became final
+(`streaming`), so the first token leaves after the prefill, not with the last.
 
 Start-up loads the checkpoint, quantizes it (`deployment`) and compiles every batch shape
 (`engine`) before the port opens, so the first request is as fast as any other.
@@ -25,8 +28,10 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import faulthandler
+import functools
 import http.server
 import json
+import queue
 import random
 import signal
 import sys
@@ -43,6 +48,7 @@ from fp4rl.serving.engine import Engine, RowRequest, RowResult
 from fp4rl.serving.protocol import (APIError, Choice, CompletionRequest, Limits, Stream, completion_body, error_body,
                                     make_choice, parse_request)
 from fp4rl.serving.serve_config import ServeConfig
+from fp4rl.serving.streaming import ChoiceStream, Events
 
 MAX_BODY_BYTES = 8 << 20
 KEEP_ALIVE_S = 30.0  # an idle keep-alive connection's thread ends after this
@@ -59,6 +65,11 @@ class Service:
     fingerprint: str
     compile_seconds: dict[int, float]
     started: float = dataclasses.field(default_factory=time.time)
+
+    def __post_init__(self):
+        # A token's text, decoded alone (`protocol.Choice.pieces`); cached: a streamed choice is
+        # rebuilt after every decode chunk, and top log-probs decode 5 alternatives per token.
+        self.piece = functools.lru_cache(maxsize=1 << 16)(lambda token: self.engine.model.decode([token]))
 
     def close(self) -> None:
         self.batcher.close()
@@ -137,8 +148,8 @@ def _rows(service: Service, body) -> tuple[CompletionRequest, list[list[int]], l
     seed = random.getrandbits(32) if request.seed is None else request.seed
     prompts = [_prompt_ids(service, p) for p in request.prompt]
     # Choice j of prompt i samples with key fold_in(key(seed), i * n + j): distinct keys, fixed by the seed.
-    jobs = [[RowRequest(tuple(ids), request.max_tokens, request.temperature, request.top_p, seed, i * request.n + j)
-             for j in range(request.n)] for i, ids in enumerate(prompts)]
+    jobs = [[RowRequest(tuple(ids), request.max_tokens, request.temperature, request.top_p, seed, i * request.n + j,
+                        request.echo) for j in range(request.n)] for i, ids in enumerate(prompts)]
     return request, prompts, jobs
 
 
@@ -154,9 +165,12 @@ def _chat_prompt(service: Service, messages: list[dict]) -> str:
         raise APIError(400, str(e), param="messages", code="invalid_messages") from None
 
 
-def _choices(service: Service, results: list[RowResult], stop: tuple[str, ...]) -> list[Choice]:
-    model = service.engine.model
-    return [make_choice(r, [model.decode([t]) for t in r.token_ids], stop) for r in results]
+def _top(request: CompletionRequest) -> bool:
+    return bool(request.logprobs)  # alternatives asked for: logprobs >= 1
+
+
+def _choices(service: Service, results: list[RowResult], request: CompletionRequest) -> list[Choice]:
+    return [make_choice(r, service.piece, request.stop, _top(request)) for r in results]
 
 
 def _result(future: concurrent.futures.Future) -> list[RowResult]:
@@ -164,6 +178,10 @@ def _result(future: concurrent.futures.Future) -> list[RowResult]:
         return future.result()
     except concurrent.futures.CancelledError:
         raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down") from None
+
+
+def _put(updates: queue.SimpleQueue, job: int, results: list[RowResult]) -> None:
+    updates.put((job, results))
 
 
 def _no_constant(name: str):
@@ -252,11 +270,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 "tokens": stats.tokens, "tokens_per_second": stats.tokens_per_second,
                 "compile_seconds": service.compile_seconds, "uptime_seconds": time.time() - service.started}
 
-    def _submit(self, jobs: list[list[RowRequest]]) -> list[concurrent.futures.Future]:
+    def _submit(self, jobs: list[list[RowRequest]], updates: queue.SimpleQueue | None = None
+                ) -> list[concurrent.futures.Future]:
+        """Queue the jobs. updates: for a streamed request, gets (job, results so far) after each
+        decode chunk and (job, None) once the job's future is done."""
+        futures = []
         try:
-            return [self.service.batcher.submit(rows) for rows in jobs]
+            for i, rows in enumerate(jobs):
+                progress = None if updates is None else functools.partial(_put, updates, i)
+                futures.append(self.service.batcher.submit(rows, progress))
+                if updates is not None:
+                    futures[-1].add_done_callback(lambda _, i=i: updates.put((i, None)))
         except QueueFull as e:
             raise APIError(503, f"{e}; retry later", type="overloaded_error", code="queue_full") from None
+        return futures
 
     def _chat_completions(self, raw: bytes) -> None:
         service = self.service
@@ -267,38 +294,55 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if e.param == "prompt":
                 e.param = "messages"
             raise
-        choices = [c for f in self._submit(jobs) for c in _choices(service, _result(f), request.stop)]
-        self._send_json(200, chat.chat_completion_body(service.name, service.fingerprint, sum(map(len, prompts)),
-                                                       choices))
+        prompt_tokens = sum(map(len, prompts))
+        if request.stream:
+            self._stream(jobs, request, prompt_tokens, chat.ChatStream(service.name, service.fingerprint,
+                                                                       request.logprobs, request.include_usage))
+            return
+        choices = [c for f in self._submit(jobs) for c in _choices(service, _result(f), request)]
+        self._send_json(200, chat.chat_completion_body(service.name, service.fingerprint, prompt_tokens, choices,
+                                                       request.logprobs))
 
     def _completions(self, raw: bytes) -> None:
         service = self.service
         request, prompts, jobs = _rows(service, _json_body(raw))
-        futures = self._submit(jobs)
         prompt_tokens = sum(map(len, prompts))
-        logprobs = request.logprobs is not None
-        if not request.stream:
-            choices = [c for f in futures for c in _choices(service, _result(f), request.stop)]
-            self._send_json(200, completion_body(service.name, service.fingerprint, prompt_tokens, choices, logprobs))
+        if request.stream:
+            self._stream(jobs, request, prompt_tokens, Stream(service.name, service.fingerprint, request.logprobs,
+                                                              request.include_usage))
             return
-        stream = Stream(service.name, service.fingerprint, logprobs, request.include_usage)
-        first = _result(futures[0])  # a failure before the first event still gets its status code
-        self._start_events()
-        choices: list[Choice] = []
-        for future in futures:
-            try:
-                results = first if future is futures[0] else _result(future)
-            except Exception as e:  # noqa: BLE001  the status is sent: the error goes in the stream
-                self._events([e.body() if isinstance(e, APIError) else
-                              error_body(f"{type(e).__name__}: {e}", "server_error")])
-                self._end_events()
-                return
-            events = []
-            for choice in _choices(service, results, request.stop):
-                events.extend(stream.choice_chunks(len(choices), choice))
-                choices.append(choice)
-            self._events(events)
-        usage = stream.usage_chunk(prompt_tokens, choices)
+        choices = [c for f in self._submit(jobs) for c in _choices(service, _result(f), request)]
+        self._send_json(200, completion_body(service.name, service.fingerprint, prompt_tokens, choices,
+                                             request.logprobs))
+
+    def _stream(self, jobs: list[list[RowRequest]], request: CompletionRequest, prompt_tokens: int,
+                events: Events) -> None:
+        """Server-sent events of the choices' tokens as they become final (`streaming`); a failure
+        before the first event gets its status code, a later one an error event."""
+        updates: queue.SimpleQueue = queue.SimpleQueue()
+        futures = self._submit(jobs, updates)
+        n = request.n
+        streams = [ChoiceStream(index, events, self.service.piece, request.stop, _top(request))
+                   for index in range(len(jobs) * n)]
+        pending, started = len(futures), False
+        while pending:
+            i, results = updates.get()
+            if results is None:
+                pending -= 1
+                try:
+                    results = _result(futures[i])
+                except Exception as e:  # noqa: BLE001  once the status is sent, the error goes in the stream
+                    if not started:
+                        raise
+                    self._events([e.body() if isinstance(e, APIError) else
+                                  error_body(f"{type(e).__name__}: {e}", "server_error")])
+                    self._end_events()
+                    return
+            if not started:
+                self._start_events()
+                started = True
+            self._events([chunk for j, result in enumerate(results) for chunk in streams[i * n + j].update(result)])
+        usage = events.usage_chunk(prompt_tokens, [s.choice for s in streams])
         self._events([usage] if usage is not None else [], done=True)
         self._end_events()
 

@@ -1,5 +1,6 @@
 """The batcher with a stand-in engine (no model): it batches within the wait window, keeps prompt
-buckets apart, survives a failing batch, refuses work past max_queue and cancels on close."""
+buckets apart, hands a streamed job its rows' progress, survives a failing batch, refuses work past
+max_queue and cancels on close."""
 
 from __future__ import annotations
 
@@ -26,12 +27,17 @@ class FakeEngine:
     def bucket_of(self, n: int) -> int:
         return 8 if n <= 8 else 16
 
-    def run_batch(self, rows):
+    def run_batch(self, rows, on_chunk=None):
         self.gate.wait(timeout=30)
         self.batches.append(list(rows))
         if any(r.prompt_ids[0] == 13 for r in rows):
             raise RuntimeError("device error")
-        return [RowResult(r.prompt_ids, (0.0,) * len(r.prompt_ids), len(r.prompt_ids), "length") for r in rows]
+        if on_chunk is not None:  # one partial result per row (its first id), as after a prefill
+            on_chunk([RowResult(r.prompt_ids[:1], (0.0,), 1, None) for r in rows])
+        results = [RowResult(r.prompt_ids, (0.0,) * len(r.prompt_ids), len(r.prompt_ids), "length") for r in rows]
+        if on_chunk is not None:
+            on_chunk(results)
+        return results
 
 
 def _job(first: int, length: int = 3, n: int = 1):
@@ -51,6 +57,21 @@ def test_concurrent_jobs_share_a_batch_and_get_their_own_rows(engine):
         assert [len(b) for b in engine.batches] == [4]
         assert [[r.token_ids[0] for r in res] for res in results] == [[0, 0], [1], [2]]
         assert batcher.batch_sizes == [4]
+    finally:
+        batcher.close()
+
+
+def test_a_streamed_job_gets_its_own_rows_progress_before_its_result(engine):
+    batcher = Batcher(engine, max_wait_ms=200.0)
+    try:
+        seen: list[tuple] = []
+        futures = [batcher.submit(_job(1, n=2), lambda results: seen.append(("a", results))), batcher.submit(_job(2)),
+                   batcher.submit(_job(3), lambda results: seen.append(("b", results)))]
+        results = [f.result(timeout=10) for f in futures]
+        assert len(engine.batches) == 1  # one batch of 4 rows, two of its jobs streamed
+        assert [(name, [r.token_ids for r in rs]) for name, rs in seen] == [
+            ("a", [(1,), (1,)]), ("b", [(3,)]),  # after the "prefill", then the final rows
+            ("a", [r.token_ids for r in results[0]]), ("b", [results[2][0].token_ids])]
     finally:
         batcher.close()
 

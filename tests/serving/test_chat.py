@@ -1,7 +1,9 @@
 """POST /v1/chat/completions on a Hugging Face folder with a chat template (fp4rl/model/hf_local.py's
 Qwen3-MoE, served bf16): the answer is the completion route's generation for the conversation the
-template renders, in OpenAI's chat.completion format (checked with the `openai` client); malformed
-messages and a folder without a template get OpenAI-style 400s naming the field."""
+template renders, in OpenAI's chat.completion format (checked with the `openai` client), with the
+completion route's log-probs and alternatives, and streamed as chat.completion.chunk events that
+reassemble to it; malformed messages and a folder without a template get OpenAI-style 400s naming
+the field."""
 
 from __future__ import annotations
 
@@ -75,6 +77,49 @@ def test_a_chat_completion_is_the_completion_of_the_rendered_conversation(checkp
     assert [c.message.content for c in again.choices] == [c.message.content for c in chat.choices]
 
 
+def _reassembled(chunks) -> list[dict]:
+    """The streamed chat choices, per index: role, content, log-prob entries, finish_reason."""
+    out: dict[int, dict] = {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            d = out.setdefault(c.index, {"role": None, "content": "", "logprobs": [], "finish_reason": None})
+            if c.delta.role is not None:
+                assert d["role"] is None and not d["content"], "the role comes first, once"
+                d["role"] = c.delta.role
+            d["content"] += c.delta.content or ""
+            d["logprobs"] += c.logprobs.content if c.logprobs is not None else []
+            if c.finish_reason is not None:
+                assert d["finish_reason"] is None
+                d["finish_reason"] = c.finish_reason
+    return [out[i] for i in sorted(out)]
+
+
+def test_chat_log_probs_and_stream_are_the_completion_routes(checkpoint, client, oai):
+    rendered = HFCodec.from_dir(checkpoint).render_messages(CONVERSATION)
+    sampling = {"max_tokens": T, "n": 2, "seed": 7, "temperature": 1.0}
+    chat = oai.chat.completions.create(model=MODEL, messages=CONVERSATION, logprobs=True, top_logprobs=2, **sampling)
+    completion = client.post("/v1/completions", json={"model": MODEL, "prompt": rendered, "logprobs": 2,
+                                                      **sampling}).json()
+    for got, want in zip(chat.choices, completion["choices"], strict=True):
+        content, lp = got.logprobs.content, want["logprobs"]
+        assert "".join(t.token for t in content) == got.message.content == want["text"]
+        assert [t.token for t in content] == lp["tokens"] and [t.logprob for t in content] == lp["token_logprobs"]
+        for entry, top in zip(content, lp["top_logprobs"], strict=True):
+            assert entry.bytes == list(entry.token.encode()) and len(entry.top_logprobs) == 2
+            values = [a.logprob for a in entry.top_logprobs]
+            assert values == sorted(values, reverse=True) and values[0] == max(top.values())
+            assert all(top[a.token] >= a.logprob for a in entry.top_logprobs)  # a text met twice keeps its likelier
+    chunks = list(oai.chat.completions.create(model=MODEL, messages=CONVERSATION, logprobs=True, top_logprobs=2,
+                                              stream=True, stream_options={"include_usage": True}, **sampling))
+    assert {c.object for c in chunks} == {"chat.completion.chunk"} and len({c.id for c in chunks}) == 1
+    assert chunks[-1].choices == [] and chunks[-1].usage == chat.usage and all(c.usage is None for c in chunks[:-1])
+    assert _reassembled(chunks) == [{"role": "assistant", "content": c.message.content, "logprobs": c.logprobs.content,
+                                     "finish_reason": c.finish_reason} for c in chat.choices]
+    plain = list(oai.chat.completions.create(model=MODEL, messages=CONVERSATION, stream=True, **sampling))
+    assert [d["content"] for d in _reassembled(plain)] == [c.message.content for c in chat.choices]
+    assert all(c.logprobs is None for chunk in plain for c in chunk.choices)
+
+
 USER = [{"role": "user", "content": "What is 2 + 2?"}]
 
 
@@ -91,8 +136,10 @@ USER = [{"role": "user", "content": "What is 2 + 2?"}]
      "messages[0].content[0]"),
     ({"messages": [{"role": "user", "content": "hi", "tool_calls": []}]}, "messages[0]"),
     ({"messages": USER, "prompt": "hi"}, "prompt"),
-    ({"messages": USER, "logprobs": True}, "logprobs"),
-    ({"messages": USER, "stream": True}, "stream"),
+    ({"messages": USER, "logprobs": "yes"}, "logprobs"),
+    ({"messages": USER, "top_logprobs": 2}, "top_logprobs"),  # needs logprobs=true
+    ({"messages": USER, "logprobs": True, "top_logprobs": 6}, "top_logprobs"),
+    ({"messages": USER, "stream": "yes"}, "stream"),
     ({"messages": USER, "temperature": 3}, "temperature"),
     ({"messages": USER, "max_tokens": T + 1}, "max_tokens"),
     ({"messages": USER, "max_tokens": 2, "max_completion_tokens": 3}, "max_completion_tokens"),

@@ -1,5 +1,6 @@
 """The serving engine: load-time quantization is the trainer's sync byte for byte; generation is the
-sampler's (greedy rows bitwise), a row's result does not depend on its batch, shapes are fixed."""
+sampler's (greedy rows bitwise), and decoded in chunks it is the one-program loop's bytes, handed
+out chunk by chunk; a row's result does not depend on its batch, shapes are fixed."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from fp4rl.serving.engine import Engine, EngineConfig, RowRequest
 
 IMPL = "reference"
 B, P, T = 4, 32, 16  # one shape for the sampler comparison and the engine tests: each compiles once
+CHUNK = 3  # tokens per decode call: a 16-token answer arrives in 6 pieces
 
 
 def _packed_sites(qparams) -> set[str]:
@@ -76,7 +78,7 @@ def served(warmup_dir):
 
 @pytest.fixture(scope="module")
 def engine(served):
-    engine = Engine(served, EngineConfig(max_batch=B, prompt_buckets=(P,), max_new_tokens=T))
+    engine = Engine(served, EngineConfig(max_batch=B, prompt_buckets=(P,), max_new_tokens=T, decode_chunk=CHUNK))
     engine.compile()
     return engine
 
@@ -114,6 +116,37 @@ def test_a_rows_result_does_not_depend_on_its_batch(engine):
     # The key follows the request: another seed or choice draws other tokens (the prompt is the same).
     other = [dataclasses.replace(rows[0], seed=999), dataclasses.replace(rows[0], choice=5)]
     assert all(r.token_ids != first[0].token_ids for r in engine.run_batch(other))
+
+
+def test_chunked_decode_is_the_one_program_loop_and_is_handed_out_as_it_goes(engine, served):
+    """run_batch's prefill + decode chunks give the bytes of `decode.generate_rows` (tokens,
+    log-probs, top alternatives, lengths), greedy and sampled, short and long budgets; on_chunk sees
+    every row grow by at most CHUNK tokens per call, unfinished until it stops, then the final rows."""
+    problems = _problems(3)
+    rows = [_row(problems[0], max_tokens=T), _row(problems[1], max_tokens=T, temperature=1.0, top_p=0.9, seed=5),
+            _row(problems[2], max_tokens=4, temperature=0.7, seed=6, choice=1)]
+    seen: list[list] = []
+    results = engine.run_batch(rows, seen.append)
+    model = served.model
+    whole = jax.device_get(decode.generate_rows(model.graphdef, served.forward_recipe, IMPL, T, served.qparams,
+                                                engine._arrays(rows, P), np.asarray(model.stop_ids, np.int32),
+                                                np.int32(model.pad_id)))
+    for b, r in enumerate(results):
+        n = int(whole.lengths[b])
+        assert r.completion_tokens == n and len(r.token_ids) in (n, n - 1)
+        keep = len(r.token_ids)
+        assert r.token_ids == tuple(whole.tokens[b, :keep].tolist())
+        assert np.asarray(r.logprobs, np.float32).tobytes() == whole.logprobs[b, :keep].tobytes()
+        for name, dtype in (("top_ids", np.int32), ("top_logprobs", np.float32)):
+            got = np.asarray(getattr(r, name), dtype).reshape(keep, decode.TOP_K)
+            assert got.tobytes() == getattr(whole, name)[b, :keep].tobytes(), name
+    assert seen[-1] == results and len(seen) >= 1 + T // CHUNK  # the prefill, the chunks, the final rows
+    for before, after in zip(seen, seen[1:]):
+        for x, y in zip(before, after):
+            assert y.token_ids[:len(x.token_ids)] == x.token_ids and y.logprobs[:len(x.logprobs)] == x.logprobs
+            assert x.finish_reason is not None or len(y.token_ids) - len(x.token_ids) <= CHUNK
+            assert x.finish_reason is None or y == x  # a finished row changes no more
+    assert seen[0][0].finish_reason is None and len(seen[0][0].token_ids) == 1  # after the prefill: token 0
 
 
 def test_budgets_and_finish_reasons(engine, served):

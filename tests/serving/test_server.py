@@ -1,9 +1,10 @@
 """The HTTP server with real clients: the official `openai` client (completions, streamed and not,
 logprobs, stop strings, n choices, errors), raw HTTP (errors, the event-stream wire format), and a
-loopback load test from many client threads.
+loopback load test from many client threads. Log-prob alternatives and prompt scoring:
+test_scoring.py; tokens streamed as they are decoded: test_streaming.py.
 
-The server runs in this process (a thread, a free loopback port), started once for the module
-and stopped at its end; the deployment is the smoke warm-up served as nvfp4_online.
+The server (`smoke_server`, tests/serving/conftest.py) runs in this process (a thread, a free
+loopback port); the deployment is the smoke warm-up served as nvfp4_online.
 """
 
 from __future__ import annotations
@@ -20,90 +21,12 @@ import openai
 import pytest
 
 from fp4rl import configs
-from fp4rl.rl import data
-from fp4rl.rl.task import TaskConfig, make_problem
-from fp4rl.serving.engine import EngineConfig, RowRequest
-from fp4rl.serving.server import BackgroundServer, ServeConfig, load_service
+from fp4rl.serving.engine import RowRequest
+from tests.serving.smoke_server import (LONG_TASK, MAX_BATCH, MODEL, T, choices_of, complete, openai_client, prompt_ids,
+                                        smoke_prompt, stream_choices)
 
-# One xdist worker for the module: its server (load, quantize, compile two buckets) is built once.
+# One xdist worker for the modules that drive the smoke server (tests/serving/conftest.py): it is built once.
 pytestmark = pytest.mark.xdist_group("serving-server")
-
-MAX_BATCH, T = 8, 24
-ENGINE = EngineConfig(max_batch=MAX_BATCH, prompt_buckets=(32, 48), max_new_tokens=T)
-MODEL = "smoke-nvfp4"
-
-
-@pytest.fixture(scope="module")
-def server(warmup_dir):
-    config = ServeConfig(checkpoint=str(warmup_dir), quantization="nvfp4_online", impl="reference", engine=ENGINE,
-                         max_wait_ms=20.0, model_name=MODEL)
-    service = load_service(config)
-    background = BackgroundServer(service).start()
-    yield background, service
-    background.stop()
-    service.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with httpx.Client(base_url=server[0].url, timeout=60.0) as client:
-        yield client
-
-
-def _openai(url: str) -> openai.OpenAI:
-    # No retries: a lost or failed response must show, not be papered over by a second attempt.
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60.0)
-
-
-@pytest.fixture(scope="module")
-def oai(server):
-    with _openai(server[0].url) as client:
-        yield client
-
-
-LONG_TASK = TaskConfig(min_ops=3, max_ops=3, digits=1, max_operands=2)  # prompts of 33-48 tokens: the second bucket
-
-
-def _prompt(i: int, seed: int = 23, task: TaskConfig = configs.SMOKE_TASK) -> str:
-    return make_problem(i, seed, task).prompt + data.PROMPT_SEPARATOR
-
-
-def _ids(prompt: str) -> tuple[int, ...]:
-    return tuple(data.encode_prompt(prompt[:-1]))
-
-
-def _complete(client, **body):
-    body.setdefault("model", MODEL)
-    return client.post("/v1/completions", json=body)
-
-
-def _choices(completion) -> list[dict]:
-    """A completion's choices (an openai response, or the chunks of a streamed one reassembled) as
-    plain dicts, in index order."""
-    out: dict[int, dict] = {}
-    for chunk in completion if isinstance(completion, list) else [completion]:
-        for c in chunk.choices:
-            d = out.setdefault(c.index, {"text": "", "token_ids": [], "logprobs": None, "finish_reason": None})
-            d["text"] += c.text
-            d["token_ids"] += c.token_ids
-            if c.logprobs is not None:
-                lp = d["logprobs"] or {"tokens": [], "token_logprobs": [], "text_offset": []}
-                for key in lp:
-                    lp[key] += getattr(c.logprobs, key)
-                assert c.logprobs.top_logprobs is None
-                d["logprobs"] = lp
-            if c.finish_reason is not None:
-                assert d["finish_reason"] is None, "two finish_reasons for one choice"
-                d["finish_reason"] = c.finish_reason
-    assert sorted(out) == list(range(len(out)))
-    return [out[i] for i in range(len(out))]
-
-
-def _stream(oai, **body) -> tuple[list, list[dict]]:
-    body.setdefault("model", MODEL)
-    chunks = list(oai.completions.create(stream=True, **body))
-    assert len({c.id for c in chunks}) == 1 and all(c.object == "text_completion" for c in chunks)
-    return chunks, _choices(chunks)
 
 
 def test_health_and_models(client, oai):
@@ -121,14 +44,14 @@ def test_health_and_models(client, oai):
 
 def test_completion_is_the_engines_result(client, server):
     _, service = server
-    prompt = _prompt(0)
-    response = _complete(client, prompt=prompt, max_tokens=T, temperature=0, logprobs=0)
+    prompt = smoke_prompt(0)
+    response = complete(client, prompt=prompt, max_tokens=T, temperature=0, logprobs=0)
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["object"] == "text_completion" and body["model"] == MODEL
     assert body["system_fingerprint"].startswith("fp4rl-nvfp4_online-full-")
     (choice,) = body["choices"]
-    ids = _ids(prompt)
+    ids = prompt_ids(prompt)
     (expected,) = service.engine.run_batch([RowRequest(ids, T)])
     text = service.engine.model.decode(expected.token_ids)
     assert tuple(choice["token_ids"]) == expected.token_ids
@@ -139,34 +62,34 @@ def test_completion_is_the_engines_result(client, server):
     assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": expected.completion_tokens,
                              "total_tokens": len(ids) + expected.completion_tokens}
     # The same prompt as token ids (BOS included by the client) gives the same completion.
-    by_ids = _complete(client, prompt=list(ids), max_tokens=T, temperature=0).json()
+    by_ids = complete(client, prompt=list(ids), max_tokens=T, temperature=0).json()
     assert by_ids["choices"][0]["token_ids"] == choice["token_ids"] and by_ids["choices"][0]["logprobs"] is None
 
 
 def test_openai_client_streamed_equals_non_streamed(oai):
     """Under one seed, the streamed events reassemble to the non-streamed completion: text, token
     ids, log-probs (one per token, finite, <= 0), finish reason and usage."""
-    request = dict(model=MODEL, prompt=_prompt(3), max_tokens=T, temperature=1.0, top_p=0.9, seed=11, logprobs=0)
+    request = dict(model=MODEL, prompt=smoke_prompt(3), max_tokens=T, temperature=1.0, top_p=0.9, seed=11, logprobs=0)
     completion = oai.completions.create(**request)
-    (whole,) = _choices(completion)
+    (whole,) = choices_of(completion)
     lp = whole["logprobs"]
     assert whole["text"] and len(lp["tokens"]) == len(lp["token_logprobs"]) == len(whole["token_ids"])
     assert "".join(lp["tokens"]) == whole["text"] and lp["text_offset"] == list(range(len(whole["text"])))
     assert all(math.isfinite(x) and x <= 0.0 for x in lp["token_logprobs"])
     assert completion.usage.completion_tokens == len(whole["token_ids"]) + (whole["finish_reason"] == "stop")
-    chunks, (streamed,) = _stream(oai, **request, stream_options={"include_usage": True})
+    chunks, (streamed,) = stream_choices(oai, **request, stream_options={"include_usage": True})
     assert streamed == whole
     assert len(chunks) == len(whole["token_ids"]) + 2  # one event per token, the finish, the usage
     assert chunks[-1].choices == [] and chunks[-1].usage == completion.usage
     assert all(c.usage is None for c in chunks[:-1])
     # Without stream_options there is no usage event; without logprobs none are sent.
-    chunks, (plain,) = _stream(oai, **{k: v for k, v in request.items() if k != "logprobs"})
+    chunks, (plain,) = stream_choices(oai, **{k: v for k, v in request.items() if k != "logprobs"})
     assert plain == {**whole, "logprobs": None} and all(c.choices for c in chunks)
 
 
 def test_event_stream_wire_format(client):
     """The bytes on the wire: `data: {json}` events separated by blank lines, ending `data: [DONE]`."""
-    with client.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": _prompt(4), "max_tokens": 3,
+    with client.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": smoke_prompt(4), "max_tokens": 3,
                                                         "temperature": 0, "stream": True}) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         raw = response.read().decode()
@@ -175,47 +98,47 @@ def test_event_stream_wire_format(client):
     chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
     assert all(e.startswith("data: {") for e in events[:-2]) and len(chunks) >= 2
     assert {c["object"] for c in chunks} == {"text_completion"} and chunks[-1]["choices"][0]["finish_reason"]
-    assert _complete(client, prompt="a=1. b=a+1. What is b?\n", max_tokens=2).status_code == 200  # connection reused
+    assert complete(client, prompt="a=1. b=a+1. What is b?\n", max_tokens=2).status_code == 200  # connection reused
 
 
 def test_stop_strings(oai):
     """The text is cut before the earliest occurrence of any stop string; tokens and log-probs are
     those of the text kept; streamed the same."""
-    request = dict(model=MODEL, prompt=_prompt(5), max_tokens=T, temperature=0, logprobs=0)
-    (full,) = _choices(oai.completions.create(**request))
+    request = dict(model=MODEL, prompt=smoke_prompt(5), max_tokens=T, temperature=0, logprobs=0)
+    (full,) = choices_of(oai.completions.create(**request))
     text = full["text"]
     assert len(text) >= 4, text
     stops = ["never in the text \u0000", text[2:4], text[-1]]
     cut, end = min((text.find(s), text.find(s) + len(s)) for s in stops if s in text)
     completion = oai.completions.create(**request, stop=stops)
-    (stopped,) = _choices(completion)
+    (stopped,) = choices_of(completion)
     assert stopped["text"] == text[:cut] and stopped["finish_reason"] == "stop"
     assert stopped["token_ids"] == full["token_ids"][:cut]
-    assert stopped["logprobs"] == {key: value[:cut] for key, value in full["logprobs"].items()}
+    assert stopped["logprobs"] == {key: value and value[:cut] for key, value in full["logprobs"].items()}
     assert completion.usage.completion_tokens == end  # the tokens up to the end of the stop string
-    assert _stream(oai, **request, stop=stops)[1] == [stopped]
+    assert stream_choices(oai, **request, stop=stops)[1] == [stopped]
     # A single string works too; a stop string that never occurs changes nothing.
-    assert _choices(oai.completions.create(**request, stop=text[2:4]))[0]["text"] == text[:text.find(text[2:4])]
-    assert _choices(oai.completions.create(**request, stop="never \u0000"))[0] == full
+    assert choices_of(oai.completions.create(**request, stop=text[2:4]))[0]["text"] == text[:text.find(text[2:4])]
+    assert choices_of(oai.completions.create(**request, stop="never \u0000"))[0] == full
 
 
 def test_n_choices_and_several_prompts(oai, server):
     """n choices per prompt (prompt i's at i*n .. i*n+n-1), each with its own sample key, the
     same under the same seed, streamed or not."""
     _, service = server
-    prompts = [_prompt(6), _prompt(7, task=LONG_TASK)]
+    prompts = [smoke_prompt(6), smoke_prompt(7, task=LONG_TASK)]
     request = dict(model=MODEL, prompt=prompts, max_tokens=8, temperature=1.0, n=2, seed=5, logprobs=0)
-    choices = _choices(oai.completions.create(**request))
+    choices = choices_of(oai.completions.create(**request))
     assert len(choices) == 4
     for i, prompt in enumerate(prompts):
         for j in range(2):
-            (alone,) = service.engine.run_batch([RowRequest(_ids(prompt), 8, 1.0, 1.0, 5, i * 2 + j)])
+            (alone,) = service.engine.run_batch([RowRequest(prompt_ids(prompt), 8, 1.0, 1.0, 5, i * 2 + j)])
             assert tuple(choices[2 * i + j]["token_ids"]) == alone.token_ids
             assert choices[2 * i + j]["logprobs"]["token_logprobs"] == list(alone.logprobs)
     assert choices[0] != choices[1] or choices[2] != choices[3]  # distinct keys: the samples differ
-    assert _choices(oai.completions.create(**request)) == choices
-    assert _stream(oai, **request)[1] == choices
-    assert _choices(oai.completions.create(**{**request, "seed": 6})) != choices
+    assert choices_of(oai.completions.create(**request)) == choices
+    assert stream_choices(oai, **request)[1] == choices
+    assert choices_of(oai.completions.create(**{**request, "seed": 6})) != choices
 
 
 BAD_REQUESTS = [
@@ -244,13 +167,13 @@ BAD_REQUESTS = [
      "stream_options"),
     ({"model": MODEL, "prompt": "a", "stream": True, "stream_options": {"usage": True}}, 400, "invalid_request_error",
      "stream_options"),
-    ({"model": MODEL, "prompt": "a", "logprobs": 3}, 400, "invalid_request_error", "logprobs"),
     ({"model": MODEL, "prompt": "a", "logprobs": 6}, 400, "invalid_request_error", "logprobs"),
     ({"model": MODEL, "prompt": "a", "logprobs": True}, 400, "invalid_request_error", "logprobs"),
     ({"model": MODEL, "prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "invalid_request_error", "stop"),
     ({"model": MODEL, "prompt": "a", "stop": [""]}, 400, "invalid_request_error", "stop"),
     ({"model": MODEL, "prompt": "a", "stop": 7}, 400, "invalid_request_error", "stop"),
-    ({"model": MODEL, "prompt": "a", "echo": True}, 400, "invalid_request_error", "echo"),
+    ({"model": MODEL, "prompt": "a", "echo": "yes"}, 400, "invalid_request_error", "echo"),
+    ({"model": MODEL, "prompt": "a", "echo": True, "max_tokens": -1}, 400, "invalid_request_error", "max_tokens"),
     ({"model": MODEL, "prompt": "a", "best_of": 2}, 400, "invalid_request_error", "best_of"),
     ({"model": MODEL, "prompt": "a", "presence_penalty": 0.5}, 400, "invalid_request_error", "presence_penalty"),
     ({"model": MODEL, "prompt": "a", "temprature": 0}, 400, "invalid_request_error", "temprature"),
@@ -271,7 +194,7 @@ def test_bad_requests_get_openai_errors(client, body, status, kind, param):
     ("max_tokens", T + 1, f"max_tokens must be an integer in [1, {T}], got {T + 1}"),
     ("stop", ["a"] * 5, "stop must be a string or a list of at most 4 strings"),
     ("logprobs", 9, "logprobs must be an integer in [0, 5], got 9"),
-    ("logprobs", 2, "only 0 (the sampled tokens' log-probs) or null is supported"),
+    ("max_tokens", 0, "max_tokens=0 generates nothing: it is only allowed with echo=true"),
 ])
 def test_openai_client_sees_the_field_and_its_range(oai, field, value, message):
     for stream in (False, True):  # a streamed request is refused before any event, with the same error
@@ -297,43 +220,44 @@ def test_malformed_json_http_and_unknown_routes(client, server):
         s.sendall(b"NOT HTTP AT ALL\r\n\r\n")
         head, _, body = s.makefile("rb").read().partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and "error" in json.loads(body)
-    assert _complete(client, prompt="a=1. b=a+1. What is b?\n", max_tokens=4).status_code == 200  # still serving
+    assert complete(client, prompt="a=1. b=a+1. What is b?\n", max_tokens=4).status_code == 200  # still serving
 
 
 # The load test's distinct requests: both prompt buckets, budgets 1..T, greedy and seeded sampling,
-# n of 1 and 2, logprobs or not, stop strings or not; then the bad ones.
+# n of 1 and 2, logprobs (0 or 3 alternatives) or not, echo or not, stop strings or not; then the bad ones.
 def _load_requests() -> list[dict]:
     good = []
     for i in range(40):
-        good.append({"prompt": _prompt(100 + i, task=LONG_TASK if i % 4 < 2 else configs.SMOKE_TASK),
+        good.append({"prompt": smoke_prompt(100 + i, task=LONG_TASK if i % 4 < 2 else configs.SMOKE_TASK),
                      "max_tokens": (1, 3, 8, T)[i % 4], "n": 2 if i % 5 == 0 else 1,
                      **({"temperature": 0} if i % 3 == 0 else {"temperature": 1.0, "seed": 1000 + i}),
-                     **({"logprobs": 0} if i % 2 else {}), **({"stop": ["=", "\n"]} if i % 7 == 3 else {})})
+                     **({"logprobs": (0, 3)[i % 4 // 2]} if i % 2 else {}), **({"echo": True} if i % 8 == 5 else {}),
+                     **({"stop": ["=", "\n"]} if i % 7 == 3 else {})})
     bad = [{"prompt": "a", "model": "nope"}, {"prompt": "a", "n": 0}, {"prompt": "x" * 48},
            {"prompt": "a", "max_tokens": T + 1}, {"prompt": "a", "stop": list("abcde")}]
     return good + bad
 
 
-def _answer(oai, request: dict, stream: bool):
+def _answer(oai, request: dict, streamed: bool):
     """What the client got: (choices, usage) or the error's (status, param)."""
     body = {"model": MODEL, **request}
     try:
-        if stream:
-            chunks, choices = _stream(oai, stream_options={"include_usage": True}, **body)
+        if streamed:
+            chunks, choices = stream_choices(oai, stream_options={"include_usage": True}, **body)
             return chunks[0].id, choices, chunks[-1].usage.model_dump()
         completion = oai.completions.create(**body)
-        return completion.id, _choices(completion), completion.usage.model_dump()
+        return completion.id, choices_of(completion), completion.usage.model_dump()
     except openai.APIStatusError as e:
         return None, e.status_code, e.param
 
 
 def test_concurrent_load_is_neither_lost_nor_mixed_up(server, oai):
-    """320 requests from 32 client threads (streamed or not, mixed budgets, n, logprobs, stop strings,
+    """320 requests from 32 client threads (streamed or not, mixed budgets, n, logprobs, echo, stop strings,
     a sixth of them bad): every answer equals the same request sent alone, no answer is lost or
     repeated, every bad request gets its error, and the batcher did batch them."""
     background, service = server
     distinct = _load_requests()
-    alone = [_answer(oai, r, stream=False)[1:] for r in distinct]
+    alone = [_answer(oai, r, streamed=False)[1:] for r in distinct]
     assert sum(isinstance(a[0], int) for a in alone) == 5 and all(isinstance(a[0], list) for a in alone[:40])
     rng = random.Random(0)
     plan = [(k, rng.random() < 0.5) for k in rng.choices(range(len(distinct)), k=320)]
@@ -342,7 +266,7 @@ def test_concurrent_load_is_neither_lost_nor_mixed_up(server, oai):
 
     def fire(item):
         if not hasattr(local, "client"):  # one client (and connection pool) per thread, like separate users
-            local.client = _openai(background.url)
+            local.client = openai_client(background.url)
             clients.append(local.client)
         k, stream = item
         return _answer(local.client, distinct[k], stream)
