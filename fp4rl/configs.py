@@ -87,31 +87,68 @@ SFT_PRESETS["h200-chain"] = dataclasses.replace(SFT_PRESETS["h200-long"], task=C
 # The long-horizon bands: h200-long and its candidates, each judged by its warm-up alone (`fp4rl.analysis.band`).
 LONG_BANDS = ("h200-long-x4", "h200-chain", "h200-long")
 
-# The model-size ladder (`experiments.scaling`): in depth at h200's width (8, 16, 32 layers) and in width at
-# 6 layers (d_model 512, 1024, 2048), the `ladder-*` model presets (fp4rl/model/config.py). Each rung's
-# warm-up, RL and gradient presets are h200's with the learning rates scaled and, for the widest, smaller
-# batches; ladder-w512-l8 is h200 itself (its warm-up is h200's, in runs/h200/sft) measured with the
-# ladder's settings. The warm-up must land in the RL band (sampled accuracy 0.2-0.45 on RL_TASK): the band
-# is checked by the run, where `experiments.scaling fit` reads each measurement's rollout accuracy and
-# marks a rung outside it (rerun that warm-up with other --steps).
-SCALING_LADDER = ("ladder-w512-l8", "ladder-w512-l16", "ladder-w512-l32", "ladder-w512-l6", "ladder-w1024-l6",
-                  "ladder-w2048-l6")
-# name -> (lr factor, warm-up batch size, prompts per gradient batch, AdamW warm-up batches). The factor
-# multiplies h200's warm-up and RL learning rates: 512 / d_model (Adam's hidden-matrix updates grow with
-# the width they sum over) times sqrt(8 / layers) for the deeper rungs (more residual branches add up),
-# rounded. Every warm-up sees h200's 51,200 sequences; ladder-w2048-l6's in batches of 32 x 1600 steps
-# (the plan: 128 would not fit one H200), at sqrt(32 / 128) of its learning rate. Its measurement takes
-# 16 prompts per batch and no warmed AdamW state (each would hold 30 GB more: the plan's estimate).
-_LADDER = {"ladder-w512-l8": (1.0, 128, 32, 16), "ladder-w512-l16": (0.7, 128, 32, 16), "ladder-w512-l32": (0.5, 128, 32, 16),
-           "ladder-w512-l6": (1.0, 128, 32, 16), "ladder-w1024-l6": (0.5, 128, 32, 16),
-           "ladder-w2048-l6": (0.25, 32, 16, 0)}
+# The model-size ladder (`experiments.scaling`; docs/rl.md "Model-size ladder"), the `ladder-*` model presets
+# (fp4rl/model/config.py): in depth, h200's layer at 6, 8, 16 and 32 layers; in width, at 6 layers, a path of
+# layers from h200's (d_model 512) to the paper's (2048: Qwen3-30B-A3B's layer, no shared expert); one rung off
+# both axes (d_model 1024 at 16 layers), which the fit predicts before it uses it; and single factors of the
+# width path, each varied alone from ladder-w512-l6. Each rung's warm-up, RL and gradient presets are h200's
+# with the learning rates scaled and, for the widest, smaller batches; ladder-w512-l8 is h200 itself (its
+# warm-up is h200's, in runs/h200/sft) measured with the ladder's settings. The warm-up must land in the RL
+# band (sampled accuracy 0.2-0.45 on RL_TASK: `fp4rl.analysis.band`), checked before the measurement.
+# SCALING_LADDER is the device order: the depth axis from its base, the shared expert removed at the base
+# (the paper's model has none, and the widest rung drops it), the width path, the off-axis rung, the widest
+# (an H200), then the other single factors, cheapest first.
+# name -> (parent, lr factor, warm-up batch size, prompts per gradient batch, AdamW warm-up batches). The
+# parent is the rung this one differs from (the plan names what it moves). The factor multiplies h200's
+# warm-up and RL learning rates: 512 / d_model (Adam's hidden-matrix updates grow with the width they sum
+# over) times sqrt(8 / layers) for the deeper rungs (more residual branches add up), rounded. Every warm-up
+# sees h200's 51,200 sequences; ladder-w2048-l6's in batches of 32 x 1600 steps (the plan: 128 would not fit
+# one H200), at sqrt(32 / 128) of its learning rate. The measurements of ladder-w1024-l16 and ladder-w2048-l6
+# take 16 prompts per batch (half the activations: the plan's estimate of 32 is over one H200), and
+# ladder-w2048-l6's no warmed AdamW state (two states, the recipe's and BF16's, would hold 60 GB more).
+_LADDER = {
+    "ladder-w512-l6": ("", 1.0, 128, 32, 16),
+    "ladder-w512-l6-noshared": ("ladder-w512-l6", 1.0, 128, 32, 16),
+    "ladder-w512-l8": ("ladder-w512-l6", 1.0, 128, 32, 16),
+    "ladder-w512-l16": ("ladder-w512-l8", 0.7, 128, 32, 16),
+    "ladder-w512-l32": ("ladder-w512-l16", 0.5, 128, 32, 16),
+    "ladder-w1024-l6": ("ladder-w512-l6", 0.5, 128, 32, 16),
+    "ladder-w1024-l16": ("ladder-w1024-l6", 0.35, 128, 16, 16),
+    "ladder-w2048-l6": ("ladder-w1024-l6", 0.25, 32, 16, 0),
+    "ladder-w512-l6-h32": ("ladder-w512-l6", 1.0, 128, 32, 16),
+    "ladder-w512-l6-e128k8": ("ladder-w512-l6", 1.0, 128, 32, 16),
+    "ladder-d2048-l6": ("ladder-w512-l6", 0.25, 128, 32, 16),
+    "ladder-w512-l6-f768": ("ladder-w512-l6", 1.0, 128, 32, 16),
+}
+SCALING_LADDER = tuple(_LADDER)
+LADDER_PARENTS = {name: parent for name, (parent, *_) in _LADDER.items()}
+# The rungs that vary one factor of the width path away from it: reported against their parent, not fitted
+# (the fit's coordinates are depth and d_model along the path; ladder-d2048-l6 has the widest rung's d_model
+# with h200's layer).
+SCALING_FACTOR_RUNGS = ("ladder-w512-l6-noshared", "ladder-w512-l6-h32", "ladder-w512-l6-e128k8", "ladder-d2048-l6",
+                        "ladder-w512-l6-f768")
+# What every rung measures (docs/rl.md "Model-size ladder"): BF16, the paper's no-intervention arms (BF16 and
+# quantized backward), the dequantized backward, Four-Over-Six, all three, and all but selective precision.
+LADDER_RECIPES = ("bf16", "nvfp4", "nvfp4-pt", "+dq", "+46", "full", "full-hp")
+# The measurement of a rung whose recipes do not fit one process or one device run (the plan's estimates)
+# runs in parts (`--recipes` per part, the rung's stored rollouts shared), merged with
+# `experiments.gradients --merge`: LADDER_SPLIT groups the recipes that share a straight-through view (nvfp4
+# for +dq; +46 for full-hp; full's own full-dq) and puts nvfp4-pt alone (its two key draws hold two more
+# parameter-sized buffers); ladder-w1024-l16 measures one recipe per part (one warmed AdamW state less).
+LADDER_SPLIT = (("nvfp4", "+dq"), ("nvfp4-pt",), ("+46", "full-hp"), ("full",))
+_ONE_PART = ("ladder-w512-l6", "ladder-w512-l6-noshared", "ladder-w512-l8", "ladder-w512-l6-e128k8")
+LADDER_PARTS = {name: (LADDER_RECIPES[1:],) if name in _ONE_PART else LADDER_SPLIT for name in _LADDER}
+LADDER_PARTS["ladder-w1024-l16"] = tuple((recipe,) for recipe in LADDER_RECIPES[1:])
+# Where each rung's small results are committed (`python -m experiments.scaling collect` writes
+# LADDER_RESULTS/RUNG; `status` writes LADDER_RESULTS/status.md).
+LADDER_RESULTS = "results/scaling_h200"
 
 
 def _ladder_warmup(name: str) -> sft.SFTConfig:
     h200 = SFT_PRESETS["h200"]
     if name == "ladder-w512-l8":
         return h200
-    factor, batch, _, _ = _LADDER[name]
+    _, factor, batch, _, _ = _LADDER[name]
     steps = h200.steps * h200.batch_size // batch
     return dataclasses.replace(h200, model=name, lr=h200.lr * factor * (batch / h200.batch_size) ** 0.5, batch_size=batch,
                                steps=steps, warmup_steps=steps // 10, out=f"runs/{name}/sft")
@@ -158,7 +195,7 @@ RL_PRESETS.update({name: dataclasses.replace(RL_PRESETS["h200-long"], task=SFT_P
 
 def _ladder_rl(name: str) -> trainer.RLConfig:
     h200 = RL_PRESETS["h200"]
-    return dataclasses.replace(h200, optim=dataclasses.replace(h200.optim, lr=h200.optim.lr * _LADDER[name][0]),
+    return dataclasses.replace(h200, optim=dataclasses.replace(h200.optim, lr=h200.optim.lr * _LADDER[name][1]),
                                init=SFT_PRESETS[name].out, out=f"runs/{name}/rl")
 
 
@@ -217,15 +254,12 @@ GRADIENTS_PRESETS = {
     **{name: _gradients_preset(name, prompts_per_step=32, batches=128, sr_keys=2, mismatch_batches=4,
                                kl_batches=16, sketch_dim=1 << 15, compile_workers=4) for name in LONG_BANDS},
 }
-# The ladder: h200's measurement, with each recipe's AdamW state warmed on 16 batches before the policy
-# change is measured on the next 16 (a fresh state's first update is ~ -lr sign(g) in every recipe). The
-# widest measures the paper's arms and the MXFP8 validation, whose gradients need one key draw (the
-# pretraining recipe's SR backward would hold two: the plan's memory estimate).
+# The ladder: h200's measurement of LADDER_RECIPES, with each recipe's AdamW state warmed on 16 batches before
+# the policy change is measured on the next 16 (a fresh state's first update is ~ -lr sign(g) in every recipe).
 GRADIENTS_PRESETS.update({
     name: _gradients_preset(name, prompts_per_step=prompts, batches=128, sr_keys=2, mismatch_batches=4, kl_batches=16,
-                            adam_warmup_batches=warm, sketch_dim=1 << 15, compile_workers=4,
-                            **({} if warm else {"recipes": tuple(r for r in gradients_config.DEFAULT_RECIPES if r != "nvfp4-pt")}))
-    for name, (_, _, prompts, warm) in _LADDER.items()})
+                            adam_warmup_batches=warm, sketch_dim=1 << 15, compile_workers=4, recipes=LADDER_RECIPES)
+    for name, (_, _, _, prompts, warm) in _LADDER.items()})
 
 # ------------------------------------------------------------------ the main job (experiments.ablation)
 

@@ -1,7 +1,10 @@
-"""tools/gpu_session.sh: a mistyped mode is refused with the list of the modes it has."""
+"""tools/gpu_session.sh: a mistyped mode is refused with the list of the modes it has; the matrix and the
+ladder modes run what they are asked, with stand-ins for python."""
 
+import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "gpu_session.sh"
@@ -109,3 +112,79 @@ def test_mps_missing_is_told_and_the_jobs_time_share_the_gpu(tmp_path):
     stdout, requests, matrix = _matrix_with_mps(tmp_path, control=False)
     assert "MPS: nvidia-cuda-mps-control not found: the jobs time-share the GPU" in stdout
     assert requests == [] and "daemon stopped" not in stdout
+
+
+FAKE_LADDER_PYTHON = """#!/bin/bash
+# Stands in for python in `gpu_session.sh ladder`: `-c` runs on the real python; the warm-up, the band check and
+# the measurement parts are recorded and leave what they would write.
+echo "$*" >> "$CALLS"
+if [ "$1" = -c ]; then exec "$REAL_PYTHON" "$@"; fi
+if [ "$1 $2" = "-m fp4rl.analysis.band" ]; then echo "band of $3" > "$5"; exit "${BAND_EXIT:-0}"; fi
+if [ "$1" = tools/measure_usage.py ]; then
+  usage=$2 module=$4; shift 4; out=""; rollouts=""; preset=""
+  for a in "$@"; do case "$a" in --out=*) out=${a#--out=} ;; --rollouts_file=*) rollouts=${a#--rollouts_file=} ;; esac; done
+  [ "$1" = --preset ] && preset=$2
+  if [ "$module" = experiments.sft ]; then
+    out=${out:-runs/$preset/sft} && mkdir -p "$out" && echo '{"params_sha256": "abc", "accuracy": []}' > "$out/sft_meta.json"
+  else
+    mkdir -p "$out" && echo '{}' > "$out/gradients.json"
+    [ -f "$rollouts" ] || echo rollouts > "$rollouts"
+  fi
+  echo '{"status": "ok"}' > "$usage"
+fi
+"""
+
+
+def _run_ladder(tmp_path, **env) -> tuple[list[str], Path]:
+    """`gpu_session.sh ladder` with the stand-in python in tmp_path/work; (its python calls other than -c, $OUT)."""
+    bin_dir, work, out = tmp_path / "bin", tmp_path / "work", tmp_path / "out"
+    bin_dir.mkdir(exist_ok=True)
+    work.mkdir(exist_ok=True)
+    for name in ("python", "python3"):
+        (bin_dir / name).write_text(FAKE_LADDER_PYTHON)
+        (bin_dir / name).chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    calls.unlink(missing_ok=True)
+    repo = SCRIPT.parents[1]
+    env = {"OUT": str(out), "PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls), "REAL_PYTHON": sys.executable,
+           "PYTHONPATH": str(repo), "JAX_PLATFORMS": "cpu", "LADDER_CACHE": str(tmp_path / "cache"), **env}
+    result = subprocess.run(["bash", str(SCRIPT), "ladder"], cwd=work, env=env, capture_output=True, text=True, timeout=300,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [line for line in calls.read_text().splitlines() if not line.startswith("-c")], out
+
+
+def test_ladder_measures_the_parts_asked_for_and_skips_the_measured_ones(tmp_path):
+    calls, out = _run_ladder(tmp_path, LADDER="ladder-w512-l32", LADDER_PARTS="1,3")
+    warmups = [c for c in calls if "experiments.sft" in c]
+    assert warmups == ["tools/measure_usage.py runs/ladder-w512-l32/usage_warmup.json -m experiments.sft "
+                       "--preset ladder-w512-l32"]
+    parts = [c for c in calls if "experiments.gradients" in c]
+    assert len(parts) == 2 and all("--init=runs/ladder-w512-l32/sft" in c and
+                                   "--rollouts_file=runs/ladder-w512-l32/gradients/rollouts.npz" in c for c in parts)
+    assert "--recipes=nvfp4,+dq" in parts[0] and "--out=runs/ladder-w512-l32/gradients/part1" in parts[0]
+    assert "--recipes=+46,full-hp" in parts[1] and "usage_part3.json" in parts[1]
+    assert {p.name for p in out.iterdir()} >= {"ladder_ladder-w512-l32.tgz", "ladder_ladder-w512-l32_part1.tgz",
+                                               "ladder_ladder-w512-l32_part3.tgz", "ladder_ladder-w512-l32_rollouts.tgz"}
+    # the next call on the same machine: the warm-up is there, part 1 is measured, part 2 runs (a fresh checkout
+    # there copies the warm-up from the machine's cache)
+    calls, _ = _run_ladder(tmp_path, LADDER="ladder-w512-l32", LADDER_PARTS="1,2")
+    assert not [c for c in calls if "experiments.sft" in c]
+    assert [c.split("--recipes=")[1].split()[0] for c in calls if "experiments.gradients" in c] == ["nvfp4-pt"]
+    assert "part 1: measured earlier" in (tmp_path / "out" / "log.txt").read_text()
+
+
+def test_ladder_measures_nothing_off_the_band_or_on_another_warm_up(tmp_path):
+    calls, _ = _run_ladder(tmp_path, LADDER="ladder-w512-l6", BAND_EXIT="1")
+    assert any("fp4rl.analysis.band" in c for c in calls) and not any("experiments.gradients" in c for c in calls)
+    calls, _ = _run_ladder(tmp_path, LADDER="ladder-w512-l6", WARMUP_SHA256="other")
+    assert not any("experiments.gradients" in c for c in calls)
+    assert "the warm-up is not the recorded one" in (tmp_path / "out" / "log.txt").read_text()
+
+
+def test_ladder_second_warm_up_trains_its_steps_into_a_folder_of_its_own(tmp_path):
+    calls, _ = _run_ladder(tmp_path, LADDER="ladder-w512-l6", LADDER_SFT_STEPS="800")
+    sft = "runs/ladder-w512-l6/sft-steps800"
+    assert any(c.endswith(f"--preset ladder-w512-l6 --steps=800 --out={sft}") for c in calls)
+    assert all(f"--init={sft}" in c for c in calls if "experiments.gradients" in c)
+    assert json.loads((tmp_path / "work/runs/ladder-w512-l6/ladder.json").read_text())["sft_steps"] == 800

@@ -55,9 +55,11 @@
 #   bash tools/gpu_session.sh decode    # bench_decode (bf16, full) x expert GEMM backend (DECODE_GEMMS), each with a
 #                                       # profiled call: per-kernel time per step
 #   bash tools/gpu_session.sh probe     # compiled Mosaic bf16 cases vs the NumPy oracle, field by field
-#   bash tools/gpu_session.sh ladder    # the model-size ladder (LADDER, configs.SCALING_LADDER by default): per rung its
-#                                       # warm-up, the band check, and the gradient measurement when in the band;
-#                                       # outlasts a call: start it detached (MODE=ladder tools/long_horizon_call.sh)
+#   bash tools/gpu_session.sh ladder    # the model-size ladder, one rung per call (LADDER=RUNG; LADDER_PARTS: its
+#                                       # measurement parts; results/scaling_h200/status.md names each call): its
+#                                       # warm-up, the band check, and, in the band, the gradient measurement parts,
+#                                       # each process's peak memory recorded; outlasts a call: start it detached
+#                                       # (RUN_DIR=/tmp/ladder_RUNG MODE=ladder tools/long_horizon_call.sh)
 #   bash tools/gpu_session.sh hf        # the `hf` preset (the paper's path) on a local ~320M-parameter Qwen3-MoE
 #                                       # checkpoint and DAPO-Math-style rows: HF_STEPS RL steps, step time and memory
 # The image lacks grain/tensorboardX (and tokenizers/jinja2/safetensors for `hf`): carried as wheels in .whl/
@@ -165,6 +167,68 @@ new, ref = json.load(open(sys.argv[1]))["params_sha256"], sys.argv[2]
 verdict = "(no expected digest)" if not ref else "== the expected one" if new == ref else "!= the expected " + ref
 print(f"=== warmup params_sha256 {new} {verdict}")
 PY
+}
+# ladder_rung RUNG: one rung of the model-size ladder, resumable across calls. Its deterministic warm-up
+# (LADDER_SFT_STEPS=N: N steps instead of the preset's, the band rule's second try, in runs/RUNG/sft-stepsN; a
+# call on a machine still warm from the last one copies it from LADDER_CACHE; WARMUP_SHA256 holds it to
+# the digest an earlier call recorded), its place against the RL band (`fp4rl.analysis.band`: outside it,
+# nothing is measured), then the measurement parts LADDER_PARTS (1-based indices into configs.LADDER_PARTS[RUNG];
+# all by default; one with gradients.json is skipped) on the rung's stored rollouts
+# (runs/RUNG/gradients/rollouts.npz: drawn by the first part measured, carried in by later calls). Every
+# process runs under tools/measure_usage.py: its peak device memory and seconds go to runs/RUNG/usage_*.json,
+# also when it fails (out of memory included). Back in $OUT: ladder_RUNG.tgz (the warm-up's metadata, the
+# band, the usage records), ladder_RUNG_partK.tgz per part measured (its raw arrays too) and
+# ladder_RUNG_rollouts.tgz, for `python -m experiments.scaling collect`.
+ladder_rung() {
+  local rung=$1 dir=runs/$1 sft_dir sft_args=() parts n=0 recipes
+  local spec
+  spec=$(python -c "from fp4rl import configs; print(configs.SFT_PRESETS['$rung'].out, \
+    ' '.join(','.join(p) for p in configs.LADDER_PARTS['$rung']))") || return 2
+  read -r sft_dir parts <<<"$spec"
+  if [ -n "${LADDER_SFT_STEPS:-}" ]; then
+    sft_dir=$dir/sft-steps$LADDER_SFT_STEPS && sft_args=(--steps="$LADDER_SFT_STEPS" --out="$sft_dir")
+  fi
+  mkdir -p "$dir/gradients"
+  printf '{"rung": "%s", "sft_dir": "%s", "sft_steps": %s, "parts": "%s"}\n' "$rung" "$sft_dir" \
+    "${LADDER_SFT_STEPS:-null}" "$parts" >"$dir/ladder.json"
+  local cache=${LADDER_CACHE:-/tmp/fp4rl-warmup}/$rung-$(basename "$sft_dir")
+  if [ ! -e "$sft_dir/sft_meta.json" ] && [ -f "$cache/sft_meta.json" ]; then
+    mkdir -p "$(dirname "$sft_dir")" && cp -r "$cache" "$sft_dir" && echo "=== $rung: warm-up copied from $cache" | tee -a "$log"
+  elif [ ! -e "$sft_dir/sft_meta.json" ]; then
+    XLA_FLAGS= step "warmup_$rung" "${WARMUP_SECONDS:-1800}" python tools/measure_usage.py "$dir/usage_warmup.json" \
+      -m experiments.sft --preset "$rung" "${sft_args[@]}"
+    [ -e "$sft_dir/sft_meta.json" ] && mkdir -p "$(dirname "$cache")" && rm -rf "$cache" && cp -r "$sft_dir" "$cache"
+  fi
+  ladder_pack "$rung" "$sft_dir"
+  [ -e "$sft_dir/sft_meta.json" ] || return 1
+  local sha
+  sha=$(python -c "import json; print(json.load(open('$sft_dir/sft_meta.json'))['params_sha256'])")
+  echo "=== $rung: warm-up params_sha256 $sha" | tee -a "$log"
+  if [ -n "${WARMUP_SHA256:-}" ] && [ "$sha" != "$WARMUP_SHA256" ]; then
+    echo "=== $rung: the warm-up is not the recorded one ($WARMUP_SHA256): not measured" | tee -a "$log"; return 1
+  fi
+  if ! step "band_$rung" 120 python -m fp4rl.analysis.band "$sft_dir" --table "$dir/band.md"; then
+    echo "=== $rung: its warm-up lies outside the RL band ($dir/band.md); not measured" | tee -a "$log"
+    ladder_pack "$rung" "$sft_dir"; return 0
+  fi
+  for recipes in $parts; do
+    n=$((n + 1))
+    case ",${LADDER_PARTS:-$n}," in *",$n,"*) ;; *) continue ;; esac
+    if [ -f "$dir/gradients/part$n/gradients.json" ]; then echo "=== $rung part $n: measured earlier" | tee -a "$log"; continue; fi
+    # shellcheck disable=SC2086  # GRAD_ARGS are words
+    step "gradients_${rung}_part$n" "${GRAD_SECONDS:-3000}" python tools/measure_usage.py "$dir/usage_part$n.json" \
+      -m experiments.gradients --preset "$rung" --init="$sft_dir" --recipes="$recipes" \
+      --rollouts_file="$dir/gradients/rollouts.npz" --out="$dir/gradients/part$n" ${GRAD_ARGS:-}
+    [ -d "$dir/gradients/part$n" ] && tar czf "$OUT/ladder_${rung}_part$n.tgz" --exclude=checkpoint "$dir/gradients/part$n"
+    ladder_pack "$rung" "$sft_dir"
+  done
+  [ -f "$dir/gradients/rollouts.npz" ] && tar czf "$OUT/ladder_${rung}_rollouts.tgz" "$dir/gradients/rollouts.npz"
+  return 0
+}
+ladder_pack() {  # ladder_pack RUNG SFT_DIR: the rung's small files into $OUT/ladder_RUNG.tgz
+  cp "$log" "runs/$1/log.txt"
+  # shellcheck disable=SC2046  # the files that exist
+  tar czf "$OUT/ladder_$1.tgz" $(ls "runs/$1"/*.json "runs/$1"/*.md "runs/$1/log.txt" "$2"/*.json "$2"/*.md 2>/dev/null)
 }
 # Compiled programs from an earlier machine: the pieces of jax_cache.tgz that EXPORT_JAX_CACHE=1 left in that
 # call's $OUT, laid in the carried folder JAX_CACHE_IN (.jax_cache/); XLA then loads what it would compile
@@ -538,25 +602,12 @@ PY
     tar czf "$OUT/gradients.tgz" "$dir"
     ;;
   ladder)
-    # The model-size ladder (`experiments.scaling`): each rung's deterministic warm-up (its digest
-    # printed for the next call to hold it to), its place against the RL band (`fp4rl.analysis.band`:
-    # the rule is the measurement's precondition), then, inside the band, the fixed-parameter gradient
-    # measurement (`experiments.gradients --preset RUNG`, into runs/RUNG/gradients, the scaling
-    # point `experiments.scaling fit` reads). A rung outside the band is reported and not measured.
+    # The model-size ladder (`experiments.scaling`; docs/rl.md "Model-size ladder"). LADDER lists the rungs
+    # (configs.SCALING_LADDER by default), each measured by `ladder_rung` below.
     ladder=${LADDER:-$(python -c "from fp4rl import configs; print(','.join(configs.SCALING_LADDER))")}
     for rung in ${ladder//,/ }; do
-      sft_dir=$(python -c "from fp4rl import configs; print(configs.SFT_PRESETS['$rung'].out)") || exit 2
-      if [ ! -e "$sft_dir/sft_meta.json" ]; then
-        XLA_FLAGS= step "warmup_$rung" "${WARMUP_SECONDS:-1800}" python -m experiments.sft --preset "$rung" || continue
-      fi
-      if step "band_$rung" 120 python -m fp4rl.analysis.band "$sft_dir" --table "$sft_dir/band.md"; then
-        # shellcheck disable=SC2086  # GRAD_ARGS are words
-        step "gradients_$rung" "${GRAD_SECONDS:-3000}" python -m experiments.gradients --preset "$rung" ${GRAD_ARGS:-}
-      else
-        echo "=== $rung: its warm-up lies outside the RL band ($sft_dir/band.md); not measured" | tee -a "$log"
-      fi
+      ladder_rung "$rung"
     done
-    tar czf "$OUT/ladder.tgz" --exclude=checkpoint --exclude=tb runs/*/gradients runs/*/sft/*.md runs/*/sft/*.json "$log"
     ;;
   hf)
     # The paper's path compiled: a local Qwen3-MoE of ~320M parameters (fp4rl.model.hf_local: random

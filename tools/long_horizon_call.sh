@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of a run that outlasts a call's 10 minutes (`gpu_session.sh $MODE`: MODE long by default,
-# bands, matrix, or several modes in one word list, e.g. MODE="sftstep warmup"):
+# bands, matrix, ladder, or several modes in one word list, e.g. MODE="sftstep warmup"):
 # the first call copies the tree it was called in (code and .whl) to a folder of the machine's own
 # (RUN_DIR) and starts the run there, detached (setsid, so it survives the call while the machine stays
 # held): the device tool replaces or removes the carried paths of the working copy at every call, so a
@@ -17,6 +17,8 @@ if [ ! -e "$RUN_DIR/started" ]; then
   mkdir -p "$RUN_DIR/tree"
   cp -r README.md benchmarks docs experiments fp4rl pallas_kernels pyproject.toml tests tools "$RUN_DIR/tree/"
   [ -d .whl ] && cp -r .whl "$RUN_DIR/tree/"
+  # a ladder rung's stored rollouts, carried in for its later measurement parts (gpu_session.sh ladder_rung)
+  for f in runs/*/gradients/rollouts.npz; do [ -f "$f" ] && cp --parents "$f" "$RUN_DIR/tree/"; done
   date > "$RUN_DIR/started"
   # shellcheck disable=SC2086  # MODE: one or more modes
   (cd "$RUN_DIR/tree" && OUT=$RUN_DIR SESSION_SECONDS=${SESSION_SECONDS:-3000} setsid nohup \

@@ -16,8 +16,10 @@ criteria" and "The report").
   notebooks/ablations.ipynb beyond the report;
 - `fp4rl.analysis.four_over_six`: the 4/6-choice figures of notebooks/numerics.ipynb (imports jax).
 - `fp4rl.analysis.batch_scaling`: the gradient measurements' error and noise per update size;
-  `fp4rl.analysis.scaling_plan` and `fp4rl.analysis.scaling`: the model-size ladder's plan and the
-  fit over sizes (`experiments.scaling`).
+  `fp4rl.analysis.scaling_plan` (with `scaling_usage`, its calibration on measured peaks) and
+  `fp4rl.analysis.scaling` (with `scaling_loglog`, `scaling_dose`, `scaling_report`): the model-size
+  ladder's plan and the fit over sizes; `fp4rl.analysis.ladder_status`: where the ladder stands
+  (`experiments.scaling`).
 
 Only numpy is imported here; import `report`/`plots` explicitly for matplotlib.
 """

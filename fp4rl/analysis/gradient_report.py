@@ -21,7 +21,13 @@ of the recipe's gradients over its K keys and v_b their variance over keys (unbi
   FP4-All-the-Way ratio ||g|| / ||g_r - g_bf16|| of an update on k = 1..B stored batches, the
   components A, b^2, T_s that give them at any tokens per update, and T*, the tokens per update at
   which the noise fraction reaches the rule's threshold;
-- `decision_by_group`: the decision rule applied to each group on its own.
+- `decision_by_group`: the decision rule applied to each group on its own;
+- derived groups (`DERIVED_GROUPS`): "all_but_shared", every parameter but the shared expert's, the
+  group a model without a shared expert is judged on (`fp4rl.analysis.scaling` extrapolates it to
+  Qwen3-30B-A3B). Every per-group quantity the measurement stores is a sum over the group's parameters
+  (squared norms, dot products, SR variances, and Gram matrices of a projection whose atoms never
+  straddle a group: `fp4rl.rl.gradient_programs.Projection`), so a group minus one of its subgroups is
+  exact, computed here from the stored arrays (stored measurements gain it when analysed again).
 
 Statistics, decision and report read the same raw arrays and one matrix of bootstrap resamples
 (which pairs the intervals of quantities measured on the same batches), so they stay together; the
@@ -47,6 +53,8 @@ RESULTS_FILE = "gradients.json"  # every number of a run; the ablation runner re
 # fit over model sizes (`fp4rl.analysis.scaling` reads it from every preset's measurement).
 SCALING_POINT_FILE = "scaling_point.json"
 SCALING_REPLICATES = 200
+# name -> (group, its subgroup left out): module docstring.
+DERIVED_GROUPS = {"all_but_shared": ("all", "shared_expert")}
 
 
 # ---------------------------------------------------------------------------------- statistics
@@ -127,8 +135,37 @@ def compare_stats(per_batch: Mapping, ref: str, k: int, gram_diff, gram_ref, cou
     return out
 
 
+def with_derived_groups(raw: Mapping) -> dict:
+    """`raw` with each DERIVED_GROUPS group appended (module docstring) where its two groups are stored
+    and it is not; per-group arrays are [..., G] (per batch) or [G, B, B] (Gram matrices)."""
+    groups = list(raw["groups"])
+    add = [(name, groups.index(whole), groups.index(part)) for name, (whole, part) in DERIVED_GROUPS.items()
+           if name not in groups and whole in groups and part in groups]
+    if not add:
+        return dict(raw)
+
+    def last(x):
+        x = np.asarray(x)
+        return np.concatenate([x, *(x[..., a:a + 1] - x[..., b:b + 1] for _, a, b in add)], -1)
+
+    def first(x):
+        x = np.asarray(x)
+        return np.concatenate([x, *(x[a:a + 1] - x[b:b + 1] for _, a, b in add)], 0)
+
+    out = dict(raw, groups=groups + [name for name, _, _ in add])
+    out["per_batch"] = {src: {**pb, "cmp": {ref: {k: last(v) for k, v in c.items()} for ref, c in pb["cmp"].items()},
+                              "sr_var": last(pb["sr_var"])} for src, pb in raw["per_batch"].items()}
+    out["gram_diff"] = {src: {ref: first(g) for ref, g in refs.items()} for src, refs in raw["gram_diff"].items()}
+    out["gram_ref"] = {src: first(g) for src, g in raw["gram_ref"].items()}
+    sketched = set(raw.get("sketched_groups", []))
+    out["sketched_groups"] = [*raw.get("sketched_groups", []),
+                              *(name for name, a, b in add if {groups[a], groups[b]} & sketched)]
+    return out
+
+
 def analyze(raw: Mapping, n_boot: int = 1000, seed: int = 0) -> dict:
-    """The statistics of `Session.gradients` + `Session.mismatch` raw arrays, and the decision."""
+    """The statistics of `Session.gradients` + `Session.mismatch` raw arrays (with DERIVED_GROUPS), and the decision."""
+    raw = with_derived_groups(raw)
     groups, ref = raw["groups"], raw["reference"]
     index, counts = resample(raw["batches"], n_boot, seed)
     gram_bf16 = raw["gram_ref"][ref]

@@ -264,10 +264,13 @@ PRESETS: dict[str, ModelConfig] = {
         dense_d_ff=1536, moe_d_ff=128, num_experts=32, top_k=4, shared_expert_d_ff=512,
         max_seq_len=1024, dtype="bfloat16",
     ),
-    # The model-size ladder (`experiments.scaling`; its plan computes sizes, FLOPs and memory): in
-    # depth, h200 itself and h200's layer at 16 and 32 layers; in width, at 6 layers, h200's layer
-    # and the two below (the h200-layer rungs are made after the dict). Every depth keeps 12-19% of
-    # its layers in BF16 under selective precision (1 of 6, 1 of 8, 2 of 16, 5 of 32).
+    # The model-size ladder (`experiments.scaling`; its plan computes sizes, FLOPs and memory, and
+    # names the factor each rung moves from its parent, `fp4rl.configs.SCALING_LADDER`): in depth,
+    # h200's layer at 6, 8 (h200 itself), 16 and 32 layers; in width, at 6 layers, a path of layers
+    # from h200's to the paper's; one rung off both axes (d_model 1024 at 16 layers); and single
+    # factors of that path varied alone at h200's layer (the h200-layer rungs are made after the dict).
+    # Every depth keeps 12-19% of its layers in BF16 under selective precision (1 of 6, 1 of 8, 2 of
+    # 16, 5 of 32).
     # Halfway (geometrically) from h200's layer to the paper's: 64 experts, their width and top-k
     # between 128 / 4 and 768 / 8 (the width 384, not the geometric 313: the grouped-GEMM kernels
     # tile by 128, and `auto` must not fall back to XLA on one rung), attention between 8 x 64 and
@@ -277,15 +280,27 @@ PRESETS: dict[str, ModelConfig] = {
         dense_d_ff=3072, moe_d_ff=384, num_experts=64, top_k=6, shared_expert_d_ff=1024,
         max_seq_len=1024, dtype="bfloat16",
     ),
-    # The paper's layer (Qwen3-30B-A3B's shape: d_model 2048, 32 query and 4 KV heads of 128, 128
-    # experts x 768, top-8) plus h200's shared expert of width d_model (the recipes keep a shared
-    # expert in BF16): ~3.8B parameters, ~0.42B active. 6 layers, so that its BF16 warm-up fits one
-    # H200 (the plan's estimate; 8 layers would not: the warm-up step holds the parameters and the
-    # AdamW state twice, 24 bytes per parameter, before any activation).
+    # The paper's layer: Qwen3-30B-A3B's (d_model 2048, 32 query and 4 KV heads of 128, 128 experts x
+    # 768, top-8, no shared expert; tests/fixtures/hf/qwen3_30b_a3b/config.json): ~3.7B parameters,
+    # ~0.34B active. 6 layers, so that its BF16 warm-up fits one H200 (the plan's estimate; 8 layers
+    # would not: the warm-up step holds the parameters and the AdamW state twice, 24 bytes per
+    # parameter, before any activation).
     "ladder-w2048-l6": ModelConfig(
         vocab_size=128, d_model=2048, num_layers=6, num_heads=32, num_kv_heads=4, head_dim=128,
-        dense_d_ff=6144, moe_d_ff=768, num_experts=128, top_k=8, shared_expert_d_ff=2048,
+        dense_d_ff=6144, moe_d_ff=768, num_experts=128, top_k=8, shared_expert_d_ff=0,
         max_seq_len=1024, dtype="bfloat16",
     ),
 }
 PRESETS.update({f"ladder-w512-l{layers}": dataclasses.replace(PRESETS["h200"], num_layers=layers) for layers in (6, 16, 32)})
+PRESETS["ladder-w1024-l16"] = dataclasses.replace(PRESETS["ladder-w1024-l6"], num_layers=16)
+# One factor of the width path at a time, from ladder-w512-l6 (h200's layer at 6 layers): the shared
+# expert removed (the paper's model has none); the paper's routing (128 experts, top-8) at h200's expert
+# width; the paper's expert width (768); the paper's attention (32 x 128, 4 KV); the paper's d_model
+# (2048) with h200's experts, attention and shared expert.
+PRESETS.update({
+    "ladder-w512-l6-noshared": dataclasses.replace(PRESETS["ladder-w512-l6"], shared_expert_d_ff=0),
+    "ladder-w512-l6-e128k8": dataclasses.replace(PRESETS["ladder-w512-l6"], num_experts=128, top_k=8),
+    "ladder-w512-l6-f768": dataclasses.replace(PRESETS["ladder-w512-l6"], moe_d_ff=768),
+    "ladder-w512-l6-h32": dataclasses.replace(PRESETS["ladder-w512-l6"], num_heads=32, head_dim=128),
+    "ladder-d2048-l6": dataclasses.replace(PRESETS["ladder-w512-l6"], d_model=2048, dense_d_ff=6144),
+})

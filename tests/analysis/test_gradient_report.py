@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,3 +99,70 @@ def test_exceeding_wins_over_undecided():
 def test_rule_states_its_thresholds():
     for number in (f"{gr.NOISE_FRACTION_MAX:.0%}", str(gr.COHERENT_BIAS_MAX), str(gr.TAIL_ALPHA), f"{gr.TAIL_FACTOR:g}x"):
         assert number in gr.DECISION_RULE
+
+
+def _raw_from_atoms(template, atoms_by_source, atom_groups):
+    """A raw measurement of `template`'s structure whose per-batch arrays and Gram matrices are those of the
+    given per-atom gradients (source -> [atom][B, dim]), summed per group as the measurement sums them."""
+    n_groups = len(template["groups"])
+
+    def per_group(fn):  # [B, G]: fn(atom index) -> [B] summed over each group's atoms
+        out = np.zeros((template["batches"], n_groups))
+        for a, member in enumerate(atom_groups):
+            for g in member:
+                out[:, g] += fn(a)
+        return out
+
+    def gram(vectors):
+        out = np.zeros((n_groups, template["batches"], template["batches"]))
+        for v, member in zip(vectors, atom_groups):
+            for g in member:
+                out[g] += v @ v.T
+        return out
+
+    raw = dict(template)
+    raw["per_batch"], raw["gram_diff"], raw["gram_ref"] = {}, {}, {}
+    for src, refs in template["refs_of"].items():
+        g = atoms_by_source[src]
+        cmp = {}
+        for ref, ref_src in refs.items():
+            r = atoms_by_source[ref_src]
+            cmp[ref] = {"err_sq": per_group(lambda a: ((g[a] - r[a]) ** 2).sum(1)),
+                        "dot0": per_group(lambda a: (g[a] * r[a]).sum(1)),
+                        "g0_sq": per_group(lambda a: (g[a] ** 2).sum(1)), "ref_sq": per_group(lambda a: (r[a] ** 2).sum(1))}
+            raw["gram_diff"].setdefault(src, {})[ref] = gram([x - y for x, y in zip(g, r)])
+        raw["per_batch"][src] = {"cmp": cmp, "sr_var": np.zeros((template["batches"], n_groups)),
+                                 "ratio_dev": np.zeros(template["batches"])}
+        raw["gram_ref"][src] = gram(g)
+    raw["sketched_groups"] = []
+    return raw
+
+
+def test_all_but_shared_is_the_measurement_of_a_model_without_the_shared_expert():
+    from fp4rl.rl import gradient_store
+
+    template, _ = gradient_store.load_raw(Path(__file__).resolve().parents[2] / "results/gradients_h200/parts/nvfp4")
+    assert template["groups"] == ["routed_experts", "shared_expert", "attention", "last_layers", "all"]
+    rng = np.random.default_rng(0)
+    B = template["batches"]
+    # atoms: routed experts, shared expert, attention, the last layer's routed experts; each in "all"
+    atom_groups = [(0, 4), (1, 4), (2, 4), (0, 3, 4)]
+    signal = [rng.normal(size=8) for _ in atom_groups]
+    sources = {src: [s + rng.normal(size=(B, 8)) * (1 + i) for i, s in enumerate(signal)] for src in template["refs_of"]}
+    for src in sources:  # a recipe's error: a coherent part and noise, per atom
+        if src != "bf16":
+            sources[src] = [x + 0.3 * s + 0.2 * rng.normal(size=x.shape) for x, s in zip(sources["bf16"], signal)]
+    with_shared = gr.analyze(_raw_from_atoms(template, sources, atom_groups), n_boot=50)
+    without = {src: [v if a != 1 else np.zeros_like(v) for a, v in enumerate(vs)] for src, vs in sources.items()}
+    no_shared = gr.analyze(_raw_from_atoms(template, without, atom_groups), n_boot=50)
+    assert with_shared["groups"][-1] == "all_but_shared"
+    for name in ("nvfp4", "+dq"):
+        a, b = with_shared["recipes"][name], no_shared["recipes"][name]
+        for stat in ("noise_fraction", "coherent_bias", "rel_error"):
+            assert a["vs_bf16"]["all_but_shared"][stat] == pytest.approx(b["vs_bf16"]["all"][stat], rel=1e-9), (name, stat)
+        for comp in ("A", "coherent_bias_sq", "noise_scale_tokens"):
+            assert a["batch_scaling"]["all_but_shared"][comp] == pytest.approx(b["batch_scaling"]["all"][comp], rel=1e-9)
+    # and the shared expert counts in "all": with it, "all" differs
+    assert with_shared["recipes"]["nvfp4"]["vs_bf16"]["all"]["noise_fraction"]["value"] != pytest.approx(
+        with_shared["recipes"]["nvfp4"]["vs_bf16"]["all_but_shared"]["noise_fraction"]["value"], rel=1e-3)
+    assert set(with_shared["decision_by_group"]) == set(with_shared["groups"])

@@ -59,8 +59,9 @@ def test_smoke_writes_json_report_and_plots(smoke):
     for name, entry in saved["recipes"].items():
         assert len(entry["grad_norm"]["values"]) == config.batches
         assert set(entry["policy_change_kl"]) == {f"{lr:g}" for lr in config.optim.lrs}
-        assert set(entry["vs_bf16"]) == set(gradients.GROUPS) == set(entry["vs_ste"])
-        for group in gradients.GROUPS:
+        groups = set(gradients.GROUPS) | set(gradient_report.DERIVED_GROUPS)  # the measured groups and all_but_shared
+        assert set(entry["vs_bf16"]) == groups == set(entry["vs_ste"]) == set(saved["groups"])
+        for group in groups:
             c = entry["vs_bf16"][group]["rel_error"]
             assert c["lo"] <= c["value"] <= c["hi"], (name, group, c)
     # sampler/trainer variants: measured on CPU for the reference impl, marked n/a for Triton
