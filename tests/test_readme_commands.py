@@ -1,4 +1,4 @@
-"""Every `python -m experiments.X` command of README.md parses into a valid configuration.
+"""Every `python -m experiments.X` command of README.md and docs/usage.md parses into a valid configuration.
 
 Running them is other tests' work (and minutes); a command whose settings contradict each other
 (an override that the preset's other values refuse) would fail for a newcomer at once, so each
@@ -17,7 +17,8 @@ from fp4rl.rl.ablation import AblationConfig
 from fp4rl.serving.deployment_eval import ServeEvalConfig
 from fp4rl.serving.server import ServeConfig
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = (ROOT / "README.md", ROOT / "docs" / "usage.md")  # the two commands; every other entry point
 # entry point -> (its config class, its presets, its options' root), as its main() calls `cli`
 PARSERS = {
     "rl": (trainer.RLConfig, configs.RL_PRESETS, "rl"),
@@ -31,9 +32,9 @@ PARSERS = {
 
 
 def _commands() -> list[tuple[str, list[str]]]:
-    """README's `python -m experiments.X` commands (continuation lines joined, comments dropped):
+    """The pages' `python -m experiments.X` commands (continuation lines joined, comments dropped):
     (X, argv)."""
-    text = README.read_text(encoding="utf-8").replace("\\\n", " ")
+    text = "\n".join(page.read_text(encoding="utf-8") for page in PAGES).replace("\\\n", " ")
     commands = []
     for line in text.splitlines():
         words = shlex.split(line.strip(), comments=True) if "python -m experiments." in line else []
