@@ -2,7 +2,7 @@
 buffer whose groups are padded to `group_align` rows, and the row gathers in and out of it.
 
 Shared by the one-device MoE (`fp4rl.model.moe`) and its expert-parallel form
-(`fp4rl.parallel.expert`, which groups the rows each device receives the same way), which the MoE
+(`fp4rl.model.expert_parallel`, which groups the rows each device receives the same way), which the MoE
 calls on a mesh: a module below both.
 
 No scatter anywhere, forward or backward. XLA:GPU makes a scatter deterministic

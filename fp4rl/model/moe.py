@@ -19,7 +19,7 @@ from fp4rl.model.config import ModelConfig
 from fp4rl.model.expert_dispatch import dispatch, pairs_of_rows, rows_of_tokens
 from fp4rl.model.layers import SwiGLU, dtype_of, normal_init, swiglu_act, widen
 from fp4rl.model.sites import Ctx, site_dot
-from fp4rl.parallel import expert as expert_parallel
+from fp4rl.model import expert_parallel
 from fp4rl.parallel.mesh import active_mesh
 
 F32 = jnp.float32
@@ -66,7 +66,7 @@ class MoE(nnx.Module):
 
     def experts(self, x_TxD, weight_TxK, expert_TxK, ctx: Ctx):
         """sum_j weight[t, j] * expert_{expert[t, j]}(x[t]) for every token, dropless. Under a
-        `jax.set_mesh` of a (data, expert) mesh the experts run sharded (`fp4rl.parallel.expert`)."""
+        `jax.set_mesh` of a (data, expert) mesh the experts run sharded (`fp4rl.model.expert_parallel`)."""
         mesh = active_mesh()
         if mesh is not None:
             return expert_parallel.experts(self, x_TxD, weight_TxK, expert_TxK, ctx, mesh)

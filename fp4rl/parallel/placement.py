@@ -4,7 +4,7 @@ except the routed-expert stacks, which are split along E over "expert".
 Data parallelism is jit's: the trainer's and the sampler's programs are the single-device ones,
 called under `jax.set_mesh(mesh)` with arguments placed here. XLA (GSPMD) propagates the row
 split through everything but the routed experts, which run in a shard_map
-(`fp4rl.parallel.expert`); the gradient of a weight used by every row is the all-reduce over
+(`fp4rl.model.expert_parallel`); the gradient of a weight used by every row is the all-reduce over
 devices that XLA inserts. Placement never changes a value: `device_put` moves bytes.
 """
 

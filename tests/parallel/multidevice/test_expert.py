@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding
 from fp4rl import qlinear
 from fp4rl.model import ModelConfig, init
 from fp4rl.model.sites import Ctx
-from fp4rl.parallel.expert import EXPERTS
+from fp4rl.model.expert_parallel import EXPERTS
 from fp4rl.parallel.mesh import MeshConfig, make_mesh
 from fp4rl.recipe import PrecisionRecipe
 
