@@ -47,7 +47,7 @@ from fp4rl import configs  # noqa: E402
 from fp4rl.config_cli import cli  # noqa: E402
 from fp4rl.formats import stochastic  # noqa: E402
 from fp4rl.rl import sft  # noqa: E402
-from fp4rl.rl.ablation import AblationConfig, run  # noqa: E402
+from fp4rl.studies.ablation import AblationConfig, run  # noqa: E402
 
 
 def main(argv=None) -> None:

@@ -25,7 +25,8 @@ import jax  # noqa: E402
 from fp4rl import configs  # noqa: E402
 from fp4rl.config_cli import cli, preset_of  # noqa: E402
 from fp4rl.formats import stochastic  # noqa: E402
-from fp4rl.rl import gradients, gradients_config, sft  # noqa: E402
+from fp4rl.rl import sft  # noqa: E402
+from fp4rl.studies import gradients, gradients_config  # noqa: E402
 
 
 def main(argv=None) -> None:

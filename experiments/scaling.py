@@ -8,7 +8,7 @@ plan: per rung of `fp4rl.configs.SCALING_LADDER` (or --ladder=A,B,...), in devic
 collect: a rung's device results (runs/RUNG, unpacked from the ladder mode's tgz files) into
   results/scaling_h200/RUNG: its warm-up's metadata, the band table, every process's usage with the
   plan's estimates and their ratios (the calibration), and, once every part is measured (merged with
-  `fp4rl.rl.gradients`' --merge when in parts), report.md, scaling_point.json and summary.json.
+  `fp4rl.studies.gradients`' --merge when in parts), report.md, scaling_point.json and summary.json.
 status: results/scaling_h200/status.md (and plan.md): the rules, each rung's state, results and measured
   peaks, and the next device call (`fp4rl.analysis.ladder_status`).
 fit: reads every fitted rung's scaling point (results/scaling_h200/RUNG, or --points=DIR,DIR,...), fits
@@ -78,7 +78,7 @@ def _usage(row: dict, run_dir: Path) -> dict:
 
 def collect(rung: str, runs: str = "runs", results: str = configs.LADDER_RESULTS, paper=None) -> Path:
     """Store `rung`'s device results from runs/RUNG under results/RUNG (module docstring)."""
-    from fp4rl.rl import gradients
+    from fp4rl.studies import gradients
 
     if rung not in configs.SCALING_LADDER:
         raise SystemExit(f"unknown rung {rung!r}; valid rungs: {', '.join(configs.SCALING_LADDER)}")

@@ -17,8 +17,9 @@ import dataclasses
 
 from fp4rl.numerics_study import NumericsConfig
 from fp4rl.recipe import ABLATION_ARMS
-from fp4rl.rl import gradients_config, policy, sft, trainer
-from fp4rl.rl.ablation import RUNNER_SET, AblationConfig, field_default
+from fp4rl.rl import policy, sft, trainer
+from fp4rl.studies import gradients_config
+from fp4rl.studies.ablation import RUNNER_SET, AblationConfig, field_default
 from fp4rl.rl.task import TaskConfig
 from fp4rl.serving.deployment_eval import ServeEvalConfig
 from fp4rl.serving.engine import EngineConfig

@@ -320,3 +320,28 @@ def dose_response_arms(doses=DOSE_RESPONSE_DOSES) -> tuple[str, ...]:
 
 # The registered doses are presets too (`names()`), like the other extra variants.
 PRESETS.update({dose_name(base, a): dose_arm(base, a) for a in DOSE_RESPONSE_DOSES if a != 1 for base in DOSE_BASES})
+
+
+# ---------------------------------------------------------------- views of a recipe's gradient
+def straight_through(recipe: PrecisionRecipe) -> PrecisionRecipe:
+    """The recipe's quantized forward with a BF16 backward on raw operands (straight-through), named
+    "straight-through"; arms with the same forward get equal views, and a recipe without quantized
+    sites is itself. A recipe with a BF16 backward differs from its view in its name only
+    (`is_straight_through`)."""
+    quantized = [k for k in SITE_KINDS if getattr(recipe, k).quantized]
+    if not quantized:
+        return recipe
+    sites = {k: dataclasses.replace(getattr(recipe, k), backward="bf16") for k in quantized}
+    return dataclasses.replace(recipe, name="straight-through", **sites)
+
+
+def is_straight_through(recipe: PrecisionRecipe) -> bool:
+    """Whether the recipe's gradient is its own straight-through gradient (every backward BF16)."""
+    return straight_through(recipe) in (recipe, dataclasses.replace(recipe, name="straight-through"))
+
+
+def draws_keys(recipe: PrecisionRecipe) -> bool:
+    """Only NVFP4's quantized backward is random (stochastic rounding, random Hadamard transform);
+    MXFP8's re-quantizes deterministically (qlinear)."""
+    sites = [getattr(recipe, k) for k in SITE_KINDS]
+    return any(site.format == "nvfp4" and site.backward == "quantized" for site in sites)

@@ -10,7 +10,10 @@ import pytest
 from experiments import gradients as gradients_experiment
 from experiments import rl as rl_experiment
 from fp4rl import configs
-from fp4rl.rl import gradients, run_inputs, sft, trainer
+from fp4rl.rl import run_inputs, sft, trainer
+
+
+from fp4rl.studies import gradients
 
 
 @pytest.fixture

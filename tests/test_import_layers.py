@@ -128,3 +128,60 @@ def test_the_cycle_check_sees_function_local_and_relative_imports(tmp_path):
     assert cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.a"]]
     (pkg / "sub" / "b.py").write_text("X = 1\n")
     assert cycles(import_graph(tmp_path, "pkg")) == []
+
+
+# The floors (docs/design.md "Layout"), lowest first: a module imports its own floor and those below,
+# never one above. `fp4rl` itself (the package's __init__) and the presets sit apart: the presets
+# (`configs`) are read by entry points only, so they are the top floor.
+FLOORS = (
+    ("fp4rl.xla_flags", "fp4rl.formats", "fp4rl.exact_dot", "fp4rl.run_files", "fp4rl.config_cli"),
+    ("fp4rl.recipe", "fp4rl.operands", "fp4rl.blocked_gemm", "fp4rl.grouped", "fp4rl.qlinear", "fp4rl.numerics_study"),
+    ("fp4rl.parallel",),
+    ("fp4rl.model",),
+    ("fp4rl.rl",),
+    ("fp4rl.analysis", "fp4rl.serving"),
+    ("fp4rl.studies",),
+    ("fp4rl.configs",),
+)
+
+
+def floor_of(module: str) -> int | None:
+    """The floor of `module`: that of the longest listed prefix (None: `fp4rl` itself)."""
+    best = None
+    for level, prefixes in enumerate(FLOORS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
+                best = (level, len(prefix))
+    return None if best is None else best[0]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs where the imported module lives on a higher floor, plus any
+    import between analysis and rl (analysis reads run directories: it never imports the trainer)."""
+    found = []
+    for module, imported in graph.items():
+        for other in imported:
+            mine, theirs = floor_of(module), floor_of(other)
+            if mine is not None and theirs is not None and theirs > mine:
+                found.append((module, other))
+            elif module.startswith("fp4rl.analysis") and other.startswith("fp4rl.rl"):
+                found.append((module, other))
+    return sorted(found)
+
+
+def test_every_package_of_fp4rl_has_a_floor():
+    unplaced = sorted(m for m in module_files() if m != PACKAGE and floor_of(m) is None)
+    assert not unplaced, f"modules on no floor (add them to FLOORS): {unplaced}"
+
+
+def test_nothing_imports_upward():
+    found = upward_imports(import_graph())
+    assert not found, "imports of a higher floor (move the shared piece down, or the importer up):\n" + "\n".join(
+        f"{a} -> {b}" for a, b in found)
+
+
+def test_the_floor_check_sees_an_upward_import():
+    graph = {"fp4rl.model.moe": {"fp4rl.rl.trainer"}, "fp4rl.analysis.learning": {"fp4rl.rl.failures"},
+             "fp4rl.rl.trainer": {"fp4rl.model.moe"}}
+    assert upward_imports(graph) == [("fp4rl.analysis.learning", "fp4rl.rl.failures"),
+                                     ("fp4rl.model.moe", "fp4rl.rl.trainer")]

@@ -12,8 +12,9 @@ import pytest
 
 from fp4rl import configs, numerics_study
 from fp4rl.config_cli import parse
-from fp4rl.rl import gradients_config, sft, trainer
-from fp4rl.rl.ablation import AblationConfig
+from fp4rl.rl import sft, trainer
+from fp4rl.studies import gradients_config
+from fp4rl.studies.ablation import AblationConfig
 from fp4rl.serving.deployment_eval import ServeEvalConfig
 from fp4rl.serving.server import ServeConfig
 
@@ -60,5 +61,6 @@ def test_readme_command_parses(name, argv):
 
 
 def test_every_readme_entry_point_is_checked_or_has_no_config():
-    # experiments.scaling takes a subcommand before its options; the rest go through PARSERS.
-    assert {name for name, _ in COMMANDS} - set(PARSERS) <= {"scaling"}
+    # experiments.scaling takes a subcommand before its options, and the tools over run directories
+    # and checkpoints (report, rl_memory, hf_export) plain argparse options; the rest go through PARSERS.
+    assert {name for name, _ in COMMANDS} - set(PARSERS) <= {"scaling", "report", "rl_memory", "hf_export"}

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments import rl_memory as rl_memory_cli
 from fp4rl.analysis import rl_memory
 
 
@@ -69,14 +70,14 @@ def test_the_cli_takes_a_checkpoint_config_and_meshes(capsys):
     # The committed 324M-parameter model of benchmarks/hf_rl/ on one device: the row its GPU peak
     # is compared with (34.1 GB modelled).
     config = Path(__file__).resolve().parents[1] / "benchmarks" / "hf_rl" / "model_config.json"
-    rl_memory.main([f"--hf_config={config}", "--meshes=1x1", "--micro_rows=8", "--reference_logprobs=true"])
+    rl_memory_cli.main([f"--hf_config={config}", "--meshes=1x1", "--micro_rows=8", "--reference_logprobs=true"])
     out = capsys.readouterr().out
     assert "0.32B parameters" in out and "| 1 x 1 |" in out and "(34.1 GB) |" in out and "| 8 x 1 |" not in out
     with pytest.raises(SystemExit):
-        rl_memory.main(["--meshes=8"])
+        rl_memory_cli.main(["--meshes=8"])
     assert "DATAxEXPERT" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        rl_memory.main(["--reference_logprobs=maybe"])
+        rl_memory_cli.main(["--reference_logprobs=maybe"])
     assert "valid options: true, false" in capsys.readouterr().err
 
 

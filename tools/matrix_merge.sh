@@ -39,6 +39,6 @@ python -m fp4rl.analysis.pack_logs "$matrix"
 for arm in $(printf '%s\n' "${merged[@]}" | sort -u); do
   python -m fp4rl.analysis.learning "$matrix/$arm" --window=150:300 --reward_cap=0.8@150 >/dev/null
 done
-python -m fp4rl.analysis.report "$matrix" >/dev/null
+python -m experiments.report "$matrix" >/dev/null
 python -m fp4rl.analysis.matrix_status "$matrix" --warmup_sha="$sha" --write "$matrix/status.md" >/dev/null
 head -n 3 "$matrix/status.md"  # not piped: head closing the pipe early would fail the writer under pipefail

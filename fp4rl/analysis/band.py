@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fp4rl.rl.run_dir import read_json
+from fp4rl.run_files import read_json
 
 BAND = (0.2, 0.45)
 BAND_RULE = (f"RL runs on every candidate whose warm-up's mean sampled accuracy over the RL band's levels (equally "

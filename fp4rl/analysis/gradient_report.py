@@ -1,5 +1,5 @@
 """Statistics, decision rule, report and plots of the fixed-parameter gradient measurements
-(`fp4rl.rl.gradients`).
+(`fp4rl.studies.gradients`).
 
 Every interval is a 95% percentile bootstrap over the rollout batches (the mismatch: over its
 batches): one matrix of resampled batch counts serves every statistic, so the intervals of
@@ -26,7 +26,7 @@ of the recipe's gradients over its K keys and v_b their variance over keys (unbi
   group a model without a shared expert is judged on (`fp4rl.analysis.scaling` extrapolates it to
   Qwen3-30B-A3B). Every per-group quantity the measurement stores is a sum over the group's parameters
   (squared norms, dot products, SR variances, and Gram matrices of a projection whose atoms never
-  straddle a group: `fp4rl.rl.gradient_programs.Projection`), so a group minus one of its subgroups is
+  straddle a group: `fp4rl.studies.gradient_programs.Projection`), so a group minus one of its subgroups is
   exact, computed here from the stored arrays (stored measurements gain it when analysed again).
 
 Statistics, decision and report read the same raw arrays and one matrix of bootstrap resamples
@@ -534,7 +534,7 @@ def write(results: Mapping, out: str | Path) -> dict[str, Path]:
     """gradients.json (every number but the bootstrap replicates), SCALING_POINT_FILE (this
     measurement as one point of the fit over model sizes: the model, the tokens per batch and the
     batch-scaling components with their replicates), report.md and four PNGs under `out`; returns
-    their paths. The raw arrays are written beside them by `fp4rl.rl.gradient_store.save_raw`."""
+    their paths. The raw arrays are written beside them by `fp4rl.studies.gradient_store.save_raw`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / RESULTS_FILE, "report": out / "report.md", "scaling_point": out / SCALING_POINT_FILE}

@@ -257,7 +257,7 @@ def _k3(variants: Mapping, impl: str) -> dict | None:
 
 
 def summary(gradients: Mapping, headline: str) -> dict:
-    """The numbers the status shows per recipe, from a measurement's gradients.json (`fp4rl.rl.gradients`)."""
+    """The numbers the status shows per recipe, from a measurement's gradients.json (`fp4rl.studies.gradients`)."""
     group = headline if headline in gradients["groups"] else "all"
     config, impl = gradients["config"], gradients["model"]["impl"]
     lr = f"{gradients['lrs'][len(gradients['lrs']) // 2]:g}"

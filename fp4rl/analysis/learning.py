@@ -37,8 +37,11 @@ import numpy as np
 
 from fp4rl.analysis.runs import METRICS_FILE, SeedRun, load_seed, seed_dirs, seed_log
 from fp4rl.analysis.statistics import BootstrapCI, accuracy_change_ci
-from fp4rl.rl import failures
 
+# The kinds of wrong response the trainer's held-out evaluations log (`eval/{mode}_{kind}`, the
+# kinds of `fp4rl.rl.failures` after "right"; tests/analysis/test_learning.py pins them equal): the
+# analysis reads run directories and imports nothing of `rl`.
+WRONG_KINDS = ("miscopied", "wrong_chain")
 MIN_GAIN = 0.10
 LEARNING_RULE = (f"The arm learns when its mean held-out sampled accuracy rises by >= {MIN_GAIN:.2f} from the initial "
                  "evaluation to the last and the 95% CI of that change (two-level bootstrap: seeds, and each "
@@ -84,7 +87,7 @@ def failure_split(runs) -> dict | None:
     not log them (runs older than the split)."""
     split = {}
     for mode in FAILURE_MODES:
-        for kind in failures.KINDS[1:]:
+        for kind in WRONG_KINDS:
             name = f"eval/{mode}_{kind}"
             first = [r.last_logged(name.replace("eval/", "eval/initial_")) for r in runs]
             last = [r.last_logged(name) for r in runs]
@@ -259,7 +262,7 @@ def failures_markdown(result: Learning) -> list[str]:
     greedy0 = np.mean([c.greedy[0] for c in result.curves])
     greedy1 = np.mean([c.greedy[-1] for c in result.curves])
     if greedy1 < greedy0 and result.change.mean > 0:
-        grew = max(failures.KINDS[1:], key=lambda k: f["greedy", k][1] - f["greedy", k][0])
+        grew = max(WRONG_KINDS, key=lambda k: f["greedy", k][1] - f["greedy", k][0])
         what = {"wrong_chain": "the scratchpad's arithmetic, not the copy into the box",
                 "miscopied": "the copy into the box"}[grew]
         lines += ["", f"Greedy accuracy fell ({greedy0:.3f} -> {greedy1:.3f}) while sampled accuracy rose: the greedy "

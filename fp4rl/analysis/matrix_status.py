@@ -31,7 +31,7 @@ from fp4rl.analysis.runs import RunData, load_run
 from fp4rl.analysis.summary import summarize_run
 from fp4rl.analysis.verdicts import claim_reproduced, equivalence, run_verdicts, spike_counts
 from fp4rl.recipe import DOSE_BASES, DOSE_RESPONSE_DOSES, POSITIVE_CONTROL_ARMS, dose_name
-from fp4rl.rl.run_settings import MERGED_KEY
+from fp4rl.run_files import MERGED_KEY
 
 DECISIVE_ARMS = ("bf16", "full", "full-dq", "full-46", "full-hp")
 DECISIVE_SEEDS = 8

@@ -300,25 +300,3 @@ def write_report(
                          (paths.grad_norm_png, paths.seeds_png, paths.summary_png), config_text, commands, sections)
     paths.report_md.write_text(text, encoding="utf-8")
     return paths
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m fp4rl.analysis.report RUN_DIR [--command CMD ...]`: rewrite a run directory's
-    report from its metrics (e.g. after arms of several device calls were gathered into it), with
-    the settings its runs' config.json record and the commands that produced them."""
-    import argparse
-
-    from fp4rl.rl.run_settings import settings_text  # the runner's settings section; imports JAX, so only here
-
-    parser = argparse.ArgumentParser(prog="python -m fp4rl.analysis.report", description=main.__doc__)
-    parser.add_argument("run_dir", help="an ablation run directory: <arm>/seed<k>/metrics.jsonl")
-    parser.add_argument("--command", action="append", default=[], help="a command that produced the runs (repeatable)")
-    args = parser.parse_args(argv)
-    if not Path(args.run_dir).is_dir():
-        parser.error(f"{args.run_dir} is not a directory")
-    paths = write_report(args.run_dir, config_text=settings_text(Path(args.run_dir)), commands=args.command)
-    print(f"[report] {paths.report_md}")
-
-
-if __name__ == "__main__":
-    main()

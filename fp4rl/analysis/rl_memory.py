@@ -1,6 +1,6 @@
 """Memory per device of an RL run on a data x expert mesh, from the code's own shapes.
 
-`python -m fp4rl.analysis.rl_memory` prints the table of docs/parallel.md ("Memory per device"):
+`python -m experiments.rl_memory` prints the table of docs/parallel.md ("Memory per device"):
 Qwen3-30B-A3B (`QWEN3_30B_A3B`, its config.json as `fp4rl.model.hf.config_from_hf` reads it) under
 the `hf` RL preset at the paper's 8k tokens, on 8 x H200 and 8 x B200. Bytes, P_dev the parameters
 one device holds (every routed-expert stack split over `expert`, the rest replicated:
@@ -33,8 +33,6 @@ buffers differently from XLA:CPU, whose memory analysis fixed OVERHEAD: a GPU ru
 
 from __future__ import annotations
 
-import argparse
-import json
 
 from fp4rl.analysis.scaling_plan import OVERHEAD, activation_bytes_per_token
 from fp4rl.model.config import ModelConfig
@@ -125,52 +123,3 @@ def table(mc: ModelConfig, seq_len: int, prompts: int, group_size: int, mini_bat
                      f"| {gb(m['kv_cache'])} ({m['rollout_rows']:.0f} rows) | {gb(m['activations'])} ({m['update_rows']:.0f} rows) "
                      f"| {gb(m['activations_options'])} ({m['micro_rows']:.0f} row) | {fits} ({gb(need)}) |")
     return "\n".join(lines) + "\n"
-
-
-def _true_or_false(value: str) -> bool:
-    if value.lower() not in ("true", "false"):
-        raise argparse.ArgumentTypeError(f"{value!r}: valid options: true, false")
-    return value.lower() == "true"
-
-
-def main(argv=None) -> None:
-    from fp4rl import configs
-
-    preset = configs.RL_PRESETS["hf"]
-    parser = argparse.ArgumentParser(prog="python -m fp4rl.analysis.rl_memory", description=__doc__.split("\n")[0])
-    parser.add_argument("--seq_len", type=int, default=preset.prompt_len + preset.max_new_tokens)
-    parser.add_argument("--prompts", type=int, default=preset.prompts_per_step)
-    parser.add_argument("--group_size", type=int, default=preset.group_size)
-    parser.add_argument("--mini_batches", type=int, default=preset.mini_batches)
-    parser.add_argument("--micro_rows", type=int, default=1, help="rows per device per micro-batch of the update")
-    parser.add_argument("--query_chunk", type=int, default=preset.memory.attention_query_chunk or 1024,
-                        help="queries per attention chunk (0: all at once)")
-    parser.add_argument("--logit_chunk", type=int, default=preset.memory.logit_chunk,
-                        help="positions per LM-head chunk (0: all at once)")
-    parser.add_argument("--generation_chunks", type=int, default=preset.generation_chunks,
-                        help="sampler calls per generation batch")
-    parser.add_argument("--reference_logprobs", type=_true_or_false,
-                        default=preset.reference_logprobs,
-                        help="true: the initial weights stay on the devices for the reference log-probs")
-    parser.add_argument("--hf_config", default="", help="a Hugging Face config.json in place of Qwen3-30B-A3B's")
-    parser.add_argument("--meshes", default=",".join(f"{d}x{e}" for d, e in MESHES),
-                        help="data x expert meshes, e.g. 1x1,1x8")
-    args = parser.parse_args(argv)
-    try:
-        meshes = tuple(tuple(int(n) for n in mesh.split("x")) for mesh in args.meshes.split(","))
-    except ValueError:
-        meshes = ()
-    if not meshes or any(len(mesh) != 2 or min(mesh) < 1 for mesh in meshes):
-        parser.error(f"--meshes={args.meshes!r}: a comma-separated list of DATAxEXPERT, e.g. 1x1,1x8")
-    mc, name = qwen3_30b_a3b(), "Qwen3-30B-A3B"
-    if args.hf_config:
-        from fp4rl.model.hf import config_from_hf
-
-        with open(args.hf_config) as f:
-            mc, name = config_from_hf(json.load(f), dtype="bfloat16"), args.hf_config
-    print(table(mc, args.seq_len, args.prompts, args.group_size, args.mini_batches, args.micro_rows,
-                args.query_chunk, args.logit_chunk, args.generation_chunks, name, meshes, args.reference_logprobs), end="")
-
-
-if __name__ == "__main__":
-    main()

@@ -77,7 +77,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from fp4rl.model.config import ModelConfig
-from fp4rl.recipe import PrecisionRecipe
+from fp4rl.recipe import PrecisionRecipe, draws_keys, is_straight_through, straight_through
 
 H100_BYTES, H200_BYTES = 80e9, 141e9
 C_P = 8
@@ -152,19 +152,17 @@ def measurement_memory(mc: ModelConfig, rows: int, seq_len: int, keys: int, warm
 
 
 def gradient_sources(recipe_names: Sequence[str]) -> tuple[list[int], int]:
-    """(key draws per batch of each gradient source `fp4rl.rl.gradients.Session` computes for these
+    """(key draws per batch of each gradient source `fp4rl.studies.gradients.Session` computes for these
     recipes, the references it holds): the sources are BF16, each distinct straight-through view, and
     every recipe whose backward is not BF16; the references BF16 and the views."""
-    from fp4rl.rl import gradients  # the measurement's own rules (imports JAX)
-
     recipes = [PrecisionRecipe.from_name(n) for n in ("bf16", *[r for r in recipe_names if r != "bf16"])]
     sources = {}
     for recipe in recipes:
-        sources.setdefault(gradients.straight_through(recipe), 1)
+        sources.setdefault(straight_through(recipe), 1)
     held = len(sources)
     for recipe in recipes:
-        if not gradients.is_straight_through(recipe):
-            sources.setdefault(recipe, 2 if gradients.draws_keys(recipe) else 1)
+        if not is_straight_through(recipe):
+            sources.setdefault(recipe, 2 if draws_keys(recipe) else 1)
     return list(sources.values()), held
 
 
@@ -216,7 +214,7 @@ def part_estimate(mc: ModelConfig, measurement, recipes: Sequence[str], draws_ro
 
 
 def plan_row(name: str, mc: ModelConfig, warmup, measurement, parts: Sequence[Sequence[str]] = ()) -> dict:
-    """One preset's row. warmup: its `sft.SFTConfig`; measurement: its `fp4rl.rl.gradients_config.GradientsConfig`;
+    """One preset's row. warmup: its `sft.SFTConfig`; measurement: its `fp4rl.studies.gradients_config.GradientsConfig`;
     parts: the recipes of each measurement process (default: all of the measurement's in one)."""
     mc = dataclasses.replace(mc, max_seq_len=max(mc.max_seq_len, warmup.max_len + warmup.max_new_tokens))
     counts = mc.param_count()

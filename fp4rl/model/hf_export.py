@@ -150,25 +150,3 @@ def save_pretrained(path: str, graphdef, params, source: str, shard_bytes: int =
             shutil.copyfile(os.path.join(source, name), os.path.join(path, name))
             written.append(name)
     return written
-
-
-def main(argv=None) -> None:
-    import argparse
-
-    from fp4rl.serving import checkpoints
-
-    parser = argparse.ArgumentParser(prog="python -m fp4rl.model.hf_export", description=__doc__.split("\n")[0])
-    parser.add_argument("checkpoint", help="the model to export: a Hugging Face folder, or a run directory "
-                                           "(`fp4rl.serving.checkpoints`) of a model imported from SOURCE")
-    parser.add_argument("source", help="the Hugging Face folder the model was imported from (its config.json)")
-    parser.add_argument("out", help="a new folder")
-    parser.add_argument("--seed_index", type=int, default=0, help="which seed of an RL run (default 0)")
-    parser.add_argument("--shard_bytes", type=int, default=SHARD_BYTES, help="the largest safetensors file")
-    args = parser.parse_args(argv)
-    model = checkpoints.load(args.checkpoint, args.seed_index)
-    files = save_pretrained(args.out, model.graphdef, model.params, args.source, args.shard_bytes)
-    print(f"{model.path} -> {args.out}: {', '.join(files)}")
-
-
-if __name__ == "__main__":
-    main()

@@ -223,7 +223,7 @@ def objective(loss: LossConfig, aux_loss_coef: float):
 def make_loss_fn(graphdef, recipe: PrecisionRecipe, loss: LossConfig, aux_loss_coef: float, prompt_len: int,
                  impl: str = "auto", temperature: float = 1.0, on_policy: bool = False) -> Callable:
     """Per seed: `loss_fn(params, batch, key) -> (total, stats)`, differentiable in params (the
-    update's loss; `jax.grad` of it is the recipe's gradient, e.g. for `fp4rl.rl.gradients`).
+    update's loss; `jax.grad` of it is the recipe's gradient, e.g. for `fp4rl.studies.gradients`).
 
     on_policy: the old and reference log-probs are this very forward's, stop-gradient (the batch's
     are ignored), so the importance ratio is exactly 1 in any compute dtype: the gradient of the

@@ -1,44 +1,23 @@
-"""Run directories: their JSON files, the output check made before any work, and `train.log`.
+"""Run directories: the output check made before any work, and `train.log` (their JSON files:
+`fp4rl.run_files`, re-exported here for rl's modules).
 
 Every run (warm-up, RL arm, ablation) writes into a directory named by an `out` option. It is
 checked before anything is computed, so a path that is a file or cannot be written fails in
-the first second instead of after the first checkpoint. JSON files a run reads back
-(config.json, done.json, sft_meta.json, checksums) are damaged only by a kill or by hand; an
-unreadable one is an error that names it, never a bare JSONDecodeError.
+the first second instead of after the first checkpoint.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from tqdm.auto import tqdm
 
+from fp4rl.run_files import read_json, write_json_atomic  # noqa: F401 (the run directory's JSON, for rl's modules)
+
 LOG_FILE = "train.log"
-
-
-def read_json(path: str | os.PathLike) -> Any:
-    """The JSON value in `path`; a damaged file raises ValueError naming it and the position."""
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: unreadable JSON ({err.msg} at line {err.lineno} column {err.colno}); "
-                         "the file is damaged (cut by a kill?): restore or delete it") from None
-
-
-def write_json_atomic(path: str | os.PathLike, value: Any, indent: int | None = None) -> None:
-    """Write `value` to `path` through a temporary file and a rename: a kill leaves the old
-    file or the new one, never half of one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=indent), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def prepare_out(path: str | os.PathLike, option: str = "--out") -> Path:

@@ -2,7 +2,7 @@
 sft_meta.json and each run's config.json.
 
 The ablation runner writes them into its report (`settings_text`) and checks that one matrix runs
-on one expert-GEMM backend (`expert_gemm_of`); `python -m fp4rl.analysis.report` rewrites a
+on one expert-GEMM backend (`expert_gemm_of`); `python -m experiments.report` rewrites a
 report with them. A module of its own, below both: the runner imports the report writer, and the
 report's command line needs these settings without the runner.
 """
@@ -13,9 +13,7 @@ import json
 from pathlib import Path
 
 from fp4rl.rl import resume, sft
-from fp4rl.rl.run_dir import read_json
-
-MERGED_KEY = "merged_seeds"  # config.json: the seeds `fp4rl.rl.merge_seeds` added to the arm, and from where
+from fp4rl.run_files import MERGED_KEY, read_json
 
 
 def run_records(out: Path) -> dict[str, dict]:

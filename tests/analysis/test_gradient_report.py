@@ -139,7 +139,7 @@ def _raw_from_atoms(template, atoms_by_source, atom_groups):
 
 
 def test_all_but_shared_is_the_measurement_of_a_model_without_the_shared_expert():
-    from fp4rl.rl import gradient_store
+    from fp4rl.studies import gradient_store
 
     template, _ = gradient_store.load_raw(Path(__file__).resolve().parents[2] / "results/gradients_h200/parts/nvfp4")
     assert template["groups"] == ["routed_experts", "shared_expert", "attention", "last_layers", "all"]

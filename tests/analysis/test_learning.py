@@ -162,3 +162,9 @@ def test_runs_without_the_failure_split_report_none(tmp_path):
         _write_seed(tmp_path / "bf16" / f"seed{seed}", 0.30, [0.40])
     result = learning.summarize(tmp_path / "bf16")
     assert result.failures is None and "Wrong responses by kind" not in learning.markdown(result)
+
+
+def test_the_wrong_kinds_read_are_those_the_trainer_logs():
+    from fp4rl.rl import failures
+
+    assert learning.WRONG_KINDS == failures.KINDS[1:]

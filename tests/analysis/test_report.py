@@ -202,7 +202,7 @@ def test_a_nonfinite_update_is_a_decided_collapse_without_power(tmp_path):
 
 
 def test_report_cli_rewrites_a_gathered_run_directory(tmp_path, capsys):
-    from fp4rl.analysis import report
+    from experiments import report
 
     run_dir = make_synthetic_run(tmp_path / "run", ("bf16", "full"), seeds=2, steps=60)
     report.main([str(run_dir), "--command", "bash tools/gpu_session.sh matrix  # call 1"])

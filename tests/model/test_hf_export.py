@@ -75,7 +75,7 @@ def test_export_refuses_a_non_empty_folder_and_a_source_without_config(tmp_path)
 
 
 def test_the_command_exports_a_folder_that_serves(tmp_path, capsys):
-    from fp4rl.model import hf_export
+    from experiments import hf_export
     from fp4rl.serving import checkpoints
 
     source = os.path.join(FIXTURES, "qwen2_moe_tiny")

@@ -17,7 +17,7 @@ from experiments import rl as rl_command
 from fp4rl import configs
 from fp4rl.config_cli import parse
 from fp4rl.model import hf
-from fp4rl.model import hf_export
+from experiments import hf_export
 from fp4rl.rl import run_inputs, trainer
 from fp4rl.rl.hf_tokenizer import HFCodec
 from fp4rl.serving import checkpoints

@@ -10,7 +10,9 @@ import pytest
 
 from fp4rl.analysis.runs import load_run
 from fp4rl.analysis.synthetic import make_synthetic_run, synthetic_recipe
-from fp4rl.rl import ablation, merge_seeds
+from fp4rl.rl import merge_seeds
+
+from fp4rl.studies import ablation
 
 STEPS = 30
 

@@ -16,7 +16,9 @@ import pytest
 from fp4rl import configs
 from fp4rl.analysis.synthetic import make_synthetic_run, synthetic_recipe
 from fp4rl.config_cli import parse
-from fp4rl.rl import ablation, sft, trainer
+from fp4rl.rl import sft, trainer
+
+from fp4rl.studies import ablation
 
 STEPS = 30
 

@@ -1,4 +1,4 @@
-"""Programs and per-batch gradient summaries of the gradient measurements (`fp4rl.rl.gradients`).
+"""Programs and per-batch gradient summaries of the gradient measurements (`fp4rl.studies.gradients`).
 
 - parameter groups: each leaf's membership in GROUPS (`policy.grad_group_masks`, plus "all");
 - `Projection`: the linear per-batch summary whose inner products give the group Gram matrices

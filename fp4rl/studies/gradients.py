@@ -47,41 +47,18 @@ from fp4rl.analysis import gradient_report
 from fp4rl.model import sync as model_sync
 from fp4rl.model.config import ModelConfig
 from fp4rl.model.transformer import graphdef_of
-from fp4rl.recipe import SITE_KINDS, PrecisionRecipe
-from fp4rl.rl import dapo, data, evaluation, gradient_store, policy, rollout, sft
-from fp4rl.rl.gradient_programs import GROUPS, Programs, Projection, group_dots, group_sums, leaf_groups
+from fp4rl.recipe import SITE_KINDS, PrecisionRecipe, draws_keys, is_straight_through, straight_through
+from fp4rl.rl import dapo, data, evaluation, policy, rollout, sft
+from fp4rl.studies import gradient_store
+from fp4rl.studies.gradient_programs import GROUPS, Programs, Projection, group_dots, group_sums, leaf_groups
 from fp4rl.rl.task import make_problem
 
-from fp4rl.rl.gradients_config import REFERENCE, GradientsConfig
+from fp4rl.studies.gradients_config import REFERENCE, GradientsConfig
 
 F32 = jnp.float32
 
 
 # ---------------------------------------------------------------------------------- recipes
-def straight_through(recipe: PrecisionRecipe) -> PrecisionRecipe:
-    """The recipe's quantized forward with a BF16 backward on raw operands (straight-through), named
-    "straight-through"; arms with the same forward get equal views, and a recipe without quantized
-    sites is itself. A recipe with a BF16 backward differs from its view in its name only
-    (`is_straight_through`)."""
-    quantized = [k for k in SITE_KINDS if getattr(recipe, k).quantized]
-    if not quantized:
-        return recipe
-    sites = {k: dataclasses.replace(getattr(recipe, k), backward="bf16") for k in quantized}
-    return dataclasses.replace(recipe, name="straight-through", **sites)
-
-
-def is_straight_through(recipe: PrecisionRecipe) -> bool:
-    """Whether the recipe's gradient is its own straight-through gradient (every backward BF16)."""
-    return straight_through(recipe) in (recipe, dataclasses.replace(recipe, name="straight-through"))
-
-
-def draws_keys(recipe: PrecisionRecipe) -> bool:
-    """Only NVFP4's quantized backward is random (stochastic rounding, random Hadamard transform);
-    MXFP8's re-quantizes deterministically (qlinear)."""
-    sites = [getattr(recipe, k) for k in SITE_KINDS]
-    return any(site.format == "nvfp4" and site.backward == "quantized" for site in sites)
-
-
 # ---------------------------------------------------------------------------------- measurement
 ROLLOUT_STREAM, SR_STREAM, MISMATCH_STREAM, PROMPT_STREAM = 0, 1, 2, 3
 KERNEL_IMPLS = ("triton", "mosaic")  # need a GPU

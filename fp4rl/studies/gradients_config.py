@@ -1,4 +1,4 @@
-"""The settings of the fixed-parameter gradient measurements (`fp4rl.rl.gradients`): the rollouts
+"""The settings of the fixed-parameter gradient measurements (`fp4rl.studies.gradients`): the rollouts
 and loss (as in the RL runs), the AdamW of the one-update policy change, and what is measured."""
 
 from __future__ import annotations

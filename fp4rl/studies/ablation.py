@@ -3,7 +3,7 @@ docs/rl.md's matrix with N seeds, then the report.
 
 Layout of a run directory (what `fp4rl.analysis` reads):
     <out>/sft/                       the warm-up checkpoint (reused when present)
-    <out>/gradients/                 `fp4rl.rl.gradients` at the warm-up (report.md, JSON, PNGs)
+    <out>/gradients/                 `fp4rl.studies.gradients` at the warm-up (report.md, JSON, PNGs)
     <out>/<arm>/seed<k>/metrics.jsonl
     <out>/<arm>/checkpoint/          resumable state (not needed by the report)
     <out>/report.md, grad_norm.png, seeds.png, summary.png
@@ -34,7 +34,8 @@ from fp4rl.analysis import gradient_report, learning
 from fp4rl.analysis.report import write_report, write_sections_report
 from fp4rl.analysis.runs import has_arm_metrics
 from fp4rl.recipe import ABLATION_ARMS, BASELINE_ARMS, POSITIVE_CONTROL_ARMS, PrecisionRecipe, dose_response_arms
-from fp4rl.rl import gradients, gradients_config, resume, sft, trainer
+from fp4rl.rl import resume, sft, trainer
+from fp4rl.studies import gradients, gradients_config
 from fp4rl.rl.run_dir import prepare_out
 from fp4rl.rl.run_settings import expert_gemm_of, run_records, settings_text
 

@@ -17,7 +17,9 @@ from experiments import gradients as gradients_experiment
 from fp4rl import configs
 from fp4rl.analysis import gradient_report, scaling
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import gradient_store, gradients, sft
+from fp4rl.rl import sft
+
+from fp4rl.studies import gradient_store, gradients
 
 pytestmark = pytest.mark.slow
 

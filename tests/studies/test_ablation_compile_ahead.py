@@ -13,7 +13,7 @@ import types
 
 from fp4rl import configs
 from fp4rl.config_cli import parse
-from fp4rl.rl import ablation
+from fp4rl.studies import ablation
 
 
 def test_programs_queue_before_the_measurements_and_compile_once(tmp_path, monkeypatch):
