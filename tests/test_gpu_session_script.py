@@ -1,5 +1,6 @@
 """tools/gpu_session.sh: a mistyped mode is refused with the list of the modes it has; the matrix and the
-ladder modes run what they are asked, with stand-ins for python."""
+ladder modes run what they are asked, with stand-ins for python; the gradients mode is refused at once without
+the untracked rollouts it measures on (fetched with tools/data_files.py and carried)."""
 
 import json
 import re
@@ -188,3 +189,48 @@ def test_ladder_second_warm_up_trains_its_steps_into_a_folder_of_its_own(tmp_pat
     assert any(c.endswith(f"--preset ladder-w512-l6 --steps=800 --out={sft}") for c in calls)
     assert all(f"--init={sft}" in c for c in calls if "experiments.gradients" in c)
     assert json.loads((tmp_path / "work/runs/ladder-w512-l6/ladder.json").read_text())["sft_steps"] == 800
+
+
+FAKE_RECORDING_PYTHON = """#!/bin/bash
+# Stands in for python: records each call, reads what it is fed, does nothing.
+echo "$*" >> "$CALLS"
+cat >/dev/null 2>&1 || true
+"""
+
+
+def _run_gradients(tmp_path, *modes: str, rollouts: bool) -> tuple[subprocess.CompletedProcess, list[str], Path]:
+    """`gpu_session.sh MODES` in tmp_path/work (a warm-up already there) with a recording stand-in for python,
+    the committed rollouts present or not: (the result, its python calls, the work folder)."""
+    bin_dir, work, calls = tmp_path / "bin", tmp_path / "work", tmp_path / "calls.txt"
+    bin_dir.mkdir()
+    for name in ("python", "python3"):
+        (bin_dir / name).write_text(FAKE_RECORDING_PYTHON)
+        (bin_dir / name).chmod(0o755)
+    (work / "runs/h200/sft").mkdir(parents=True)
+    (work / "runs/h200/sft/sft_meta.json").write_text('{"params_sha256": "x"}')
+    if rollouts:
+        (work / "results/gradients_h200/parts").mkdir(parents=True)
+        (work / "results/gradients_h200/parts/rollouts.npz").write_bytes(b"the batches")
+    env = {"OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls),
+           "WARMUP_CACHE": str(tmp_path / "no_cache"), "GRAD_PART": "nvfp4", "GRAD_ARGS": "--recipes=nvfp4,+dq"}
+    result = subprocess.run(["bash", str(SCRIPT), *modes], cwd=work, env=env, capture_output=True, text=True,
+                            timeout=60, stdin=subprocess.DEVNULL)
+    return result, (calls.read_text().splitlines() if calls.exists() else []), work
+
+
+def test_gradients_without_the_fetched_rollouts_is_refused_before_any_mode_runs(tmp_path):
+    result, calls, _ = _run_gradients(tmp_path, "quant", "gradients", rollouts=False)
+    assert result.returncode == 1
+    assert "results/gradients_h200/parts/rollouts.npz is absent" in result.stdout
+    assert "python tools/data_files.py fetch" in result.stdout and "carry" in result.stdout
+    assert calls == []  # neither the earlier mode nor the warm-up ran
+
+
+def test_gradients_measures_on_the_carried_rollouts(tmp_path):
+    result, calls, work = _run_gradients(tmp_path, "gradients", rollouts=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (work / "runs/h200/gradients/rollouts.npz").read_bytes() == b"the batches"
+    [measure] = [c for c in calls if "experiments.gradients" in c]
+    assert measure == ("-m experiments.gradients --preset h200 --rollouts_file=runs/h200/gradients/rollouts.npz "
+                       "--out=runs/h200/gradients/nvfp4 --recipes=nvfp4,+dq")
+    assert (tmp_path / "out" / "gradients.tgz").is_file()

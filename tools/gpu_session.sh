@@ -16,7 +16,9 @@
 #                                       # (MODE=bands tools/long_horizon_call.sh)
 #   bash tools/gpu_session.sh gradients # h200 warm-up + the fixed-parameter gradient measurements (GRAD_ARGS),
 #                                       # into runs/h200/gradients/GRAD_PART on the batches of
-#                                       # results/gradients_h200/parts/rollouts.npz
+#                                       # results/gradients_h200/parts/rollouts.npz: not tracked, so before the
+#                                       # call `python tools/data_files.py fetch` here and carry that path
+#                                       # (refused at once without it, unless a warm machine has the copy)
 #   bash tools/gpu_session.sh arms      # h200 warm-up + the ablation arms ARMS (comma separated) x SEEDS seeds
 #   bash tools/gpu_session.sh matrix    # the same on MATRIX_PRESET (h200 by default), PARALLEL arms at a time per
 #                                       # GPU as separate processes, resumable
@@ -238,6 +240,16 @@ if ls "$cache_in"/jax_cache.tgz.* >/dev/null 2>&1; then
   mkdir -p "$JAX_COMPILATION_CACHE_DIR" && cat "$cache_in"/jax_cache.tgz.* | tar xzf - -C "$JAX_COMPILATION_CACHE_DIR" \
     && echo "=== jax cache: $(find "$JAX_COMPILATION_CACHE_DIR" -type f | wc -l) files carried in" | tee -a "$log"
 fi
+# `gradients` measures on the committed batches, kept out of the tracked tree (results/data_files.json): without
+# them (nor the copy an earlier call left on this machine) it is refused before any mode runs.
+GRAD_ROLLOUTS=results/gradients_h200/parts/rollouts.npz
+for mode in "${@:-bench}"; do
+  if [ "$mode" = gradients ] && [ ! -f runs/h200/gradients/rollouts.npz ] && [ ! -f $GRAD_ROLLOUTS ]; then
+    echo "gradients: $GRAD_ROLLOUTS is absent: run \`python tools/data_files.py fetch\` before the device call" \
+      "and carry it (carry: [\"$GRAD_ROLLOUTS\"]); it is ignored by git, so only a carried path travels" | tee -a "$log"
+    exit 1
+  fi
+done
 python -c "import jax; print(jax.devices())" >>"$log" 2>&1
 for mode in "${@:-bench}"; do
 case "$mode" in
@@ -594,8 +606,8 @@ PY
   gradients)
     warmup
     dir=runs/h200/gradients && mkdir -p runs/h200/gradients
-    # the committed batches, so that every part is measured on the same ones (gradient_store)
-    [ -f $dir/rollouts.npz ] || cp results/gradients_h200/parts/rollouts.npz $dir/
+    # the committed batches, so that every part is measured on the same ones (gradient_store; carried in, above)
+    [ -f $dir/rollouts.npz ] || cp $GRAD_ROLLOUTS $dir/
     step gradients "${GRAD_SECONDS:-330}" python -m experiments.gradients --preset h200 \
       --rollouts_file=$dir/rollouts.npz --out="$dir/${GRAD_PART:-all}" ${GRAD_ARGS:-}
     cp "$log" "$dir/${GRAD_PART:-all}.log" && cp runs/h200/sft/sft_meta.json "$dir/warmup_meta.json"

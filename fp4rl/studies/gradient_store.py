@@ -142,16 +142,27 @@ def save_raw(raw: Mapping, settings: Mapping, out: str | Path) -> None:
     (out / RAW_META_FILE).write_text(json.dumps(_jsonable({"raw": meta, "settings": settings}), indent=1))
 
 
+def load_meta(out: str | Path) -> tuple[dict, dict]:
+    """(raw without its arrays `RAW_ARRAYS`, settings): `RAW_META_FILE` alone, as `save_raw` wrote it under
+    `out` (the committed parts keep it in the tree; their arrays come back with tools/data_files.py)."""
+    path = Path(out) / RAW_META_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: is {out} the --out of a gradient measurement?")
+    meta = _from_json(json.loads(path.read_text()))
+    return meta["raw"], meta["settings"]
+
+
 def load_raw(out: str | Path) -> tuple[dict, dict]:
     """(raw, settings) as `save_raw` wrote them under `out`."""
     out = Path(out)
     for name in (RAW_FILE, RAW_META_FILE):
         if not (out / name).is_file():
-            raise FileNotFoundError(f"{out / name} is missing: is {out} the --out of a gradient measurement?")
-    meta = _from_json(json.loads((out / RAW_META_FILE).read_text()))
+            raise FileNotFoundError(f"{out / name} is missing: is {out} the --out of a gradient measurement? "
+                                    "(committed results: `python tools/data_files.py fetch` brings their arrays back)")
+    meta, settings = load_meta(out)
     with np.load(out / RAW_FILE) as f:
         arrays = _nest({name: f[name] for name in f.files})
-    return {**meta["raw"], **{k: arrays.get(k, {}) for k in RAW_ARRAYS}}, meta["settings"]
+    return {**meta, **{k: arrays.get(k, {}) for k in RAW_ARRAYS}}, settings
 
 
 def merge(parts: Sequence[tuple[dict, dict]]) -> tuple[dict, dict]:

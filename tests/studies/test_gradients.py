@@ -187,6 +187,8 @@ def test_parts_merged_equal_one_measurement(smoke, tmp_path):
     config, results = smoke
     raw, settings = gradient_store.load_raw(config.out)
     assert gradient_report.analyze(raw, config.bootstrap, config.seed)["recipes"] == results["recipes"]  # lossless
+    meta, meta_settings = gradient_store.load_meta(config.out)  # raw.json alone: everything but the arrays
+    assert meta_settings == settings and set(meta) == set(raw) - set(gradient_store.RAW_ARRAYS)
     dirs = []
     for i, recipes in enumerate([[], ["nvfp4"]]):
         dirs.append(str(tmp_path / f"part{i}"))
