@@ -1,10 +1,13 @@
-"""The training and benchmark entry points import without the HTTP serving stack.
+"""The training and benchmark entry points import without the HTTP serving stack, and they are the
+only command lines.
 
 The GPU image has no FastAPI/uvicorn, and the server is built on the standard library's HTTP
 server, so no entry point (serving included) may need them. A subprocess hides those packages and
-imports every entry point.
+imports every entry point. The library keeps no `main()`: every command line is an experiments/
+module (`python -m experiments.<name>`).
 """
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,3 +40,10 @@ def test_entry_points_import_without_fastapi_or_uvicorn():
 def test_the_hiding_works():
     result = _run("import fastapi\n")
     assert result.returncode != 0 and "hidden by the test" in result.stderr
+
+
+def test_the_library_keeps_no_command_line():
+    found = [f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}"
+             for path in sorted((ROOT / "fp4rl").rglob("*.py")) for text in [path.read_text(encoding="utf-8")]
+             for m in re.finditer(r"^def main\(|^if __name__ == .__main__.:", text, re.M)]
+    assert not found, f"command lines belong in experiments/: {found}"

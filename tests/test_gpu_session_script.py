@@ -120,7 +120,7 @@ FAKE_LADDER_PYTHON = """#!/bin/bash
 # the measurement parts are recorded and leave what they would write.
 echo "$*" >> "$CALLS"
 if [ "$1" = -c ]; then exec "$REAL_PYTHON" "$@"; fi
-if [ "$1 $2" = "-m fp4rl.analysis.band" ]; then echo "band of $3" > "$5"; exit "${BAND_EXIT:-0}"; fi
+if [ "$1 $2" = "-m experiments.band" ]; then echo "band of $3" > "$5"; exit "${BAND_EXIT:-0}"; fi
 if [ "$1" = tools/measure_usage.py ]; then
   usage=$2 module=$4; shift 4; out=""; rollouts=""; preset=""
   for a in "$@"; do case "$a" in --out=*) out=${a#--out=} ;; --rollouts_file=*) rollouts=${a#--rollouts_file=} ;; esac; done
@@ -177,7 +177,7 @@ def test_ladder_measures_the_parts_asked_for_and_skips_the_measured_ones(tmp_pat
 
 def test_ladder_measures_nothing_off_the_band_or_on_another_warm_up(tmp_path):
     calls, _ = _run_ladder(tmp_path, LADDER="ladder-w512-l6", BAND_EXIT="1")
-    assert any("fp4rl.analysis.band" in c for c in calls) and not any("experiments.gradients" in c for c in calls)
+    assert any("experiments.band" in c for c in calls) and not any("experiments.gradients" in c for c in calls)
     calls, _ = _run_ladder(tmp_path, LADDER="ladder-w512-l6", WARMUP_SHA256="other")
     assert not any("experiments.gradients" in c for c in calls)
     assert "the warm-up is not the recorded one" in (tmp_path / "out" / "log.txt").read_text()

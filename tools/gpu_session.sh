@@ -209,7 +209,7 @@ ladder_rung() {
   if [ -n "${WARMUP_SHA256:-}" ] && [ "$sha" != "$WARMUP_SHA256" ]; then
     echo "=== $rung: the warm-up is not the recorded one ($WARMUP_SHA256): not measured" | tee -a "$log"; return 1
   fi
-  if ! step "band_$rung" 120 python -m fp4rl.analysis.band "$sft_dir" --table "$dir/band.md"; then
+  if ! step "band_$rung" 120 python -m experiments.band "$sft_dir" --table "$dir/band.md"; then
     echo "=== $rung: its warm-up lies outside the RL band ($dir/band.md); not measured" | tee -a "$log"
     ladder_pack "$rung" "$sft_dir"; return 0
   fi
@@ -373,7 +373,7 @@ case "$mode" in
         --rl.steps="$steps" --rl.optim.lr="$lr" --out="$dir"
       first=${first:-$dir}
     done
-    dir=$(python -m fp4rl.analysis.lr_sweep runs/pilot/lr* 2>>"$log") || dir=runs/pilot/lr3e-5
+    dir=$(python -m experiments.lr_sweep runs/pilot/lr* 2>>"$log") || dir=runs/pilot/lr3e-5
     lr=${dir##*/lr}
     echo "=== chosen: $dir (lr $lr)" | tee -a "$log"
     if [ ! -e "$dir/sft" ]; then mkdir -p "$dir" && cp -r "$first/sft" "$dir/sft"; fi
@@ -391,7 +391,7 @@ case "$mode" in
     # the parameters' SHA-256), then bf16 RL with held-out evaluations and the learning verdict.
     warmup
     step rl_bf16 "${RL_SECONDS:-420}" python -m experiments.rl --preset h200 --arm bf16 --seeds 2 ${RL_ARGS:-}
-    step learning 30 python -m fp4rl.analysis.learning runs/h200/rl/bf16
+    step learning 30 python -m experiments.learning runs/h200/rl/bf16
     cp "$log" runs/h200/log.txt
     tar czf "$OUT/learn.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200
     ;;
@@ -401,7 +401,7 @@ case "$mode" in
     WARMUP_SECONDS=${WARMUP_SECONDS:-420} warmup h200-long || exit 1
     step rl_long "${RL_SECONDS:-2400}" python -m experiments.rl --preset h200-long --arm bf16 --seeds 2 \
       --expert_gemm="${LONG_GEMM:-packed}" ${RL_ARGS:-}
-    step learning 60 python -m fp4rl.analysis.learning runs/h200-long/rl/bf16 --window=150:300 --reward_cap=0.8@150
+    step learning 60 python -m experiments.learning runs/h200-long/rl/bf16 --window=150:300 --reward_cap=0.8@150
     cp "$log" runs/h200-long/log.txt
     tar czf "$OUT/long.tgz" --exclude=checkpoint --exclude=tb --exclude=.jax_cache runs/h200-long
     ;;
@@ -414,11 +414,11 @@ case "$mode" in
     bands=${BANDS:-h200-long-x4 h200-chain}
     band_pipeline() {  # band_pipeline PRESET
       WARMUP_SECONDS=${WARMUP_SECONDS:-900} warmup "$1" || return 1
-      python -m fp4rl.analysis.band "runs/$1/sft" --table="runs/$1/band.md" >>"$log" 2>&1 \
+      python -m experiments.band "runs/$1/sft" --table="runs/$1/band.md" >>"$log" 2>&1 \
         || { echo "=== band $1: warm-up outside the band, no RL" | tee -a "$log"; return 0; }
       step "rl_$1" "${RL_SECONDS:-2400}" python -m experiments.rl --preset "$1" --arm bf16 --seeds 2 --expert_gemm=packed \
         ${RL_ARGS:-}
-      step "learning_$1" 60 python -m fp4rl.analysis.learning "runs/$1/rl/bf16" --window=150:300 --reward_cap=0.8@150
+      step "learning_$1" 60 python -m experiments.learning "runs/$1/rl/bf16" --window=150:300 --reward_cap=0.8@150
     }
     for band in $bands; do band_pipeline "$band" & sleep 10; done
     [ "${BAND_MODEL_TESTS:-1}" = 1 ] && model_tests 600
@@ -470,7 +470,7 @@ case "$mode" in
     [ "${MPS:-0}" = 1 ] && mps_start "$dir"
     deadline=$(( START + ${SESSION_SECONDS:-575} - 25 ))
     # A job is ARM or ARM:FIRST_SEED. ARM:FIRST_SEED runs seeds FIRST.. (--rl.seed_offset) in a folder of its own,
-    # $MATRIX_DIR/seedsFIRST (merge it with `fp4rl.rl.merge_seeds $MATRIX_DIR/seedsFIRST ...`), so that one call
+    # $MATRIX_DIR/seedsFIRST (merge it with `experiments.merge_seeds $MATRIX_DIR/seedsFIRST ...`), so that one call
     # on a machine of several GPUs runs several 2-seed runs of the plan, of one arm or of several.
     job_dir() { case "$1" in *:*) echo "$dir/seeds${1#*:}" ;; *) echo "$dir" ;; esac; }
     run_arm() {  # run_arm JOB GPU: until it finishes or the call's deadline
@@ -629,7 +629,7 @@ PY
     # At 8k tokens a step is tens of seconds and compiling minutes: start it detached
     # (HF_STEPS=3 MODE=hf tools/long_horizon_call.sh).
     dir=runs/hf
-    step hf_checkpoint 240 python -m fp4rl.model.hf_local $dir/qwen3_300m --size=300m \
+    step hf_checkpoint 240 python -m experiments.hf_local $dir/qwen3_300m --size=300m \
       --rows=$dir/rows.jsonl --num_rows=512 || exit 1
     # shellcheck disable=SC2086  # HF_ARGS are words
     step hf_rl "${HF_SECONDS:-1500}" python -m experiments.rl --preset hf --model.hf=$dir/qwen3_300m \

@@ -5,7 +5,7 @@
 # FILES_AT: the folder the device call's files came back to (matrix.tgz, log.txt, nvidia_smi.csv).
 # MATRIX: results/long_h200/chain/paired by default. WARMUP_SHA256: the warm-up digest the call checked
 # (the chain's by default). Each finished run (a job ARM:FIRST's folder seedsFIRST, or an arm at the top
-# of the tarball) joins MATRIX/ARM with `fp4rl.rl.merge_seeds`, the call's log and GPU trace beside it
+# of the tarball) joins MATRIX/ARM with `experiments.merge_seeds`, the call's log and GPU trace beside it
 # (log_seedsA-B.txt, nvidia_smi_seedsA-B.csv); then the seed logs are packed, and each merged arm's
 # learning.md, the report and status.md are rewritten. A run that did not finish is named and left out.
 set -euo pipefail
@@ -25,7 +25,7 @@ for run in "$work" "$work"/seeds*; do
     if [ ! -f "$arm_dir/done.json" ]; then echo "=== $arm in $(basename "$run"): not finished, left out"; continue; fi
     seeds=$(python -c "import json, sys; s = json.load(open(sys.argv[1]))['seeds']; print(f'{min(s)}-{max(s)}')" "$arm_dir/done.json")
     fresh=$([ -d "$matrix/$arm" ] && echo no || echo yes)
-    python -m fp4rl.rl.merge_seeds "$run" "$matrix" --arms "$arm" --warmup_sha256 "$sha"
+    python -m experiments.merge_seeds "$run" "$matrix" --arms "$arm" --warmup_sha256 "$sha"
     # a new arm is copied whole, with its own train.log: the call's log and trace sit beside it
     suffix=$([ "$fresh" = yes ] && echo "" || echo "_seeds$seeds")
     [ -f "$files/log.txt" ] && cp "$files/log.txt" "$matrix/$arm/log$suffix.txt"
@@ -35,10 +35,10 @@ for run in "$work" "$work"/seeds*; do
 done
 rm -rf "$work"
 [ ${#merged[@]} -gt 0 ] || { echo "nothing finished to merge" >&2; exit 1; }
-python -m fp4rl.analysis.pack_logs "$matrix"
+python -m experiments.pack_logs "$matrix"
 for arm in $(printf '%s\n' "${merged[@]}" | sort -u); do
-  python -m fp4rl.analysis.learning "$matrix/$arm" --window=150:300 --reward_cap=0.8@150 >/dev/null
+  python -m experiments.learning "$matrix/$arm" --window=150:300 --reward_cap=0.8@150 >/dev/null
 done
 python -m experiments.report "$matrix" >/dev/null
-python -m fp4rl.analysis.matrix_status "$matrix" --warmup_sha="$sha" --write "$matrix/status.md" >/dev/null
+python -m experiments.matrix_status "$matrix" --warmup_sha="$sha" --write "$matrix/status.md" >/dev/null
 head -n 3 "$matrix/status.md"  # not piped: head closing the pipe early would fail the writer under pipefail

@@ -8,7 +8,8 @@ criteria" and "The report").
 - `fp4rl.analysis.statistics`: reward gap, bootstrap intervals, mismatch;
 - `fp4rl.analysis.summary`: every criterion measured per seed and per arm;
 - `fp4rl.analysis.verdicts`: PASS / FAIL / UNDECIDED per criterion and arm, and the claim;
-- `fp4rl.analysis.power`: the decision rule and each test's power for a planned matrix (CLI);
+- `fp4rl.analysis.power`: the decision rule and each test's power for a planned matrix (its command line:
+  `python -m experiments.rule_power`);
 - `fp4rl.analysis.stability`: all of the above criteria names in one import;
 - `fp4rl.analysis.report`: `write_report(run_dir)` -> report.md + PNGs (imports matplotlib);
 - `fp4rl.analysis.plots`: the figures; `fp4rl.analysis.synthetic`: synthetic run directories.

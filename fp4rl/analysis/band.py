@@ -9,14 +9,12 @@ Rule (`BAND_RULE`, declared before the runs it chooses): RL runs on every candid
 accuracy lies in [0.2, 0.45]; a warm-up outside it is reported, not run (below the band, groups of
 8 samples rarely hold a right answer: `results/long_h200/`; above it, too few hold a wrong one).
 
-    python -m fp4rl.analysis.band runs/h200-long-x4/sft runs/h200-chain/sft --table=band.md
+    python -m experiments.band runs/h200-long-x4/sft runs/h200-chain/sft --table=band.md
     # prints the table, then the directories inside the band one per line; exit status 1 if none is
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 from fp4rl.run_files import read_json
@@ -51,28 +49,3 @@ def table_markdown(accuracies: dict[str, float], chosen: list[str]) -> str:
         levels = ", ".join(f"{r['difficulty']}: {r['sampled']:.3f}" for r in read_json(Path(d) / "sft_meta.json")["accuracy"])
         lines.append(f"| {d} | {levels} | {acc:.3f} | {'yes' if d in chosen else 'no'} |")
     return "\n".join(lines) + "\n"
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("warmups", nargs="+", help="finished warm-up directories")
-    parser.add_argument("--table", default=None, help="write the markdown table here")
-    args = parser.parse_args(argv)
-    finished = [d for d in args.warmups if (Path(d) / "sft_meta.json").is_file()]
-    for d in sorted(set(args.warmups) - set(finished)):
-        print(f"warning: {d} holds no finished warm-up (no sft_meta.json); left out", file=sys.stderr)
-    if not finished:
-        sys.exit("error: none of the warm-ups finished")
-    accuracies = {d: band_accuracy(d) for d in finished}
-    chosen = inside(accuracies)
-    text = table_markdown(accuracies, chosen)
-    print(text, file=sys.stderr)
-    if args.table:
-        Path(args.table).write_text(text)
-    print("\n".join(chosen))
-    if not chosen:
-        sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()

@@ -9,12 +9,11 @@ emulates the larger error-to-noise ratios that bigger models and batches bring: 
 measurement at scale. The paper's mechanism predicts that from some a on the BF16-backward arm fails
 (spikes or lags in reward) while the dequantized one stays stable longer.
 
-    python -m fp4rl.analysis.dose_response RUN_DIR   # writes RUN_DIR/dose_response.md and .png
+    python -m experiments.dose_response RUN_DIR   # writes RUN_DIR/dose_response.md and .png
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -175,21 +174,3 @@ def write(run_dir: str | Path, c: StabilityCriteria = StabilityCriteria()) -> tu
     table = run_dir / "dose_response.md"
     table.write_text(text)
     return table, figure
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fp4rl.analysis.dose_response", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", help="a matrix directory holding bf16 and the nvfp4@A / +dq@A arms")
-    args = parser.parse_args(argv)
-    if not Path(args.run_dir).is_dir():
-        parser.error(f"{args.run_dir} is not a directory")
-    try:
-        table, figure = write(args.run_dir)
-    except (ValueError, FileNotFoundError) as error:
-        parser.error(str(error))
-    print(table.read_text())
-    print(f"[dose_response] {table}, {figure}")
-
-
-if __name__ == "__main__":
-    main()

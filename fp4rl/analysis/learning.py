@@ -22,15 +22,14 @@ the run only (from the first evaluation at or after the window's start to the la
 end) and requires its CI's lower end above 0, and the population reward (seed mean of
 `population/reward_mean`, in a 10-step running mean) to stay below the cap before the given step.
 
-    python -m fp4rl.analysis.learning runs/h200/rl/bf16      # prints the table, writes learning.md/png
-    python -m fp4rl.analysis.learning runs/h200-long/rl/bf16 --window=150:300 --reward_cap=0.8@150
+    python -m experiments.learning runs/h200/rl/bf16      # prints the table, writes learning.md/png
+    python -m experiments.learning runs/h200-long/rl/bf16 --window=150:300 --reward_cap=0.8@150
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -307,23 +306,3 @@ def parse_reward_cap(text: str) -> tuple[float, int]:
         return float(cap), int(step)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--reward_cap takes CAP@STEP (e.g. 0.8@150), got {text!r}") from None
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fp4rl.analysis.learning", description=__doc__.split("\n")[0])
-    parser.add_argument("arm_dir", help="a directory holding seed*/metrics.jsonl")
-    parser.add_argument("--window", type=parse_window, help="START:END: also judge the long-horizon bar on this window")
-    parser.add_argument("--reward_cap", type=parse_reward_cap, default=(0.8, 150),
-                        help="CAP@STEP for the long-horizon bar (default 0.8@150)")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    result = summarize(args.arm_dir)
-    text = markdown(result)
-    if args.window is not None:
-        text += "\n" + window_markdown(long_horizon_bar(args.arm_dir, args.window, *args.reward_cap))
-    (Path(args.arm_dir) / "learning.md").write_text(text)
-    plot(result, Path(args.arm_dir) / "learning.png")
-    print(text)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """docs/rl.md "Learning-rate pilot", step one: the largest learning rate at which the BF16 arm is stable.
 
-    python -m fp4rl.analysis.lr_sweep runs/pilot/lr1e-4 runs/pilot/lr3e-4   # prints the chosen run dir
+    python -m experiments.lr_sweep runs/pilot/lr1e-4 runs/pilot/lr3e-4   # prints the chosen run dir
 
 Each directory is an ablation run (`<dir>/bf16/seed<k>/metrics.jsonl`) whose name ends in
 `lr<value>`. Stable = in no seed a spike (3x rule), a collapse, or a reward drop of docs/rl.md's
@@ -11,7 +11,6 @@ short pilot run cannot wait 50 steps for a recovery, so choosing an LR treats it
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -50,19 +49,3 @@ def largest_stable_lr(run_dirs, criteria: StabilityCriteria = StabilityCriteria(
     rows = sorted((bf16_stability(d, criteria) for d in run_dirs), key=lambda r: r["lr"])
     stable = [r for r in rows if r["stable"]]
     return (stable[-1] if stable else None), rows
-
-
-def main(argv=None) -> None:
-    dirs = sys.argv[1:] if argv is None else list(argv)
-    if not dirs:
-        raise SystemExit("usage: python -m fp4rl.analysis.lr_sweep RUN_DIR [RUN_DIR ...]  (names ending in lr<value>)")
-    chosen, rows = largest_stable_lr(dirs)
-    for row in rows:
-        print(row, file=sys.stderr)
-    if chosen is None:
-        raise SystemExit("no learning rate gave a stable bf16 arm")
-    print(chosen["dir"])
-
-
-if __name__ == "__main__":
-    main()

@@ -1,11 +1,11 @@
 """Where an RL matrix stands: per arm, the seeds run against the plan, its learning, stability and
 cost, and the device runs still to do, read from the committed metrics.
 
-    python -m fp4rl.analysis.matrix_status results/long_h200/chain/paired [--window=150:300]
+    python -m experiments.matrix_status results/long_h200/chain/paired [--window=150:300]
         [--reward_cap=0.8@150] [--preset=h200-chain] [--write=STATUS.md]
 
 The plan (docs/rl.md "The ablation matrix", the instruments first), in device runs of `RUN_SEEDS`
-seeds (seeds 0-1, 2-3, ... with `--rl.seed_offset`, merged with `fp4rl.rl.merge_seeds`):
+seeds (seeds 0-1, 2-3, ... with `--rl.seed_offset`, merged with `python -m experiments.merge_seeds`):
 `FIRST_PHASE`: the no-intervention arms nvfp4 and nvfp4-pt at 4 seeds beside bf16 and full (the
 paired reference and the recipe), then the positive controls (nvfp4+attn, nvfp4-tensor), then the
 dose-response of the mismatch (nvfp4@A and +dq@A, A = 4, 16, 64, and A = 1: nvfp4 and +dq). The
@@ -19,7 +19,6 @@ so the status and the next command cannot drift from the files.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
@@ -203,29 +202,3 @@ def status_markdown(run_dir: str | Path, window=(150, 300), reward_cap=0.8, cap_
         lines += ["", f"On a machine of {machine}:", "", "```bash", run_command(todo[:gpus], preset, warmup_sha), "```", "",
                   "Then: " + ", ".join(f"{a} seeds {f}-{f + RUN_SEEDS - 1}" for a, f in todo[gpus:]) + "." if todo[gpus:] else ""]
     return "\n".join(lines).rstrip() + "\n"
-
-
-def main(argv=None) -> str:
-    parser = argparse.ArgumentParser(prog="python -m fp4rl.analysis.matrix_status", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", help="the matrix directory: ARM/seedK/metrics.jsonl")
-    parser.add_argument("--window", type=learning.parse_window, default=(150, 300),
-                        help="the long-horizon window, START:END (steps; default 150:300)")
-    parser.add_argument("--reward_cap", type=learning.parse_reward_cap, default=(0.8, 150),
-                        help="CAP@STEP: the early-saturation cap (default 0.8@150)")
-    parser.add_argument("--preset", default="h200-chain", help="the preset in the next run's command")
-    parser.add_argument("--warmup_sha", default="", help="the warm-up digest the next run's command holds it to")
-    parser.add_argument("--gpus", type=int, default=1, choices=(1, 2, 4, 8),
-                        help="GPUs of the machine the next call gets: its command holds that many runs (default 1)")
-    parser.add_argument("--write", default="", help="also write the status here (markdown)")
-    args = parser.parse_args(argv)
-    if not Path(args.run_dir).is_dir():
-        parser.error(f"{args.run_dir} is not a directory")
-    text = status_markdown(args.run_dir, args.window, *args.reward_cap, args.preset, args.warmup_sha, args.gpus)
-    if args.write:
-        Path(args.write).write_text(text)
-    print(text)
-    return text
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Gzip the per-seed JSONL logs of run directories in place, so committed results stay small.
 
-    python -m fp4rl.analysis.pack_logs results/long_h200/chain/matrix
+    python -m experiments.pack_logs results/long_h200/chain/matrix
 
 Every `seed<k>/metrics.jsonl` and `seed<k>/updates.jsonl` under the given directories becomes
 `<name>.gz` (about 6x smaller); every reader in `fp4rl.analysis` takes either form
@@ -11,9 +11,7 @@ before the original is removed. A live run keeps writing plain JSONL: pack only 
 
 from __future__ import annotations
 
-import argparse
 import gzip
-from collections.abc import Sequence
 from pathlib import Path
 
 from fp4rl.analysis.runs import METRICS_FILE, PACKED_SUFFIX, UPDATES_FILE, seed_dirs
@@ -51,21 +49,3 @@ def plain_logs(root: str | Path) -> list[Path]:
 def pack_tree(root: str | Path) -> list[Path]:
     """Pack every seed log under `root` (any depth); returns the packed paths."""
     return [pack_file(p) for p in plain_logs(root)]
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fp4rl.analysis.pack_logs", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dirs", nargs="+", help="run directories (every seed<k>/ log below them is packed)")
-    args = parser.parse_args(argv)
-    for root in args.run_dirs:
-        if not Path(root).is_dir():
-            parser.error(f"{root} is not a directory")
-    for root in args.run_dirs:
-        before = sum(p.stat().st_size for p in plain_logs(root))
-        packed = pack_tree(root)
-        after = sum(p.stat().st_size for p in packed)
-        print(f"{root}: {len(packed)} log(s) packed, {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
-
-
-if __name__ == "__main__":
-    main()

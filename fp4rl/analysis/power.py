@@ -17,8 +17,8 @@ paired reward gap is normal around the arm's gap. Collapses are not drawn: the c
 none, so the collapse criterion passes in every simulated arm (it is judged as the report judges
 it, on the number of judged seeds).
 
-    python -m fp4rl.analysis.power --seeds 2,4,8 --steps 300 --replicates 2000
-    python -m fp4rl.analysis.power --out results/rule_power   # also writes README.md's table there
+    python -m experiments.rule_power --seeds 2,4,8 --steps 300 --replicates 2000
+    python -m experiments.rule_power --out results/rule_power   # also writes README.md's table there
 
 The Student t power of the paired reward gap (`paired_t_power`, `detectable_paired_gap`) is
 analytic and printed beside the simulation.
@@ -26,15 +26,9 @@ analytic and printed beside the simulation.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import datetime
 import math
-import subprocess
-import sys
-import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 from scipy.integrate import quad
@@ -271,7 +265,7 @@ def measured_defaults(run_dir, criteria: StabilityCriteria = StabilityCriteria()
             "reward_rise": float(np.nanmean(rises)), "rise_sd": float(np.nanstd(rises, ddof=1))}
 
 
-def _measured_noise(run_dir, c: StabilityCriteria) -> tuple[NoiseModel, str]:
+def measured_noise(run_dir, c: StabilityCriteria) -> tuple[NoiseModel, str]:
     """The noise model measured on `run_dir`; what it cannot measure (no other arm with 2 seeds, no
     spike to split into severe ones, BF16 too short for a rise) stays the chain's, and says so."""
     m = measured_defaults(run_dir, c)
@@ -322,59 +316,3 @@ def markdown(points: Sequence[OperatingPoint], sizes: Mapping[int, float], noise
               "Reward, analytic (Student t over seeds): " + ", ".join(
                   f"{s} seeds: half-width {t_half_width(noise.gap_sd, s, c.ci_level):.4f}" for s in sizes) + "."]
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """Simulate the rule over the default scenarios and print (and with --out write) the table."""
-    parser = argparse.ArgumentParser(
-        prog="python -m fp4rl.analysis.power", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="2,4,8", help="seeds per arm (BF16's too); a comma list (default 2,4,8)")
-    parser.add_argument("--steps", type=int, default=300, help="RL steps per seed (default 300)")
-    parser.add_argument("--replicates", type=int, default=2000, help="simulated matrices per row (default 2000)")
-    parser.add_argument("--spike-margin", type=float, default=StabilityCriteria().spike_margin_per_100,
-                        help="non-inferiority margin, spiking steps per 100 judged steps (default: the declared one)")
-    parser.add_argument("--dispersion", type=float, default=CHAIN_DISPERSION, help="seed effect's phi (default 1)")
-    parser.add_argument("--bf16-step-rate", type=float, default=None, help="BF16's spiking-step rate (default 3/2240)")
-    parser.add_argument("--gap-sd", type=float, default=CHAIN_GAP_SD, help="per-seed sd of the mean paired gap")
-    parser.add_argument("--from-run", default=None, help="measure the noise model on this run directory instead")
-    parser.add_argument("--out", default=None, help="also write README.md (the table and the command) in this folder")
-    args = parser.parse_args(argv)
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-        c = StabilityCriteria(spike_margin_per_100=args.spike_margin)
-        noise = NoiseModel(dispersion=args.dispersion, gap_sd=args.gap_sd)
-        source = "measured on results/long_h200/chain/matrix"
-        if args.from_run:
-            noise, source = _measured_noise(args.from_run, c)
-        if args.bf16_step_rate is not None:
-            noise = dataclasses.replace(noise, bf16_step_rate=args.bf16_step_rate)
-    except ValueError as e:
-        parser.error(str(e))
-    start = time.time()
-    points = [operating_point(truth, s, args.steps, args.replicates, noise, c, seed=i)
-              for i, truth in enumerate(default_scenarios(c, noise)) for s in seeds]
-    sizes = {s: false_spike_failure_rate(s, args.steps, args.replicates, noise, c) for s in seeds}
-    table = markdown(points, sizes, noise, c, source)
-    print(table)
-    print(f"\n({time.time() - start:.0f} s)")
-    if args.out:
-        command = "python -m fp4rl.analysis.power " + " ".join(sys.argv[1:] if argv is None else argv)
-        _write(Path(args.out), command.strip(), table)
-
-
-def _write(out: Path, command: str, table: str) -> None:
-    """`out`/README.md: one section per command (a rerun replaces its own section, another command
-    adds one), each with the date and the commit; the text above the first section is kept."""
-    out.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    section = f"## `{command}`\n\n{datetime.date.today()}, commit {commit or 'unknown'}.\n\n{table}\n"
-    readme = out / "README.md"
-    text = readme.read_text() if readme.exists() else "# The claim rule's operating characteristics (simulated)\n\n"
-    head, *sections = text.split("\n## ")  # the head (title, what the tables say) is kept as written
-    head = head.rstrip() + "\n\n"
-    kept = ["## " + x.rstrip() + "\n" for x in sections if not x.startswith(f"`{command}`")]
-    readme.write_text(head + "\n".join([*kept, section]))
-
-
-if __name__ == "__main__":
-    main()

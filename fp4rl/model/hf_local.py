@@ -18,12 +18,11 @@ make about half the responses right for an answer of 4 or 5: groups of mixed rew
 run. `write_rows(path, rows)`: a JSONL or parquet file in verl's DAPO-Math-17k format;
 `arithmetic_rows(n)` makes n rows whose answers are 4 or 5.
 
-    python -m fp4rl.model.hf_local DIR [--size=300m] [--model_type=qwen3_moe] [--rows=FILE --num_rows=N]
+    python -m experiments.hf_local DIR [--size=300m] [--model_type=qwen3_moe] [--rows=FILE --num_rows=N]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -164,23 +163,3 @@ def write_rows(path: Path, rows: list[dict] = ROWS) -> Path:
     else:
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fp4rl.model.hf_local", description=__doc__.split("\n\n")[0])
-    parser.add_argument("directory", help="the checkpoint folder to write")
-    parser.add_argument("--size", default="tiny", choices=sorted(SIZES))
-    parser.add_argument("--model_type", default="qwen3_moe", choices=("qwen3_moe", "qwen2_moe"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rows", default="", help="also write a DAPO-Math-style file here (.jsonl or .parquet)")
-    parser.add_argument("--num_rows", type=int, default=512, help="rows of --rows (answers 4 or 5)")
-    args = parser.parse_args(argv)
-    directory = write_checkpoint(Path(args.directory), args.model_type, args.seed, size=args.size)
-    with open(directory / "config.json") as f:
-        print(f"wrote {directory} ({args.model_type}, {args.size}: {json.load(f)['num_hidden_layers']} layers)")
-    if args.rows:
-        print(f"wrote {write_rows(Path(args.rows), arithmetic_rows(args.num_rows, args.seed))} ({args.num_rows} rows)")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """More seeds for finished arms: merge the seed directories of one ablation run into another.
 
-    python -m fp4rl.rl.merge_seeds SRC DST [--arms a,b]
+    python -m experiments.merge_seeds SRC DST [--arms a,b]
 
 A matrix grows seeds in separate runs (e.g. seeds 2-3 with `--rl.seed_offset=2 --out=SRC` after
 seeds 0-1 in DST), since a run directory resumes only under the settings it started with. Each
@@ -24,7 +24,6 @@ the checks, so a refused merge leaves DST as it was.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 from pathlib import Path
 from typing import Sequence
@@ -102,23 +101,3 @@ def merge(src: str | Path, dst: str | Path, arms: Sequence[str] | None = None,
         write_json_atomic(dst / arm / resume.DONE_FILE, {**done, "seeds": sorted(dst_seeds + src_seeds)})
         added[arm] = src_seeds
     return added
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fp4rl.rl.merge_seeds", description=__doc__.split("\n\n")[0])
-    parser.add_argument("src", help="the ablation run directory with the new seeds")
-    parser.add_argument("dst", help="the ablation run directory they join")
-    parser.add_argument("--arms", default="", help="comma-separated arms (default: every finished arm of SRC)")
-    parser.add_argument("--warmup_sha256", default="", help="the warm-up digest the runs' calls checked: lets `init` "
-                        "differ for records without their own warmup_sha256")
-    args = parser.parse_args(argv)
-    for path in (args.src, args.dst):
-        if not Path(path).is_dir():
-            parser.error(f"{path} is not a directory")
-    added = merge(args.src, args.dst, [a for a in args.arms.split(",") if a] or None, args.warmup_sha256)
-    for arm, seeds in added.items():
-        print(f"{arm}: seeds {seeds} -> {Path(args.dst) / arm}")
-
-
-if __name__ == "__main__":
-    main()

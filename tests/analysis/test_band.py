@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from experiments import band as band_cli
 from fp4rl.analysis import band
 
 
@@ -32,7 +33,7 @@ def test_cli_prints_the_chosen_and_skips_unfinished(tmp_path, capsys):
     good = _warmup(tmp_path, "good", [0.6, 0.4, 0.2, 0.1])
     missing = str(tmp_path / "missing")
     table = tmp_path / "band.md"
-    band.main([missing, low, good, f"--table={table}"])
+    band_cli.main([missing, low, good, f"--table={table}"])
     out, err = capsys.readouterr()
     assert out.split() == [good]
     assert "holds no finished warm-up" in err and missing in err
@@ -42,11 +43,11 @@ def test_cli_prints_the_chosen_and_skips_unfinished(tmp_path, capsys):
 
 def test_cli_exits_1_when_no_warm_up_is_inside(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        band.main([_warmup(tmp_path, "low", [0.1, 0.0])])
+        band_cli.main([_warmup(tmp_path, "low", [0.1, 0.0])])
     assert exit_info.value.code == 1
     assert capsys.readouterr().out.strip() == ""
 
 
 def test_cli_fails_loudly_without_any_finished_warm_up(tmp_path):
     with pytest.raises(SystemExit, match="none of the warm-ups finished"):
-        band.main([str(tmp_path / "nothing")])
+        band_cli.main([str(tmp_path / "nothing")])

@@ -2,6 +2,7 @@
 
 import pytest
 
+from experiments import dose_response as dose_response_cli
 from fp4rl.analysis import dose_response
 from fp4rl.analysis.synthetic import make_synthetic_run
 
@@ -17,7 +18,7 @@ def test_dose_of_reads_the_arm_names():
 def test_the_first_failing_dose_of_each_backward(tmp_path, capsys):
     # the BF16-backward arm fails from a = 16 on (spikes and a lagging reward); the dequantized one never
     run_dir = make_synthetic_run(tmp_path, ARMS, seeds=4, steps=160, spiky_arms=("nvfp4@16",))
-    dose_response.main([str(run_dir)])
+    dose_response_cli.main([str(run_dir)])
     out = capsys.readouterr().out
     assert "- bf16 backward (`nvfp4@A`): first fails at a = 16." in out
     assert "- dequantized backward (`+dq@A`): first fails at none of a = 1, 4, 16." in out
@@ -31,5 +32,5 @@ def test_the_first_failing_dose_of_each_backward(tmp_path, capsys):
 def test_a_run_without_dose_arms_is_refused(tmp_path, capsys):
     run_dir = make_synthetic_run(tmp_path, ("bf16", "full"), seeds=2, steps=40)
     with pytest.raises(SystemExit):
-        dose_response.main([str(run_dir)])
+        dose_response_cli.main([str(run_dir)])
     assert "holds no dose-response arm" in capsys.readouterr().err

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from experiments import learning as learning_cli
 from fp4rl.analysis import learning
 from fp4rl.analysis.statistics import BootstrapCI
 
@@ -120,11 +121,11 @@ def test_the_window_needs_two_evaluations_per_seed(tmp_path):
 
 def test_the_cli_judges_the_window_and_refuses_bad_options(tmp_path, capsys):
     arm = _long_run(tmp_path, late_gain=0.15)
-    learning.main([str(arm), "--window=150:300", "--reward_cap=0.8@150"])
+    learning_cli.main([str(arm), "--window=150:300", "--reward_cap=0.8@150"])
     assert "verdict: keeps learning" in capsys.readouterr().out and (arm / "learning.md").exists()
     for bad in (["--window=300:150"], ["--window=a"], ["--reward_cap=0.8"]):
         with pytest.raises(SystemExit):
-            learning.main([str(arm), *bad])
+            learning_cli.main([str(arm), *bad])
 
 
 def _add_failure_split(path, initial: dict, last: dict):

@@ -3,6 +3,7 @@ synthetic matrices."""
 
 import json
 
+from experiments import matrix_status as matrix_status_cli
 from fp4rl.analysis import matrix_status
 from fp4rl.analysis.runs import load_run
 from fp4rl.analysis.summary import summarize_run
@@ -51,14 +52,14 @@ def test_the_decision_rule_picks_the_phase(tmp_path):
 
 
 def test_status_table_judges_each_arm_and_names_the_next_run(tmp_path):
-    text = matrix_status.main([str(_matrix(tmp_path)), "--window=60:159", "--reward_cap=0.99@60",
+    text = matrix_status_cli.main([str(_matrix(tmp_path)), "--window=60:159", "--reward_cap=0.99@60",
                                "--write", str(tmp_path / "status.md")])
     assert (tmp_path / "status.md").read_text() == text
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ") and "---" not in line}
     assert "0-7 (8)" in rows["full"] and "0-3 (8)" in rows["bf16"]  # the equivalent phase: 8 seeds each
     assert "PASS" in rows["full"] and "PASS" in rows["nvfp4"]
     assert "Decision rule: nvfp4 vs full EQUIVALENT" in text and "ARMS=nvfp4-pt:0 " in text
-    four = matrix_status.main([str(_matrix(tmp_path)), "--window=60:159", "--reward_cap=0.99@60", "--gpus=4"])
+    four = matrix_status_cli.main([str(_matrix(tmp_path)), "--window=60:159", "--reward_cap=0.99@60", "--gpus=4"])
     assert "ARMS=nvfp4-pt:0,nvfp4-pt:2,nvfp4+attn:0,nvfp4-tensor:0 " in four and "Then: +dq seeds 0-1," in four
 
 

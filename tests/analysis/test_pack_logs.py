@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from experiments import pack_logs as pack_logs_cli
 from fp4rl.analysis import learning, pack_logs
 from fp4rl.analysis.runs import has_arm_metrics, load_run, seed_log
 from fp4rl.analysis.synthetic import make_synthetic_run
@@ -51,5 +52,5 @@ def test_packing_is_deterministic_and_refuses_ambiguity(tmp_path):
 
 def test_pack_logs_command_names_a_missing_directory(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        pack_logs.main([str(tmp_path / "nowhere")])
+        pack_logs_cli.main([str(tmp_path / "nowhere")])
     assert "is not a directory" in capsys.readouterr().err

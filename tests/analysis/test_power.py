@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from experiments import rule_power as rule_power_cli
 from fp4rl.analysis import power
 from fp4rl.analysis.criteria import StabilityCriteria
 
@@ -90,18 +91,18 @@ def test_detectable_gap_is_where_the_power_reaches_80_percent():
 
 
 def test_cli_prints_the_rule_and_writes_the_table(tmp_path, capsys):
-    power.main(["--seeds", "2,4", "--replicates", "20", "--out", str(tmp_path)])
+    rule_power_cli.main(["--seeds", "2,4", "--replicates", "20", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert "Decision rule, stated before the runs" in out and "non-inferiority margin" in out
     rows = [line for line in out.splitlines() if line.startswith("| leave-one-out arms spike 10x")]
     assert [r.split("|")[3].strip() for r in rows] == ["2", "4"]
     readme = (tmp_path / "README.md").read_text()
-    assert "`python -m fp4rl.analysis.power --seeds 2,4 --replicates 20 --out" in readme and "commit" in readme
-    power.main(["--seeds", "2", "--replicates", "20", "--dispersion", "0", "--out", str(tmp_path)])
+    assert "`python -m experiments.rule_power --seeds 2,4 --replicates 20 --out" in readme and "commit" in readme
+    rule_power_cli.main(["--seeds", "2", "--replicates", "20", "--dispersion", "0", "--out", str(tmp_path)])
     readme = (tmp_path / "README.md").read_text()
     assert readme.count("\n## ") == 2  # one section per command
     with pytest.raises(SystemExit) as e:
-        power.main(["--help"])
+        rule_power_cli.main(["--help"])
     assert e.value.code == 0 and "--spike-margin" in capsys.readouterr().out
 
 
@@ -110,10 +111,10 @@ def test_a_bf16_only_run_measures_the_rate_and_says_what_it_keeps(tmp_path, caps
     from fp4rl.analysis.synthetic import make_synthetic_run
 
     make_synthetic_run(tmp_path, ARMS[:1], seeds=2, steps=120)
-    power.main(["--seeds", "4", "--replicates", "10", "--from-run", str(tmp_path)])
+    rule_power_cli.main(["--seeds", "4", "--replicates", "10", "--from-run", str(tmp_path)])
     out = capsys.readouterr().out
     assert "not measurable there, so the chain matrix's: severe_fraction" in out and "gap_sd" in out
     make_synthetic_run(tmp_path / "short", ARMS[:1], seeds=2, steps=60)
     with pytest.raises(SystemExit):
-        power.main(["--from-run", str(tmp_path / "short")])
+        rule_power_cli.main(["--from-run", str(tmp_path / "short")])
     assert "BF16 has no judged step" in capsys.readouterr().err

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from experiments import hf_local as hf_local_cli
 from fp4rl.model import hf_local
 from fp4rl.model.hf import config_from_hf
 from fp4rl.rl import math_file
@@ -24,7 +25,7 @@ def test_unknown_size_and_model_type_name_the_valid_ones():
 
 
 def test_cli_writes_a_checkpoint_and_rows_the_loader_reads(tmp_path):
-    hf_local.main([str(tmp_path / "ckpt"), "--rows", str(tmp_path / "rows.jsonl"), "--num_rows", "12"])
+    hf_local_cli.main([str(tmp_path / "ckpt"), "--rows", str(tmp_path / "rows.jsonl"), "--num_rows", "12"])
     assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["num_hidden_layers"] == 2
     rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and {r["reward_model"]["ground_truth"] for r in rows} <= {"4", "5"}

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from experiments import merge_seeds as merge_seeds_cli
 from fp4rl.analysis.runs import load_run
 from fp4rl.analysis.synthetic import make_synthetic_run, synthetic_recipe
 from fp4rl.rl import merge_seeds
-
 from fp4rl.studies import ablation
 
 STEPS = 30
@@ -66,8 +66,8 @@ def test_cli_names_an_unfinished_arm(tmp_path, capsys):
     dst = _run(tmp_path / "dst", ["bf16"], [0, 1])
     src = _run(tmp_path / "src", ["bf16"], [2, 3], seed_offset=2)
     with pytest.raises(ValueError, match=r"no finished arm \['full'\] in .* \(finished there: \['bf16'\]\)"):
-        merge_seeds.main([str(src), str(dst), "--arms", "full"])
-    merge_seeds.main([str(src), str(dst)])
+        merge_seeds_cli.main([str(src), str(dst), "--arms", "full"])
+    merge_seeds_cli.main([str(src), str(dst)])
     assert "bf16: seeds [2, 3]" in capsys.readouterr().out
 
 

@@ -6,7 +6,7 @@
 #   tools/lm_eval/run.sh [CHECKPOINT] [OUT]    (from the repository root, the project's venv active)
 #
 # CHECKPOINT: a Hugging Face folder with a tokenizer.json (default /tmp/qwen3, written by
-# `python -m fp4rl.model.hf_local` when missing: random weights, so its scores are chance).
+# `python -m experiments.hf_local` when missing: random weights, so its scores are chance).
 # OUT: lm_eval's --output_path (default results/lm_eval). LM_EVAL: the lm_eval executable, installed
 # apart from the project (`python -m venv /tmp/lmeval-venv && /tmp/lmeval-venv/bin/pip install
 # "lm-eval[api]" transformers`; default /tmp/lmeval-venv/bin/lm_eval). PORT: default 8765.
@@ -17,7 +17,7 @@ LM_EVAL=${LM_EVAL:-/tmp/lmeval-venv/bin/lm_eval}
 PORT=${PORT:-8765}
 MODEL=fp4rl-qwen3-nvfp4
 
-[ -f "$CHECKPOINT/config.json" ] || python -m fp4rl.model.hf_local "$CHECKPOINT"
+[ -f "$CHECKPOINT/config.json" ] || python -m experiments.hf_local "$CHECKPOINT"
 # Prompts of these tasks are under 64 tokens; generation asks for at most 8 (the tasks' max_gen_toks).
 python -m experiments.serve --checkpoint "$CHECKPOINT" --quantization nvfp4_online --model_name "$MODEL" \
   --engine.prompt_buckets=64 --engine.max_new_tokens=8 --port "$PORT" --log_level=warning &
