@@ -142,9 +142,8 @@ def gpu_program_size(preset: str, arm: str, seeds: int, gemm: str, program: str 
     jax.clear_caches()  # arms that share a program (the forward) would reuse its trace, uncounted
     with as_if_on_an_h200(), mock.patch.object(ieee, "integer_divide", counted):
         run = trainer.Trainer(config, progress=False, warmup=warmup)
-        jitted = {"sync": "_sync", "sample": "_sample", "update": "_update"}[program]
-        fn = getattr(run, jitted)
-        with mock.patch.object(run, jitted, types.SimpleNamespace(
+        fn = getattr(run.programs, program)
+        with mock.patch.object(run.programs, program, types.SimpleNamespace(
                 lower=lambda *args: fn.trace(*args).lower(lowering_platforms=("cuda",)))):
             [lower] = [lower for name, _, lower in run.lowerings() if name == program]
             text = lower().as_text()

@@ -56,7 +56,7 @@ def _warmup(preset: str, init_dir: str | None):
 def _trainer(preset: str, arm: str, seeds: int, warmup) -> trainer.Trainer:
     config = dataclasses.replace(configs.RL_PRESETS[preset], arm=arm, seeds=seeds, out=tempfile.mkdtemp())
     run = trainer.Trainer(config, progress=False, warmup=warmup)
-    if not run._eval_batches:
+    if not run.eval_batches:
         raise ValueError(f"preset {preset!r} has no held-out evaluation (eval_every=0): its prompts are the ones compared")
     return run
 
@@ -64,18 +64,18 @@ def _trainer(preset: str, arm: str, seeds: int, warmup) -> trainer.Trainer:
 def _outputs(run: trainer.Trainer) -> dict[str, np.ndarray]:
     """Every seed's outputs, [S, ...] each, from identical parameters, prompts and keys."""
     S, c = len(run.seeds), run.config
-    ids, mask, _ = run._eval_batches[0]
+    ids, mask, _ = run.eval_batches[0]
     ids, mask = np.stack([ids] * S).astype(np.int32), np.stack([mask] * S).astype(bool)
     state = run._initial_state()
-    qparams, _ = run._sync(state["params"])
+    qparams, _ = run.programs.sync(state["params"])
     recipe = run.recipe.forward_only()
     logits = jax.jit(jax.vmap(lambda q, t, v: forward(run.graphdef, q, t, recipe, impl=c.impl, valid=v)[0]))
-    keys = run._put(jnp.stack([jax.random.key(0)] * S))
-    greedy = run._generate(qparams, ids, mask, keys, jnp.float32(0.0))
-    sampled = run._generate(qparams, ids, mask, keys, jnp.float32(c.temperature))
+    keys = run.programs.put(jnp.stack([jax.random.key(0)] * S))
+    greedy = run.programs.generate(qparams, ids, mask, keys, jnp.float32(0.0))
+    sampled = run.programs.generate(qparams, ids, mask, keys, jnp.float32(c.temperature))
     weights = [np.ascontiguousarray(x).reshape(S, -1).view(np.uint8) for x in jax.device_get(jax.tree.leaves(qparams))]
     named = [("synced weights", np.concatenate(weights, axis=1)),
-             ("logits (prompt forward)", logits(qparams, run._put(ids), run._put(mask))),
+             ("logits (prompt forward)", logits(qparams, run.programs.put(ids), run.programs.put(mask))),
              ("greedy tokens", greedy.tokens), ("greedy log-probs", greedy.logprobs),
              (f"sampled tokens (T={c.temperature:g}, same key)", sampled.tokens),
              (f"sampled log-probs (T={c.temperature:g})", sampled.logprobs)]
@@ -172,8 +172,8 @@ def _open(body):
 def walk_forward(preset: str, arm: str, sizes: list[int], warmup, limit: int) -> list[str]:
     """The first `limit` primitives of the prompt forward whose batched output depends on S."""
     run = _trainer(preset, arm, 1, warmup)
-    ids, mask, _ = run._eval_batches[0]
-    qparams = jax.tree.map(lambda x: x[0], run._sync(run._initial_state()["params"])[0])
+    ids, mask, _ = run.eval_batches[0]
+    qparams = jax.tree.map(lambda x: x[0], run.programs.sync(run._initial_state()["params"])[0])
     recipe = run.recipe.forward_only()
 
     def logits(q, tokens, valid):  # layers unrolled: a scan would be one opaque primitive

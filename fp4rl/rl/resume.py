@@ -37,6 +37,8 @@ MAY_DIFFER = {
     "out": "where the run directory lies: a moved directory resumes",
     "memory.remat": "the backward recomputes each layer's values instead of keeping them: the same "
                     "values and gradients bit for bit (tests/model/test_memory_options.py)",
+    "overlap": "when the host's work runs beside the device's, not what either computes: the same values "
+               "bit for bit (tests/rl/test_overlap.py)",
 }
 # Not compared at all: not a setting of the run.
 NOT_COMPARED = {"resume": "how this check itself behaves"}

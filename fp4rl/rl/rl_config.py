@@ -96,6 +96,11 @@ class RLConfig:
       rows use, the prompt's left padding and the responses' right padding cut to power-of-two
       widths (`fp4rl.rl.column_trim`: the same values up to the order of f32 sums; one update
       program per width pair met); False: always prompt_len + max_new_tokens columns.
+    overlap: keep the device busy while the host works (`fp4rl.rl.train_step`): generation batch b+1
+      goes to the sampler before batch b is scored (discarded unread when the pools are full after
+      b: a sampler call of device time spent for nothing), and the next step's weight sync and first
+      sampler call before this step's records are built (the next step's synced weights are then
+      held during this step's evaluation and checkpoint). Changes when, not what, it computes.
     prompt_len: max prompt tokens. temperature: the sampling temperature; the
     sampler's and the trainer's log-probs are both those of softmax(logits / temperature).
     eval_every: held-out evaluation every this many steps (and at the last step; 0: never) on
@@ -133,6 +138,7 @@ class RLConfig:
     prompt_prefill: bool = False
     reference_logprobs: bool = True
     trim_padding: bool = False
+    overlap: bool = True
     mini_batches: int = 2
     max_new_tokens: int = 48
     overlong_buffer: int = 8

@@ -17,16 +17,16 @@ def _smoke(warmup_dir, out, **overrides):
 def test_chunked_generation_draws_the_same_greedy_tokens_and_runs_a_step(warmup_dir, tmp_path):
     whole = trainer.Trainer(_smoke(warmup_dir, tmp_path / "whole"), progress=False)
     chunked = trainer.Trainer(_smoke(warmup_dir, tmp_path / "chunked", generation_chunks=2), progress=False)
-    qparams, _ = whole._sync(whole._initial_state()["params"])
-    ids, mask, _ = whole._eval_batches[0]  # a held-out batch, in the rollout's shape
+    qparams, _ = whole.programs.sync(whole._initial_state()["params"])
+    ids, mask, _ = whole.eval_batches[0]  # a held-out batch, in the rollout's shape
     ids, mask = ids[None].astype(np.int32), mask[None].astype(bool)
-    keys = whole._step_keys(0, 0)
+    keys = whole.programs.step_keys(0, 0)
     # Greedy decoding uses no key: two calls of half the rows draw what one call of all draws.
-    a = whole._generate(qparams, ids, mask, keys, np.float32(0.0))
-    b = chunked._generate(qparams, ids, mask, keys, np.float32(0.0))
+    a = whole.programs.generate(qparams, ids, mask, keys, np.float32(0.0))
+    b = chunked.programs.generate(qparams, ids, mask, keys, np.float32(0.0))
     for name in a._fields:
         np.testing.assert_array_equal(getattr(b, name), getattr(a, name), err_msg=name)
-    sampled = chunked._generate(qparams, ids, mask, keys, np.float32(1.0))
+    sampled = chunked.programs.generate(qparams, ids, mask, keys, np.float32(1.0))
     assert sampled.tokens.shape == a.tokens.shape and sampled.router_topk.shape == a.router_topk.shape
     chunked.run()
     lines = (tmp_path / "chunked" / "bf16" / "seed0" / "metrics.jsonl").read_text().splitlines()

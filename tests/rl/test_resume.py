@@ -19,7 +19,7 @@ import pytest
 
 from fp4rl import configs
 from fp4rl.config_cli import parse
-from fp4rl.rl import resume, sft, trainer
+from fp4rl.rl import policy, resume, sft, trainer
 from fp4rl.rl.checkpoint import Checkpointer
 from tests.rl.test_metrics_log import tensorboard_scalars
 
@@ -168,8 +168,8 @@ def test_an_update_with_a_non_finite_learning_rate_is_flagged_and_skipped(warmup
     """The update's own check covers the update, not only loss and gradient: with a NaN LR
     (OptimConfig refuses one; here the optimizer is built around it) the loss and gradient are
     finite, the update is not, and it is skipped."""
-    make = trainer.policy.make_optimizer
-    monkeypatch.setattr(trainer.policy, "make_optimizer", lambda lr, *args: make(float("nan"), *args))
+    make = policy.make_optimizer
+    monkeypatch.setattr(policy, "make_optimizer", lambda lr, *args: make(float("nan"), *args))
     run = trainer.Trainer(_smoke(warmup_dir, tmp_path, arm="bf16", steps=1), progress=False)
     from tests.rl.test_trainer import _mix_rewards
 

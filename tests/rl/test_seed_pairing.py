@@ -51,11 +51,11 @@ def _set_rewards(monkeypatch, keep):
 def _rollouts(config, inputs, scored) -> dict[int, dict[tuple[int, int], trainer.rollout.Generation]]:
     """{seed: {(step, generation batch): the seed's Generation}} of STEPS steps' rollouts."""
     run = trainer.Trainer(config, progress=False, inputs=inputs)
-    qparams, _ = run._sync(run._initial_state()["params"])
+    qparams, _ = run.programs.sync(run._initial_state()["params"])
     streams = {seed: {} for seed in run.seeds}
     for step in range(STEPS):
         del scored[:]
-        _, gen_batches, _, _ = run._rollouts(qparams, step)
+        _, gen_batches, _, _ = run.stepper.rollouts(qparams, step)
         assert len(scored) == gen_batches * len(run.seeds)
         for i, gen in enumerate(scored):
             streams[run.seeds[i % len(run.seeds)]][step, i // len(run.seeds)] = gen

@@ -56,13 +56,13 @@ def test_warmup_writes_checkpoint_config_and_accuracy_table(warmup_dir):
 def test_rl_smoke_logs_every_required_metric_per_seed(warmup_dir, tmp_path):
     config = _smoke(warmup_dir, tmp_path, arm="full", seeds=2)
     run = trainer.Trainer(config, progress=False)
-    names = ("_sync", "_sample", "_update")
-    before = {name: getattr(run, name)._cache_size() for name in names}  # forward programs are shared
+    names = ("sync", "sample", "update")
+    before = {name: getattr(run.programs, name)._cache_size() for name in names}  # forward programs are shared
     run.run()
     # Every program compiled at most once for the whole run (2 steps, 2 mini-batches, eval, old and
     # reference log-probs): a second entry means a retrace or re-lowering, e.g. from uncommitted inputs.
     for name in names:
-        assert getattr(run, name)._cache_size() - before[name] <= 1, name
+        assert getattr(run.programs, name)._cache_size() - before[name] <= 1, name
     required = ["step", "reward/mean", "population/accuracy", "population/reward_mean", "grad_norm/global",
                 "updates/applied", "updates/empty", "ratio/first_minibatch_min", "clip_frac/dual", "mismatch/kl_k1", "mismatch/kl_k3",
                 "mismatch/max_abs_logp_diff", "mismatch/routing_flip", "entropy", "clip_frac/upper", "clip_frac/lower",
@@ -134,7 +134,7 @@ def _first_step(warmup, out, monkeypatch, arm, first_update: dict | None = None)
     run = trainer.Trainer(_smoke(warmup, out, arm=arm, steps=1), progress=False)
     _mix_rewards(monkeypatch)
     if first_update is not None:
-        update = run._update
+        update = run.programs.update
 
         def keep_first(params, opt_state, batch, key, apply):
             out = update(params, opt_state, batch, key, apply)
@@ -143,7 +143,7 @@ def _first_step(warmup, out, monkeypatch, arm, first_update: dict | None = None)
                 first_update.update({k: float(np.asarray(v)[0]) for k, v in metrics.items()})
             return out
 
-        run._update = keep_first
+        run.programs.update = keep_first
     _, records, updates = run.step(run._initial_state(), 0)
     return records, updates
 
