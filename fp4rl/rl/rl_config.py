@@ -100,7 +100,8 @@ class RLConfig:
       goes to the sampler before batch b is scored (discarded unread when the pools are full after
       b: a sampler call of device time spent for nothing), and the next step's weight sync and first
       sampler call before this step's records are built (the next step's synced weights are then
-      held during this step's evaluation and checkpoint). Changes when, not what, it computes.
+      held during this step's evaluation and checkpoint). Changes when, not what, it computes. Off
+      by default: its speed is not measured yet, and on `h200-chain` it may sample batches for nothing.
     prompt_len: max prompt tokens. temperature: the sampling temperature; the
     sampler's and the trainer's log-probs are both those of softmax(logits / temperature).
     eval_every: held-out evaluation every this many steps (and at the last step; 0: never) on
@@ -138,7 +139,7 @@ class RLConfig:
     prompt_prefill: bool = False
     reference_logprobs: bool = True
     trim_padding: bool = False
-    overlap: bool = True
+    overlap: bool = False  # until the staged GPU A/B decides (benchmarks/README.md, "Host work beside the GPU")
     mini_batches: int = 2
     max_new_tokens: int = 48
     overlong_buffer: int = 8
