@@ -28,23 +28,21 @@ from fp4rl.analysis.runs import REFERENCE_ARM, load_run
 from fp4rl.analysis.statistics import RateDifference, rate_difference, student_t_interval
 from fp4rl.analysis.summary import ArmSummary, summarize_run
 from fp4rl.analysis.verdicts import ArmVerdict, run_verdicts, seed_spike_counts
-from fp4rl.recipe import DOSE_BASES
+from fp4rl.recipe import DOSE_BASES, PrecisionRecipe
 
 BACKWARD_OF = {"nvfp4": "bf16", "+dq": "dequantized"}  # the two dose bases and their backwards
 
 
 def dose_of(arm: str) -> tuple[str, float] | None:
-    """(base, amplification) of a dose-response arm (`nvfp4` and `+dq` are a = 1), else None."""
-    if arm in DOSE_BASES:
-        return arm, 1.0
-    base, at, dose = arm.partition("@")
-    if not at or base not in DOSE_BASES:
+    """(base, amplification) of a dose-response arm (`nvfp4` and `+dq` are a = 1), else None; the
+    name is read by the recipe's own parser (`PrecisionRecipe.from_name`)."""
+    base = arm.partition("@")[0]
+    if base not in DOSE_BASES:
         return None
     try:
-        a = float(dose)
+        return base, PrecisionRecipe.from_name(arm).routed_experts.amplification
     except ValueError:
         return None
-    return (base, a) if math.isfinite(a) and a > 0 else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,8 +37,11 @@ from scipy.stats import chi, norm
 from scipy.stats import t as student_t
 
 from fp4rl.analysis.criteria import StabilityCriteria
-from fp4rl.analysis.runs import FULL_ARM, LEAVE_ONE_OUT_ARMS, REFERENCE_ARM
-from fp4rl.analysis.verdicts import ArmVerdict, CriterionResult, claim_reproduced, reward_decision, spike_decision
+from fp4rl.analysis.runs import FULL_ARM, LEAVE_ONE_OUT_ARMS, REFERENCE_ARM, load_run
+from fp4rl.analysis.summary import reward_rise, summarize_run
+from fp4rl.analysis.verdicts import (
+    ArmVerdict, CriterionResult, claim_reproduced, reward_decision, seed_spike_counts, spike_decision,
+)
 
 # results/long_h200/chain/matrix under the declared criteria (`measured_defaults`, pinned by
 # tests/analysis/test_power.py): BF16 spiked in 3 of its 2240 judged steps (8 seeds x 280), one
@@ -240,10 +243,6 @@ def measured_defaults(run_dir, criteria: StabilityCriteria = StabilityCriteria()
     judged steps, the severe share of every arm's spiking steps, the method-of-moments dispersion
     of BF16's per-seed counts, the pooled within-arm sd of the other arms' per-seed mean paired
     gaps, and BF16's reward rise (mean and sd over its seeds)."""
-    from fp4rl.analysis.runs import load_run
-    from fp4rl.analysis.summary import reward_rise, summarize_run
-    from fp4rl.analysis.verdicts import seed_spike_counts
-
     run = load_run(run_dir)
     summaries = summarize_run(run, criteria)
     if REFERENCE_ARM not in summaries:
@@ -288,7 +287,7 @@ def markdown(points: Sequence[OperatingPoint], sizes: Mapping[int, float], noise
     """The decision rule, the noise model and the operating characteristics, as markdown."""
     margin = c.reward_margin_fraction * noise.reward_rise
     lines = [
-        "Decision rule, stated before the runs (docs/rl.md \"Stability criteria\"): " + " ".join(c.describe()[1:2]),
+        "Decision rule, stated before the runs (docs/rl.md \"Stability criteria\"): " + c.describe()[1],
         "",
         c.describe()[3][0].upper() + c.describe()[3][1:],
         "",

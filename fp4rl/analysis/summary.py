@@ -233,15 +233,17 @@ def summarize_arm(
     reference_runs: Mapping[int, SeedRun] | None,
     criteria: StabilityCriteria = StabilityCriteria(),
     reference_judged: int | None = None,
+    reference_rise: float | None = None,
 ) -> ArmSummary:
     """Summarise one arm's seeds; `reference_runs` are the BF16 arm's seeds (None if absent).
-    reference_judged: how many of them are judged (computed here when not given)."""
+    reference_judged, reference_rise: how many of them are judged and their `reward_rise` (computed
+    here when not given: `summarize_run` computes them once for every arm)."""
     c = criteria
     notes: list[str] = []
     gaps: Mapping[int, float] = {}
     gap_mean, series, rise = float("nan"), {}, float("nan")
     if reference_runs:
-        rise = reward_rise(reference_runs, c.reward_rise_steps)
+        rise = reward_rise(reference_runs, c.reward_rise_steps) if reference_rise is None else reference_rise
         rg = reward_gap_to_reference(_reward_series(runs), _reward_series(reference_runs))
         gaps, gap_mean, series = rg.per_seed, rg.mean, rg.series
         if rg.unpaired:
@@ -289,4 +291,5 @@ def summarize_run(
     ref_judged = None
     if reference:
         ref_judged = sum(_power(r, grad_norm_measurements(r), criteria).judged for r in reference.values())
-    return {arm: summarize_arm(arm, seeds, reference, criteria, ref_judged) for arm, seeds in run.arms.items()}
+    rise = reward_rise(reference, criteria.reward_rise_steps) if reference else None
+    return {arm: summarize_arm(arm, seeds, reference, criteria, ref_judged, rise) for arm, seeds in run.arms.items()}
