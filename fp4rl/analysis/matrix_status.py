@@ -29,7 +29,7 @@ from fp4rl.analysis.report import _ci
 from fp4rl.analysis.runs import RunData, load_run
 from fp4rl.analysis.summary import summarize_run
 from fp4rl.analysis.verdicts import claim_reproduced, equivalence, run_verdicts, spike_counts
-from fp4rl.recipe import DOSE_BASES, DOSE_RESPONSE_DOSES, POSITIVE_CONTROL_ARMS, dose_name
+from fp4rl.recipe import POSITIVE_CONTROL_ARMS, dose_response_arms
 from fp4rl.run_files import MERGED_KEY
 
 DECISIVE_ARMS = ("bf16", "full", "full-dq", "full-46", "full-hp")
@@ -50,7 +50,7 @@ def _runs(arm: str, seeds: int, first: int = 0) -> tuple[tuple[str, int], ...]:
 FIRST_PHASE = (
     ("bf16", 0), ("nvfp4", 0), ("bf16", 2), ("nvfp4", 2), *_runs("nvfp4-pt", 4), *_runs("full", 4),
     *((arm, 0) for arm in POSITIVE_CONTROL_ARMS),
-    ("+dq", 0), *((dose_name(base, a), 0) for a in DOSE_RESPONSE_DOSES if a != 1 for base in DOSE_BASES),
+    *((arm, 0) for arm in dose_response_arms() if arm != "nvfp4"),  # nvfp4 (dose 1) ran above
 )
 EQUIVALENT_PHASE = (*_runs("bf16", 4, 4), *_runs("full", 4, 4), *_runs("nvfp4", 4, 4), *_runs("full-dq", 8))
 DECISIVE_PHASE = (*_runs("bf16", 4, 4), *_runs("full", 4, 4),
