@@ -175,7 +175,7 @@ def main(argv=None) -> dict | list | str:
     ladder = config.ladder or tuple(r["preset"] for r in rows)
     directories = config.points or tuple(f"{configs.LADDER_RESULTS}/{n}" for n in ladder
                                          if Path(configs.LADDER_RESULTS, n, scaling.SCALING_POINT_FILE).is_file())
-    results = scaling_report.run(dataclasses.replace(config, ladder=tuple(ladder)), directories, infos(rows))
+    results = scaling_report.run(config, directories, infos(rows))
     print(f"report: {config.out}/{scaling.REPORT_FILE}")
     return results
 

@@ -91,13 +91,13 @@ class _StepClock:
 
 
 def measure(preset: str, arm: str, gemm: str, seeds: int, steps: int, warmup, profile: str = "",
-            overlap: bool = True) -> dict:
+            overlap: bool = False) -> dict:
     config = dataclasses.replace(configs.RL_PRESETS[preset], arm=arm, seeds=seeds, steps=steps, expert_gemm=gemm,
                                  overlap=overlap, eval_every=0, checkpoint_every=steps,
                                  out=tempfile.mkdtemp(prefix="rl_step_time_"))
     t0 = time.perf_counter()
     run = trainer.Trainer(config, progress=False, warmup=warmup)
-    clock = _StepClock(run, steps - 1, f"{profile}/{arm}-{gemm}{'' if overlap else '-no-overlap'}" if profile else "")
+    clock = _StepClock(run, steps - 1, f"{profile}/{arm}-{gemm}{'-overlap' if overlap else ''}" if profile else "")
     history = run.run()
     wall = time.perf_counter() - t0
     step_times = clock.seconds()
@@ -122,8 +122,8 @@ def main(argv=None) -> None:
     parser.add_argument("--init", default="", help="warm-up directory (default: the preset's)")
     parser.add_argument("--profile", default="", help="a directory: the last step of each run under the JAX profiler, "
                         "with a table of its kernels (that step is not timed)")
-    parser.add_argument("--overlap", default="true", help="RLConfig.overlap per run, comma separated (true,false: "
-                        "both, one after the other for each arm and backend)")
+    parser.add_argument("--overlap", default="false", help="RLConfig.overlap per run, comma separated (false,true: "
+                        "both, one after the other for each arm and backend; default: RLConfig's own default, off)")
     parser.add_argument("--out", default="", help="write rl_step_time.json/.md into this directory (default: print only)")
     args = parser.parse_args(argv)
     stochastic.lower_draws_as_gpu_kernel()

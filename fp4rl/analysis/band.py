@@ -15,6 +15,7 @@ accuracy lies in [0.2, 0.45]; a warm-up outside it is reported, not run (below t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from fp4rl.run_files import read_json
@@ -26,9 +27,14 @@ BAND_RULE = (f"RL runs on every candidate whose warm-up's mean sampled accuracy 
 
 def band_accuracy(warmup_dir: str | Path) -> float:
     """Mean sampled accuracy over the levels of a finished warm-up's accuracy table."""
-    rows = read_json(Path(warmup_dir) / "sft_meta.json")["accuracy"]
+    return mean_sampled_accuracy(read_json(Path(warmup_dir) / "sft_meta.json"), f"{warmup_dir}/sft_meta.json")
+
+
+def mean_sampled_accuracy(meta: Mapping, where: str = "sft_meta.json") -> float:
+    """Mean sampled accuracy over the levels of a warm-up's `sft_meta.json` record (`where` names it)."""
+    rows = meta["accuracy"]
     if not rows:
-        raise ValueError(f"{warmup_dir}/sft_meta.json has an empty accuracy table")
+        raise ValueError(f"{where} has an empty accuracy table")
     return sum(r["sampled"] for r in rows) / len(rows)
 
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from fp4rl.analysis import band, scaling_plan
-from fp4rl.analysis.scaling_usage import USAGE_FILE, gb
+from fp4rl.analysis.scaling_usage import USAGE_FILE, gb, read_record
 
 SUMMARY_FILE = "summary.json"
 RULES = __doc__[__doc__.index("- order:"):].strip()
@@ -49,10 +49,6 @@ class RungState:
     band_accuracy: float | None = None
 
 
-def _read(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def _on_h200(record: Mapping) -> bool:
     return (record.get("bytes_limit") or 0) > H200_LIMIT_BYTES
 
@@ -61,11 +57,6 @@ def _oom_text(record: Mapping) -> str:
     request = record.get("requested_bytes")
     return (f"out of memory on {record.get('device', '?')}: peak {gb(record.get('peak_bytes'))}"
             + (f" before a request of {gb(request)}" if request else ""))
-
-
-def band_accuracy(meta: Mapping) -> float:
-    rows = meta["accuracy"]
-    return sum(r["sampled"] for r in rows) / len(rows)
 
 
 def retry_steps(accuracy: float, steps: int) -> int:
@@ -89,8 +80,8 @@ def _warmup_state(row: Mapping, record: Mapping | None) -> RungState | None:
 def rung_state(row: Mapping, directory: str | Path) -> RungState:
     """The rung's state from its collected results (`experiments.scaling collect`) and its plan row."""
     d, name = Path(directory), row["preset"]
-    usage = _read(d / USAGE_FILE) or {}
-    meta = _read(d / "sft_meta.json")
+    usage = read_record(d / USAGE_FILE) or {}
+    meta = read_record(d / "sft_meta.json")
     parts = list(range(1, len(row["measurement"]["parts"]) + 1))
     first_run = row["runs"][0]["parts"] if row["runs"] else parts
     if meta is None:
@@ -101,7 +92,7 @@ def rung_state(row: Mapping, directory: str | Path) -> RungState:
             return failed
         return RungState(name, "to do", env={"LADDER_PARTS": ",".join(map(str, first_run))}, parts=first_run,
                          needs_h200=row["needs_h200"])
-    accuracy, steps = band_accuracy(meta), meta["sft_config"]["steps"]
+    accuracy, steps = band.mean_sampled_accuracy(meta), meta["sft_config"]["steps"]
     retried = steps != row["warmup"]["steps"]
     sha_env = {"WARMUP_SHA256": meta["params_sha256"], **({"LADDER_SFT_STEPS": str(steps)} if retried else {})}
     if band.distance_to_band(accuracy) > 0:
@@ -175,7 +166,7 @@ def rung_table(rows: Sequence[Mapping], states: Mapping[str, RungState], results
         lines.append(f"| {i} | {r['preset']} | {r['role']} | {r['moves']} | {r['params_total'] / 1e6:,.0f}M | {device} | "
                      f"{r['warmup']['memory_calibrated'] / 1e9:.0f} / {r['measurement']['memory_calibrated'] / 1e9:.0f} | "
                      f"{runs} | **{s.state}**{': ' + s.detail if s.detail else ''} | {acc} | "
-                     f"{_peaks(_read(results / r['preset'] / USAGE_FILE))} |")
+                     f"{_peaks(read_record(results / r['preset'] / USAGE_FILE))} |")
     return lines
 
 
@@ -184,7 +175,7 @@ def results_table(rows: Sequence[Mapping], results: Path, dose) -> list[str]:
     FP4-All-the-Way ratio, the sampler-trainer k3 KL against BF16's, the policy change, and the dose link."""
     lines = []
     for r in rows:
-        summary = _read(results / r["preset"] / SUMMARY_FILE)
+        summary = read_record(results / r["preset"] / SUMMARY_FILE)
         if not summary:
             continue
         g = summary["headline_group"]

@@ -42,8 +42,9 @@ fraction at its own T0: "consistent" when the measured value lies in the predict
 Intervals (95%), the union of two:
   (1) measurement: the fit repeated on every rung's stored bootstrap replicates (replicate j of each
       rung together; one rung's components share their resampled batches), percentile interval;
-  (2) lack of fit: the OLS t interval of the fitted mean in log space (t with n - p degrees of
-      freedom), which carries the rungs' scatter around the power law; for a quantity derived from
+  (2) lack of fit: the OLS t prediction interval of a new rung in log space, t sigma
+      sqrt(1 + x0'(X'X)^-1 x0) (t with n - p degrees of freedom), which carries the rungs' scatter
+      around the power law and the new rung's own; for a quantity derived from
       the components, the range of its formula over the corners of their intervals (each formula is
       monotone in each component). With n = p there is no (2) and the report says so.
 
@@ -83,7 +84,7 @@ import numpy as np
 from fp4rl.analysis import batch_scaling
 from fp4rl.analysis.gradient_report import SCALING_POINT_FILE
 from fp4rl.analysis.gradient_rule import COHERENT_BIAS_MAX, NOISE_FRACTION_MAX
-from fp4rl.analysis.scaling_loglog import (  # noqa: F401  (the fit's pieces, used by the report and the tests)
+from fp4rl.analysis.scaling_loglog import (
     CI_LEVEL, LogLogFit, Prediction, derived, exponents, fit_loglog, predict)
 
 COMPONENTS = ("A", "b2", "Ts")
@@ -417,7 +418,11 @@ def analyze(points: Sequence[Mapping], paper: PaperSetting = PaperSetting(), inf
     """The fits, the held-out checks, the extrapolation and the single factors of every recipe and group
     of the rungs; infos: rung name -> its ladder entry ({"role", "parent", "moves"})."""
     infos = infos or {}
-    by_name = {p.get("name") or p.get("dir", str(i)): p for i, p in enumerate(points)}
+    names = [p.get("name") or p.get("dir", str(i)) for i, p in enumerate(points)]
+    if len(set(names)) < len(names):
+        raise ValueError(f"rungs named twice: {sorted({n for n in names if names.count(n) > 1})}: give each "
+                         "measurement its own directory name")
+    by_name = dict(zip(names, points))
     role = {n: infos.get(n, {}).get("role", "") for n in by_name}
     fitted = [p for n, p in by_name.items() if role[n] in FITTED_ROLES]
     if len(fitted) < 2:

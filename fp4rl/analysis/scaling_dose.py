@@ -39,7 +39,7 @@ import numpy as np
 
 from fp4rl.analysis import batch_scaling
 from fp4rl.analysis.gradient_report import SCALING_POINT_FILE
-from fp4rl.analysis.scaling import (  # noqa: F401  (DoseLink: the link's inputs, defined with the fit's settings)
+from fp4rl.analysis.scaling import (
     COMPONENTS, DOSE_BASES, DoseLink, component, fits_for, flip_depths, load_point)
 
 def _ci(value: float, replicates: np.ndarray) -> dict:

@@ -122,7 +122,7 @@ def predict(fit: LogLogFit, num_layers: float, d_model: float) -> Prediction:
     boot = np.exp(fit.boot @ x0)
     b_lo, b_hi = _pct(np.log(boot))
     if fit.dof > 0:
-        half = _t_quantile(fit.dof) * fit.sigma * math.sqrt(x0 @ fit.xtx_inv @ x0)
+        half = _t_quantile(fit.dof) * fit.sigma * math.sqrt(1.0 + x0 @ fit.xtx_inv @ x0)  # a new rung: its own scatter too
         t_lo, t_hi = mean - half, mean + half
     else:
         t_lo = t_hi = mean

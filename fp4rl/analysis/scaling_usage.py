@@ -27,15 +27,18 @@ import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from fp4rl.run_files import read_json
+
 USAGE_FILE = "usage.json"
 PHASES = ("warmup", "measurement")
 PRIOR = {"warmup": {"memory": 1.4, "time": 1.25}, "measurement": {"memory": 1.4, "time": 1.25}}
 
 
 def read_record(path: str | Path) -> dict | None:
-    """A `tools/measure_usage.py` record, or None where the process left none (cut by its time limit)."""
+    """A JSON record (a `tools/measure_usage.py` record, a rung's files), or None where the process left
+    none (cut by its time limit); a damaged one raises naming it (`run_files.read_json`)."""
     path = Path(path)
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path) if path.is_file() else None
 
 
 def ratios(record: Mapping | None, memory_bytes: float, seconds_slow: float) -> dict:

@@ -36,7 +36,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from fp4rl.rl.run_dir import read_json, write_json_atomic
+from fp4rl.run_files import read_json, write_json_atomic
 
 CHECKSUM_SUFFIX = ".sha256.json"
 DAMAGED_DIR = "damaged"  # set-aside steps; not a number, so never taken for a step

@@ -30,7 +30,7 @@ from typing import Sequence
 
 from fp4rl.rl import resume
 from fp4rl.rl.rl_config import RLConfig, settings
-from fp4rl.rl.run_dir import read_json, write_json_atomic
+from fp4rl.run_files import read_json, write_json_atomic
 from fp4rl.rl.run_settings import MERGED_KEY
 
 # What may differ between the runs merged: which seeds, and what `resume` lets differ on resume.

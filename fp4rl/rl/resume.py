@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fp4rl.rl.run_dir import read_json, write_json_atomic
+from fp4rl.run_files import read_json, write_json_atomic
 
 RESUME_OPTIONS = ("check", "force")
 CONFIG_FILE = "config.json"

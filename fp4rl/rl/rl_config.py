@@ -19,7 +19,7 @@ from fp4rl.model.config import ModelConfig
 from fp4rl.parallel.mesh import MeshConfig
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import micro_batch, policy, resume, sft
-from fp4rl.rl.run_dir import read_json
+from fp4rl.run_files import read_json
 from fp4rl.rl.run_settings import expert_gemm_of
 from fp4rl.rl.task import TaskConfig
 
@@ -100,7 +100,9 @@ class RLConfig:
       goes to the sampler before batch b is scored (discarded unread when the pools are full after
       b: a sampler call of device time spent for nothing), and the next step's weight sync and first
       sampler call before this step's records are built (the next step's synced weights are then
-      held during this step's evaluation and checkpoint). Changes when, not what, it computes. Off
+      held during this step's evaluation and checkpoint, and the sampler runs while the previous
+      state, parameters and AdamW moments, is still alive: a higher peak). Changes when, not what,
+      it computes. Off
       by default: its speed is not measured yet, and on `h200-chain` it may sample batches for nothing.
     prompt_len: max prompt tokens. temperature: the sampling temperature; the
     sampler's and the trainer's log-probs are both those of softmax(logits / temperature).

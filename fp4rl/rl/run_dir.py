@@ -1,5 +1,5 @@
 """Run directories: the output check made before any work, and `train.log` (their JSON files:
-`fp4rl.run_files`, re-exported here for rl's modules).
+`fp4rl.run_files`).
 
 Every run (warm-up, RL arm, ablation) writes into a directory named by an `out` option. It is
 checked before anything is computed, so a path that is a file or cannot be written fails in
@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
-
-from fp4rl.run_files import read_json, write_json_atomic  # noqa: F401 (the run directory's JSON, for rl's modules)
 
 LOG_FILE = "train.log"
 

@@ -19,7 +19,8 @@ from tqdm.auto import tqdm
 
 from fp4rl.rl import resume
 from fp4rl.rl.metrics_log import MetricsWriter, truncate_after
-from fp4rl.rl.run_dir import RunLog, write_json_atomic
+from fp4rl.rl.run_dir import RunLog
+from fp4rl.run_files import write_json_atomic
 
 UPDATES_FILE = "updates.jsonl"
 

@@ -31,7 +31,8 @@ from fp4rl.parallel.mesh import MeshConfig, make_mesh
 from fp4rl.recipe import PrecisionRecipe
 from fp4rl.rl import data, evaluation, resume, tokenizer
 from fp4rl.rl.checkpoint import Checkpointer
-from fp4rl.rl.run_dir import prepare_out, read_json, write_json_atomic
+from fp4rl.rl.run_dir import prepare_out
+from fp4rl.run_files import read_json, write_json_atomic
 from fp4rl.rl.task import TaskConfig
 from fp4rl.rl.token_logprobs import pick_last_axis
 

@@ -43,7 +43,6 @@ BATCH_DTYPES = {"tokens": jnp.int32, "valid": bool, "response_mask": bool, "logp
 class Dispatched:
     """A generation batch handed to the sampler: its host prompts and the sampler's device outputs."""
 
-    b: int
     ids: np.ndarray  # [seeds, rows, P]
     mask: np.ndarray
     batches: list[dict]  # each seed's prompt batch (its answers score the responses)
@@ -133,7 +132,7 @@ class StepRunner:
         keys = self.programs.step_keys(step, b)
         t_dispatch = time.time()
         out = self.programs.generate(qparams, ids.astype(np.int32), mask.astype(bool), keys, jnp.float32(c.temperature))
-        return Dispatched(b, ids, mask, batches, out, t_dispatch)
+        return Dispatched(ids, mask, batches, out, t_dispatch)
 
     def rollouts(self, qparams, step: int, first: Dispatched | None = None) -> Rollouts:
         """Generation batches until every seed's pool is full or `max_gen_batches` were drawn.

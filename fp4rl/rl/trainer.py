@@ -27,13 +27,13 @@ from fp4rl.model.transformer import graphdef_of
 from fp4rl.parallel import placement
 from fp4rl.parallel.mesh import make_mesh
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import data, held_out, rollout, run_inputs, run_loop, step_records  # noqa: F401  (rollout: tests patch `trainer.rollout.score`)
+from fp4rl.rl import data, held_out, run_inputs, run_loop, step_records
 from fp4rl.rl.checkpoint import Checkpointer
 from fp4rl.rl.rl_config import (ModelSource, OptimConfig, RLConfig, arm_dir, check_settings, has_checkpoint,
                                 is_finished, resolve_settings, settings, warmup_model_config)
 from fp4rl.rl.run_dir import prepare_out
 from fp4rl.rl.run_loop import UPDATES_FILE
-from fp4rl.rl.step_programs import StepPrograms, finite_per_seed, forward_programs, stack
+from fp4rl.rl.step_programs import StepPrograms, finite_per_seed, stack
 from fp4rl.rl.train_step import Head, StepRunner
 from fp4rl.rl.update_stats import UPDATE_KEYS
 
@@ -41,7 +41,6 @@ from fp4rl.rl.update_stats import UPDATE_KEYS
 __all__ = ["Trainer", "train", "UPDATE_KEYS", "UPDATES_FILE", "ModelSource", "OptimConfig", "RLConfig", "arm_dir",
            "check_settings", "has_checkpoint", "is_finished", "resolve_settings", "settings", "warmup_model_config"]
 
-_forward_programs = forward_programs  # the name tests/serving/test_engine.py reaches the rollout's sync by
 
 
 class Trainer:

@@ -102,8 +102,7 @@ def _draw(logits_BxV, keys_B, temperature_B, top_p_B):
     """One token per row with that row's key, temperature and top-p (`sampler.sample_token` on a
     one-row batch); its log-prob under softmax(logits / temperature) and that distribution's top K."""
     token_B = jax.vmap(lambda lg, k, t, p: sample_token(lg[None], k, t, p)[0])(logits_BxV, keys_B, temperature_B, top_p_B)
-    t_Bx1 = temperature_B.astype(F32)[:, None]
-    logp_BxV = jax.nn.log_softmax(logits_BxV.astype(F32) / jnp.where(t_Bx1 > 0, t_Bx1, F32(1)), axis=-1)
+    logp_BxV = sampling_logprobs(logits_BxV, temperature_B.astype(F32)[:, None])
     top_logp_BxK, top_ids_BxK = lax.top_k(logp_BxV, TOP_K)
     return token_B, jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0], top_ids_BxK, top_logp_BxK
 

@@ -40,8 +40,9 @@ class EngineConfig:
     """max_batch: rows per batch (B). prompt_buckets: the prompt widths P compiled, ascending; the
     largest is the longest prompt accepted. max_new_tokens: T, the largest `max_tokens` a request
     may ask for. The cache holds P + T - 1 slots, at most the model's max_seq_len. decode_chunk:
-    tokens decoded per program call; a streamed answer's tokens leave in groups of this many, and
-    each call costs one host round trip (reading whether every row has stopped)."""
+    tokens decoded per program call; a streamed answer's tokens leave in groups of this many. Inside
+    a call the decode loop tests after every token whether every row has stopped (a `while_loop`,
+    as the one-program decode does)."""
 
     max_batch: int = 8
     prompt_buckets: tuple[int, ...] = (32, 64)

@@ -5,8 +5,8 @@ The engine hands a streamed request its rows' results after every decode chunk
 the non-streamed answer says about it: its text, its log-probs, whether it is kept. Tokens and
 log-probs never change once decoded; only a stop string can, by cutting the text before it. A stop
 string not seen yet must end past the text decoded so far, so it starts at or after the horizon,
-len(text) - len(longest stop string) + 1; a token whose text ends at or before the horizon is
-final. A stop string already seen ends the choice when no unseen one could start before it (it
+len(text) - len(longest stop string) + 1; a token whose text starts before the horizon and ends at
+or before it is final. A stop string already seen ends the choice when no unseen one could start before it (it
 starts at or before the horizon); otherwise the tokens before the horizon go and the rest waits.
 So a choice's events are those of its final choice (`protocol.make_choice` on the whole row)
 whatever the chunking (tests/serving/test_server.py compares them).
@@ -64,10 +64,11 @@ class ChoiceStream:
         horizon = decoded - max(map(len, self.stop), default=1) + 1
         if choice.finish_reason == "stop" and len(choice.text) <= horizon:  # cut by a stop string, for good
             return len(choice.token_ids), True
-        count, end = 0, 0
+        count, start = 0, 0
         for piece in choice.pieces:
-            end += len(piece)
-            if end > horizon:
+            end = start + len(piece)
+            # an empty piece at the horizon is not final either: a stop string starting there would cut it
+            if end > horizon or start >= horizon:
                 break
-            count += 1
+            count, start = count + 1, end
         return count, False

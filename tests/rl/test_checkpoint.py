@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fp4rl.rl.checkpoint import CHECKSUM_SUFFIX, DAMAGED_DIR, CheckpointError, Checkpointer, CheckpointWarning
-from fp4rl.rl.run_dir import read_json
+from fp4rl.run_files import read_json
 
 
 def _state(step: int) -> dict:

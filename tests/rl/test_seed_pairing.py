@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from fp4rl import configs
-from fp4rl.rl import run_inputs, trainer
+from fp4rl.rl import rollout, run_inputs, trainer
 
 pytestmark = pytest.mark.slow
 STEPS = 2
@@ -35,7 +35,7 @@ def _set_rewards(monkeypatch, keep):
     alternating rewards (kept by dynamic sampling); the others are all wrong (dropped). Every
     generation batch the trainer scores is recorded, in the order scored (per batch, seed by seed)."""
     scored = []
-    score = trainer.rollout.score
+    score = rollout.score
 
     def scripted(gen, group_size, max_new_tokens, overlong_buffer, codec):
         correct, shaped = score(gen, group_size, max_new_tokens, overlong_buffer, codec)
@@ -44,11 +44,11 @@ def _set_rewards(monkeypatch, keep):
         scored.append(gen)
         return scripted_correct, scripted_correct + (shaped - correct)
 
-    monkeypatch.setattr(trainer.rollout, "score", scripted)
+    monkeypatch.setattr(rollout, "score", scripted)
     return scored
 
 
-def _rollouts(config, inputs, scored) -> dict[int, dict[tuple[int, int], trainer.rollout.Generation]]:
+def _rollouts(config, inputs, scored) -> dict[int, dict[tuple[int, int], rollout.Generation]]:
     """{seed: {(step, generation batch): the seed's Generation}} of STEPS steps' rollouts."""
     run = trainer.Trainer(config, progress=False, inputs=inputs)
     qparams, _ = run.programs.sync(run._initial_state()["params"])

@@ -24,7 +24,7 @@ import pytest
 
 from fp4rl import configs
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import policy, sft, trainer
+from fp4rl.rl import policy, rollout, sft, trainer
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -111,14 +111,14 @@ def _mix_rewards(monkeypatch):
     """Score responses alternately right and wrong (overlong shaping kept): the smoke warm-up
     solves nothing, and a step whose groups are all dropped runs no update at all."""
     rewards = iter(np.tile(np.float32([1.0, -1.0]), 100_000))
-    score = trainer.rollout.score
+    score = rollout.score
 
     def mixed_score(gen, group_size, max_new_tokens, overlong_buffer, codec):
         correct, shaped = score(gen, group_size, max_new_tokens, overlong_buffer, codec)
         mixed = np.array([next(rewards) for _ in range(correct.size)], np.float32).reshape(correct.shape)
         return mixed, mixed + (shaped - correct)
 
-    monkeypatch.setattr(trainer.rollout, "score", mixed_score)
+    monkeypatch.setattr(rollout, "score", mixed_score)
 
 
 # One arm per distinct forward of the nine arms, and nvfp4-pt (nvfp4's forward with the pretraining

@@ -15,7 +15,7 @@ from fp4rl import configs
 from fp4rl.model import flat_params
 from fp4rl.model.config import ModelConfig
 from fp4rl.recipe import PrecisionRecipe
-from fp4rl.rl import data, evaluation, sft, trainer
+from fp4rl.rl import data, evaluation, sft, step_programs
 from fp4rl.rl.task import make_problem
 from fp4rl.serving import checkpoints, decode, deployment
 from fp4rl.serving.engine import Engine, EngineConfig, RowRequest
@@ -41,7 +41,7 @@ def test_served_weights_are_the_trainers_sync_bytes(warmup_dir, quantization, re
     assert _packed_sites(served.qparams) == packed
     # The trainer's path: its own checkpoint loader, its rollout sync program (jitted, vmapped over seeds).
     graphdef, params, meta = sft.load(warmup_dir)
-    sync, _ = trainer._forward_programs(graphdef, ModelConfig(**meta["model_config"]),
+    sync, _ = step_programs.forward_programs(graphdef, ModelConfig(**meta["model_config"]),
                                         PrecisionRecipe.from_name(recipe).forward_only(), evaluation.sampler_config(T), IMPL)
     qparams_S, _ = sync(jax.tree.map(lambda x: jnp.stack([x, x]), params))
     expected = jax.tree.map(lambda x: x[1], qparams_S)
